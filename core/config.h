@@ -1,0 +1,40 @@
+// ALLOCSCOPE_* configuration, parsed once into a plain struct.
+//
+// A bad value never stops the traced program: parse_config() records one
+// warning line naming the variable and the accepted values, and that setting
+// keeps its default.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace allocscope {
+
+enum class LogLevel { quiet, info, debug };
+
+struct Config {
+    static constexpr uint32_t kDefaultStackDepth = 24;
+    static constexpr uint32_t kMaxStackDepth = 128;
+
+    std::string out_dir = "./allocscope-out";  // ALLOCSCOPE_OUT
+    uint32_t stack_depth = kDefaultStackDepth;  // ALLOCSCOPE_STACK_DEPTH, 0 = off
+    std::vector<std::string> plugins;           // ALLOCSCOPE_PLUGINS (empty = default set)
+    bool plugins_set = false;                   // the variable was present
+    LogLevel log = LogLevel::info;              // ALLOCSCOPE_LOG
+    bool disabled = false;                      // ALLOCSCOPE_DISABLE
+    int32_t rank = -1;        // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
+    int32_t world_size = -1;  // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
+
+    std::vector<std::string> warnings;  // one line each, "allocscope: ..." prefixed
+};
+
+using EnvLookup = std::function<const char*(const char*)>;
+
+Config parse_config(const EnvLookup& getenv_fn);
+
+// "rank<R>.trace" when the rank is known, else "pid<PID>.trace".
+std::string trace_file_name(const Config& config, uint32_t pid);
+
+}  // namespace allocscope

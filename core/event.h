@@ -1,0 +1,99 @@
+// Event model shared by the interposer, the trace format, plugins and tools.
+// No CUDA headers here: everything is plain integers so the core builds on
+// machines without a CUDA toolkit.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace allocscope {
+
+enum class EventKind : uint8_t {
+    alloc = 1,     // memory handed out (segment or block level)
+    free = 2,      // memory returned; `result` != 0 means the real call failed
+    map = 3,       // a physical allocation mapped into a VA range (driver level)
+    unmap = 4,     // the reverse of map
+    oom = 5,       // the real allocation call failed; `size` is the request
+    tag_push = 6,  // layer/phase entered on thread `tid`
+    tag_pop = 7,   // layer/phase left on thread `tid`
+    step = 8,      // the training step counter changed to `step`
+    param = 9,     // a parameter was registered; `aux` indexes the param table
+    mark = 10,     // user note; `aux` is the interned text
+};
+inline constexpr int kEventKindCount = 10;
+
+// Where the event was observed. The sum of live segments approximates
+// "reserved" memory, the sum of live blocks approximates "allocated".
+enum class Level : uint8_t {
+    none = 0,  // tag/step/param/mark events
+    segment = 1,
+    block = 2,
+};
+
+enum class MemoryKind : uint8_t {
+    none = 0,
+    device = 1,
+    managed = 2,
+    host_pinned = 3,
+};
+
+// The API entry point that produced the event.
+enum class Api : uint8_t {
+    none = 0,
+    cudaMalloc,
+    cudaFree,
+    cudaMallocAsync,
+    cudaMallocAsync_ptsz,
+    cudaFreeAsync,
+    cudaFreeAsync_ptsz,
+    cudaMallocFromPoolAsync,
+    cudaMallocFromPoolAsync_ptsz,
+    cudaMallocManaged,
+    cudaMallocPitch,
+    cudaMallocHost,
+    cudaHostAlloc,
+    cudaFreeHost,
+    block_alloc,  // allocscope_block_alloc (caching-allocator hook ABI)
+    block_free,   // allocscope_block_free
+    c_api,        // allocscope_push/pop/step/register_param/mark
+};
+inline constexpr int kApiCount = static_cast<int>(Api::c_api) + 1;
+
+// Bits of Event::flags.
+enum EventFlag : uint32_t {
+    kFlagUnknownAddress = 1u << 0,  // free of an address never seen alloc'd
+    kFlagDoubleFree = 1u << 1,      // free of an address already freed
+    kFlagTagOverflow = 1u << 2,     // push beyond the per-thread tag depth
+};
+
+// One recorded event. Tag = (rank, step, layer, phase): rank is per trace
+// file (header), step is process-global, layer/phase are the top of the
+// recording thread's tag stack. String ids index the trace's string table;
+// id 0 is the empty string ("untagged"). stack 0 means "no stack captured".
+struct Event {
+    uint64_t seq = 0;      // global order; per address, free follows alloc
+    uint64_t t_ns = 0;     // CLOCK_MONOTONIC nanoseconds since the trace began
+    uint64_t address = 0;  // pointer for alloc/free/oom(0)
+    uint64_t size = 0;     // bytes (for free: size of the freed record, 0 if unknown)
+    uint64_t stream = 0;   // cudaStream_t as an integer, 0 = legacy default
+    uint64_t step = 0;
+    uint32_t tid = 0;
+    uint32_t layer = 0;
+    uint32_t phase = 0;
+    uint32_t stack = 0;
+    uint32_t aux = 0;  // mark text id / param index
+    uint32_t flags = 0;
+    int32_t device = -1;
+    int32_t result = 0;  // the real call's return code (cudaError_t)
+    EventKind kind = EventKind::alloc;
+    Level level = Level::none;
+    MemoryKind memory = MemoryKind::none;
+    Api api = Api::none;
+};
+
+std::string_view to_string(EventKind kind) noexcept;
+std::string_view to_string(Level level) noexcept;
+std::string_view to_string(MemoryKind memory) noexcept;
+std::string_view to_string(Api api) noexcept;
+
+}  // namespace allocscope

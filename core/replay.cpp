@@ -1,0 +1,92 @@
+#include "replay.h"
+
+namespace allocscope {
+
+const char* to_string(Pool pool) noexcept {
+    switch (pool) {
+        case Pool::device_segment: return "segment";
+        case Pool::device_block: return "block";
+        case Pool::host_pinned: return "host-pinned";
+    }
+    return "unknown";
+}
+
+Pool pool_of(Level level, MemoryKind memory) noexcept {
+    if (level == Level::block) return Pool::device_block;
+    if (memory == MemoryKind::host_pinned) return Pool::host_pinned;
+    return Pool::device_segment;
+}
+
+Pool Replay::pool_for_free(const Event& e) const {
+    if (e.level == Level::block) return Pool::device_block;
+    if (e.memory != MemoryKind::none) return pool_of(e.level, e.memory);
+    if (e.api == Api::cudaFreeHost) return Pool::host_pinned;
+    return Pool::device_segment;
+}
+
+FreeOutcome Replay::apply(const Event& e) {
+    switch (e.kind) {
+        case EventKind::alloc: {
+            Pool pool = pool_of(e.level, e.memory);
+            LiveRecord rec;
+            rec.address = e.address;
+            rec.size = e.size;
+            rec.seq = e.seq;
+            rec.step = e.step;
+            rec.stream = e.stream;
+            rec.stack = e.stack;
+            rec.layer = e.layer;
+            rec.phase = e.phase;
+            rec.tid = e.tid;
+            rec.device = e.device;
+            rec.memory = e.memory;
+            rec.api = e.api;
+            LiveTable& table = tables_[int(pool)];
+            table.insert(rec);
+            PoolTotals& t = totals_[int(pool)];
+            t.allocated_bytes += e.size;
+            ++t.allocations;
+            t.live_bytes = table.live_bytes();
+            t.live_count = table.live_count();
+            if (t.live_bytes > t.peak_bytes) {
+                t.peak_bytes = t.live_bytes;
+                t.peak_event = e;
+            }
+            return FreeOutcome::freed;
+        }
+        case EventKind::free: {
+            Pool pool = pool_for_free(e);
+            LiveTable& table = tables_[int(pool)];
+            LiveRecord removed;
+            FreeOutcome outcome = table.remove(e.address, &removed);
+            if (e.result != 0) {
+                // The real free failed and released nothing; the interposer
+                // counted it the same way and restored the record.
+                ++failed_frees_;
+                if (outcome == FreeOutcome::freed) table.insert(removed);
+            }
+            totals_[int(pool)].live_bytes = table.live_bytes();
+            totals_[int(pool)].live_count = table.live_count();
+            return outcome;
+        }
+        case EventKind::oom:
+            ++oom_events_;
+            if (e.size > largest_failed_request_) largest_failed_request_ = e.size;
+            return FreeOutcome::freed;
+        default: return FreeOutcome::freed;
+    }
+}
+
+uint64_t Replay::unknown_frees() const noexcept {
+    uint64_t n = 0;
+    for (const LiveTable& t : tables_) n += t.unknown_frees();
+    return n;
+}
+
+uint64_t Replay::double_frees() const noexcept {
+    uint64_t n = 0;
+    for (const LiveTable& t : tables_) n += t.double_frees();
+    return n;
+}
+
+}  // namespace allocscope

@@ -1,0 +1,132 @@
+#include "trace_format.h"
+
+#include <array>
+#include <cstring>
+
+namespace allocscope {
+
+namespace {
+
+constexpr std::array<uint32_t, 256> make_crc_table() {
+    std::array<uint32_t, 256> table{};
+    for (uint32_t i = 0; i < 256; ++i) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table[i] = c;
+    }
+    return table;
+}
+constexpr auto kCrcTable = make_crc_table();
+
+}  // namespace
+
+uint32_t crc32(std::span<const uint8_t> bytes, uint32_t seed) noexcept {
+    uint32_t c = ~seed;
+    for (uint8_t b : bytes) c = kCrcTable[(c ^ b) & 0xFF] ^ (c >> 8);
+    return ~c;
+}
+
+void put_u16(std::string& out, uint16_t v) {
+    char b[2];
+    std::memcpy(b, &v, 2);
+    out.append(b, 2);
+}
+void put_u32(std::string& out, uint32_t v) {
+    char b[4];
+    std::memcpy(b, &v, 4);
+    out.append(b, 4);
+}
+void put_u64(std::string& out, uint64_t v) {
+    char b[8];
+    std::memcpy(b, &v, 8);
+    out.append(b, 8);
+}
+uint16_t get_u16(const uint8_t* p) noexcept {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+uint32_t get_u32(const uint8_t* p) noexcept {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+uint64_t get_u64(const uint8_t* p) noexcept {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+}
+
+std::string encode_header(const TraceHeader& h) {
+    std::string out;
+    out.reserve(kTraceHeaderSize);
+    out.append(kTraceMagic, sizeof kTraceMagic);
+    put_u32(out, h.format_version);
+    put_u32(out, static_cast<uint32_t>(kTraceHeaderSize));
+    char version[16] = {};
+    std::memcpy(version, h.tool_version.data(), std::min<size_t>(h.tool_version.size(), 15));
+    out.append(version, sizeof version);
+    put_u32(out, h.pid);
+    put_u32(out, static_cast<uint32_t>(h.rank));
+    put_u32(out, static_cast<uint32_t>(h.world_size));
+    put_u32(out, h.stack_depth);
+    put_u64(out, h.start_wall_ns);
+    put_u64(out, h.start_mono_ns);
+    put_u32(out, 0);  // reserved
+    put_u32(out, crc32({reinterpret_cast<const uint8_t*>(out.data()), out.size()}));
+    return out;
+}
+
+void encode_event(std::string& p, const Event& e) {
+    put_u64(p, e.seq);
+    put_u64(p, e.t_ns);
+    put_u64(p, e.address);
+    put_u64(p, e.size);
+    put_u64(p, e.stream);
+    put_u64(p, e.step);
+    put_u32(p, e.tid);
+    put_u32(p, e.layer);
+    put_u32(p, e.phase);
+    put_u32(p, e.stack);
+    put_u32(p, e.aux);
+    put_u32(p, e.flags);
+    put_u32(p, static_cast<uint32_t>(e.device));
+    put_u32(p, static_cast<uint32_t>(e.result));
+    p.push_back(static_cast<char>(e.kind));
+    p.push_back(static_cast<char>(e.level));
+    p.push_back(static_cast<char>(e.memory));
+    p.push_back(static_cast<char>(e.api));
+}
+
+Event decode_event(const uint8_t* p) noexcept {
+    Event e;
+    e.seq = get_u64(p + 0);
+    e.t_ns = get_u64(p + 8);
+    e.address = get_u64(p + 16);
+    e.size = get_u64(p + 24);
+    e.stream = get_u64(p + 32);
+    e.step = get_u64(p + 40);
+    e.tid = get_u32(p + 48);
+    e.layer = get_u32(p + 52);
+    e.phase = get_u32(p + 56);
+    e.stack = get_u32(p + 60);
+    e.aux = get_u32(p + 64);
+    e.flags = get_u32(p + 68);
+    e.device = static_cast<int32_t>(get_u32(p + 72));
+    e.result = static_cast<int32_t>(get_u32(p + 76));
+    e.kind = static_cast<EventKind>(p[80]);
+    e.level = static_cast<Level>(p[81]);
+    e.memory = static_cast<MemoryKind>(p[82]);
+    e.api = static_cast<Api>(p[83]);
+    return e;
+}
+
+void append_record(std::string& out, RecordType type, std::string_view payload) {
+    put_u16(out, static_cast<uint16_t>(type));
+    put_u16(out, 0);
+    put_u32(out, static_cast<uint32_t>(payload.size()));
+    put_u32(out, crc32({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()}));
+    out.append(payload);
+}
+
+}  // namespace allocscope

@@ -1,0 +1,237 @@
+#include "trace_reader.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace allocscope {
+
+TraceError::TraceError(std::string file, uint64_t offset, const std::string& problem)
+    : std::runtime_error(file + ": " + problem + " at byte " + std::to_string(offset)),
+      file_(std::move(file)),
+      offset_(offset) {}
+
+TraceReader::TraceReader(const std::string& path) : path_(path) {
+    file_ = std::fopen(path.c_str(), "rb");
+    if (!file_) {
+        throw std::runtime_error(path + ": cannot open trace: " + std::strerror(errno));
+    }
+    uint8_t raw[kTraceHeaderSize];
+    size_t got = std::fread(raw, 1, sizeof raw, file_);
+    if (got < sizeof kTraceMagic || std::memcmp(raw, kTraceMagic, sizeof kTraceMagic) != 0) {
+        std::fclose(file_);
+        file_ = nullptr;
+        fail(0, got < sizeof kTraceMagic ? "too short to be an allocscope trace"
+                                         : "not an allocscope trace (bad magic)");
+    }
+    if (got < sizeof raw) {
+        std::fclose(file_);
+        file_ = nullptr;
+        fail(got, "header cut short (" + std::to_string(got) + " of " +
+                      std::to_string(kTraceHeaderSize) + " bytes)");
+    }
+    uint32_t version = get_u32(raw + 8);
+    uint32_t header_size = get_u32(raw + 12);
+    if (version != kTraceFormatVersion) {
+        std::fclose(file_);
+        file_ = nullptr;
+        fail(8, "unsupported trace format version " + std::to_string(version) +
+                    " (this build reads version " + std::to_string(kTraceFormatVersion) + ")");
+    }
+    if (header_size != kTraceHeaderSize ||
+        crc32({raw, kTraceHeaderSize - 4}) != get_u32(raw + kTraceHeaderSize - 4)) {
+        std::fclose(file_);
+        file_ = nullptr;
+        fail(0, "corrupt header (checksum mismatch)");
+    }
+    header_.format_version = version;
+    header_.tool_version.assign(reinterpret_cast<const char*>(raw + 16),
+                                strnlen(reinterpret_cast<const char*>(raw + 16), 16));
+    header_.pid = get_u32(raw + 32);
+    header_.rank = static_cast<int32_t>(get_u32(raw + 36));
+    header_.world_size = static_cast<int32_t>(get_u32(raw + 40));
+    header_.stack_depth = get_u32(raw + 44);
+    header_.start_wall_ns = get_u64(raw + 48);
+    header_.start_mono_ns = get_u64(raw + 56);
+    offset_ = kTraceHeaderSize;
+}
+
+TraceReader::~TraceReader() {
+    if (file_) std::fclose(file_);
+}
+
+void TraceReader::fail(uint64_t offset, const std::string& problem) const {
+    throw TraceError(path_, offset, problem);
+}
+
+bool TraceReader::read_exact(void* dst, size_t n) {
+    size_t got = std::fread(dst, 1, n, file_);
+    offset_ += got;
+    if (got == n) return true;
+    if (std::ferror(file_)) fail(offset_, std::string("read error: ") + std::strerror(errno));
+    mid_record_ = got > 0;
+    return false;
+}
+
+std::string TraceReader::truncation_message() const {
+    if (!truncated_) return {};
+    return path_ + ": trace " +
+           (mid_record_ ? std::string("cut off inside a record")
+                        : std::string("ends without a footer (the process did not finish)")) +
+           " at byte " + std::to_string(truncation_offset_);
+}
+
+bool TraceReader::next(TraceRecord& record) {
+    if (footer_seen_ || truncated_) return false;
+    const uint64_t start = offset_;
+    uint8_t head[kRecordHeaderSize];
+    if (!read_exact(head, sizeof head)) {
+        if (offset_ != start) mid_record_ = true;
+        truncated_ = true;
+        truncation_offset_ = start;
+        return false;
+    }
+    uint16_t type = get_u16(head);
+    uint32_t length = get_u32(head + 4);
+    uint32_t crc = get_u32(head + 8);
+    if (type < static_cast<uint16_t>(RecordType::event) ||
+        type > static_cast<uint16_t>(RecordType::footer) || get_u16(head + 2) != 0) {
+        fail(start, "unknown record type " + std::to_string(type));
+    }
+    if (length > kMaxRecordPayload) {
+        fail(start, "record length " + std::to_string(length) + " exceeds the limit of " +
+                        std::to_string(kMaxRecordPayload));
+    }
+    payload_.resize(length);
+    if (!read_exact(payload_.data(), length)) {
+        mid_record_ = true;
+        truncated_ = true;
+        truncation_offset_ = start;
+        return false;
+    }
+    if (crc32({reinterpret_cast<const uint8_t*>(payload_.data()), length}) != crc) {
+        fail(start, "corrupt record (checksum mismatch)");
+    }
+    record.type = static_cast<RecordType>(type);
+    record.offset = start;
+    decode(record, payload_);
+    if (record.type == RecordType::footer) {
+        uint8_t extra;
+        if (std::fread(&extra, 1, 1, file_) == 1) fail(offset_, "data after the footer");
+        footer_seen_ = true;
+    }
+    return true;
+}
+
+void TraceReader::decode(TraceRecord& r, const std::string& payload) {
+    const auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+    const size_t n = payload.size();
+    auto need = [&](size_t min, const char* what) {
+        if (n < min) fail(r.offset, std::string(what) + " record too short");
+    };
+    switch (r.type) {
+        case RecordType::event: {
+            if (n != kEventPayloadSize) fail(r.offset, "event record has the wrong size");
+            r.event = decode_event(p);
+            const Event& e = r.event;
+            if (any_event_ && e.seq <= last_seq_) {
+                fail(r.offset, "event sequence goes backwards (" + std::to_string(e.seq) +
+                                   " after " + std::to_string(last_seq_) + ")");
+            }
+            if (static_cast<uint8_t>(e.kind) < 1 ||
+                static_cast<uint8_t>(e.kind) > kEventKindCount ||
+                static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > 3 ||
+                static_cast<uint8_t>(e.api) >= kApiCount) {
+                fail(r.offset, "event has an invalid kind, level, memory kind or api");
+            }
+            if (e.layer >= strings_defined_ || e.phase >= strings_defined_ ||
+                e.stack >= stacks_defined_ ||
+                (e.kind == EventKind::mark && e.aux >= strings_defined_) ||
+                (e.kind == EventKind::param && e.aux >= params_defined_)) {
+                fail(r.offset, "event refers to an undefined string, stack or param");
+            }
+            any_event_ = true;
+            last_seq_ = e.seq;
+            break;
+        }
+        case RecordType::string: {
+            need(4, "string");
+            r.id = get_u32(p);
+            if (r.id != strings_defined_) fail(r.offset, "string ids out of order");
+            r.text.assign(payload, 4);
+            ++strings_defined_;
+            break;
+        }
+        case RecordType::stack: {
+            need(8, "stack");
+            r.id = get_u32(p);
+            uint32_t depth = get_u32(p + 4);
+            if (r.id != stacks_defined_) fail(r.offset, "stack ids out of order");
+            if (depth > kMaxStackDepth || n != 8 + size_t{depth} * 8) {
+                fail(r.offset, "stack record has an invalid depth");
+            }
+            r.frames.resize(depth);
+            for (uint32_t i = 0; i < depth; ++i) r.frames[i] = get_u64(p + 8 + size_t{i} * 8);
+            ++stacks_defined_;
+            break;
+        }
+        case RecordType::module: {
+            need(18, "module");
+            r.module.base = get_u64(p);
+            r.module.size = get_u64(p + 8);
+            uint16_t id_len = get_u16(p + 16);
+            if (18 + size_t{id_len} > n) fail(r.offset, "module record has an invalid build id");
+            r.module.build_id.assign(payload, 18, id_len);
+            r.module.path.assign(payload, 18 + id_len);
+            break;
+        }
+        case RecordType::param: {
+            if (n != 32) fail(r.offset, "param record has the wrong size");
+            r.param.index = get_u32(p);
+            r.param.layer = get_u32(p + 4);
+            r.param.name = get_u32(p + 8);
+            r.param.dtype = get_u32(p + 12);
+            r.param.numel = get_u64(p + 16);
+            r.param.sharded_numel = get_u64(p + 24);
+            if (r.param.index != params_defined_) fail(r.offset, "param indices out of order");
+            if (r.param.layer >= strings_defined_ || r.param.name >= strings_defined_ ||
+                r.param.dtype >= strings_defined_) {
+                fail(r.offset, "param refers to an undefined string");
+            }
+            ++params_defined_;
+            break;
+        }
+        case RecordType::footer: {
+            if (n != 48) fail(r.offset, "footer record has the wrong size");
+            r.footer.events = get_u64(p);
+            r.footer.unknown_frees = get_u64(p + 8);
+            r.footer.double_frees = get_u64(p + 16);
+            r.footer.stacks_dropped = get_u64(p + 24);
+            r.footer.events_dropped = get_u64(p + 32);
+            r.footer.end_mono_ns = get_u64(p + 40);
+            break;
+        }
+    }
+}
+
+Trace load_trace(const std::string& path) {
+    TraceReader reader(path);
+    Trace trace;
+    trace.path = path;
+    trace.header = reader.header();
+    TraceRecord r;
+    while (reader.next(r)) {
+        switch (r.type) {
+            case RecordType::event: trace.events.push_back(r.event); break;
+            case RecordType::string: trace.strings.push_back(std::move(r.text)); break;
+            case RecordType::stack: trace.stacks.push_back(std::move(r.frames)); break;
+            case RecordType::module: trace.modules.push_back(std::move(r.module)); break;
+            case RecordType::param: trace.params.push_back(r.param); break;
+            case RecordType::footer: trace.footer = r.footer; break;
+        }
+    }
+    trace.truncated = reader.truncated();
+    trace.truncation_message = reader.truncation_message();
+    return trace;
+}
+
+}  // namespace allocscope

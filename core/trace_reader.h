@@ -1,0 +1,100 @@
+// Reads trace files written by TraceWriter. Every problem is reported with
+// the file name and the byte offset of the record that shows it.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "trace_format.h"
+
+namespace allocscope {
+
+class TraceError : public std::runtime_error {
+public:
+    TraceError(std::string file, uint64_t offset, const std::string& problem);
+    const std::string& file() const noexcept { return file_; }
+    uint64_t offset() const noexcept { return offset_; }
+
+private:
+    std::string file_;
+    uint64_t offset_;
+};
+
+struct TraceRecord {
+    RecordType type = RecordType::event;
+    uint64_t offset = 0;  // byte offset of the record header in the file
+    Event event;
+    uint32_t id = 0;  // string / stack id
+    std::string text;
+    std::vector<uint64_t> frames;
+    ModuleRecord module;
+    ParamRecord param;
+    FooterRecord footer;
+};
+
+// Streams records one by one, checking framing, CRCs and the format's
+// invariants (see trace_format.h). Corruption throws TraceError. A trace that
+// ends early is not an error for the reader: next() returns false and
+// truncated() says where and why, so the complete prefix stays usable.
+class TraceReader {
+public:
+    explicit TraceReader(const std::string& path);  // throws TraceError
+    ~TraceReader();
+    TraceReader(const TraceReader&) = delete;
+    TraceReader& operator=(const TraceReader&) = delete;
+
+    const TraceHeader& header() const noexcept { return header_; }
+    const std::string& path() const noexcept { return path_; }
+
+    bool next(TraceRecord& record);
+
+    bool complete() const noexcept { return footer_seen_; }
+    bool truncated() const noexcept { return truncated_; }
+    uint64_t truncation_offset() const noexcept { return truncation_offset_; }
+    // "<file>: trace ends ... at byte N" when truncated(), else empty.
+    std::string truncation_message() const;
+
+private:
+    [[noreturn]] void fail(uint64_t offset, const std::string& problem) const;
+    bool read_exact(void* dst, size_t n);
+    void decode(TraceRecord& record, const std::string& payload);
+
+    std::string path_;
+    std::FILE* file_ = nullptr;
+    uint64_t offset_ = 0;
+    TraceHeader header_;
+    bool footer_seen_ = false;
+    bool truncated_ = false;
+    bool mid_record_ = false;
+    uint64_t truncation_offset_ = 0;
+    uint64_t last_seq_ = 0;
+    bool any_event_ = false;
+    uint32_t strings_defined_ = 1;  // id 0 is the implicit empty string
+    uint32_t stacks_defined_ = 1;   // id 0 is "no stack"
+    uint32_t params_defined_ = 0;
+    std::string payload_;
+};
+
+// A whole trace in memory, for reports and tests.
+struct Trace {
+    std::string path;
+    TraceHeader header;
+    std::vector<Event> events;
+    std::vector<std::string> strings{std::string()};     // index = string id
+    std::vector<std::vector<uint64_t>> stacks{{}};       // index = stack id
+    std::vector<ModuleRecord> modules;
+    std::vector<ParamRecord> params;                     // index = param index
+    std::optional<FooterRecord> footer;
+    bool truncated = false;
+    std::string truncation_message;
+
+    const std::string& str(uint32_t id) const { return strings.at(id); }
+};
+
+Trace load_trace(const std::string& path);  // throws TraceError
+
+}  // namespace allocscope

@@ -1,0 +1,61 @@
+// Serializes records into a trace file. Single-threaded: the interposer owns
+// one TraceWriter on its writer thread; tests and tools use it directly.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "trace_format.h"
+
+namespace allocscope {
+
+class TraceWriter {
+public:
+    TraceWriter() = default;
+    TraceWriter(const TraceWriter&) = delete;
+    TraceWriter& operator=(const TraceWriter&) = delete;
+    ~TraceWriter();
+
+    // Creates `path` exclusively (O_EXCL | O_NOFOLLOW, mode 0600) so an
+    // existing file or a planted symlink is never clobbered, and writes the
+    // header. On failure returns false and sets `error` to a message naming
+    // the path and the reason; errno is preserved.
+    bool open(const std::string& path, const TraceHeader& header, std::string& error);
+
+    void event(const Event& event);
+    void string(uint32_t id, std::string_view text);
+    void stack(uint32_t id, std::span<const uint64_t> frames);
+    void module(const ModuleRecord& module);
+    void param(const ParamRecord& param);
+    // Writes the footer and closes the file; nothing may be appended after.
+    void close(const FooterRecord& footer);
+
+    // Hands buffered bytes to the kernel, so a process killed after this
+    // returns leaves them in the file.
+    void flush();
+
+    bool is_open() const noexcept { return fd_ >= 0; }
+    // True once a write failed (disk full, I/O error); later records are
+    // counted in dropped_records() instead of being written.
+    bool failed() const noexcept { return failed_; }
+    const std::string& error() const noexcept { return error_; }
+    uint64_t dropped_records() const noexcept { return dropped_; }
+    uint64_t events_written() const noexcept { return events_; }
+    const std::string& path() const noexcept { return path_; }
+
+private:
+    void put(RecordType type, std::string_view payload);
+
+    int fd_ = -1;
+    bool failed_ = false;
+    uint64_t dropped_ = 0;
+    uint64_t events_ = 0;
+    std::string path_;
+    std::string error_;
+    std::string buffer_;
+    std::string scratch_;
+};
+
+}  // namespace allocscope

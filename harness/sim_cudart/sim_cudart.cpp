@@ -1,0 +1,193 @@
+// A CUDA runtime that serves host memory: libcudart.so.13 for machines
+// without a GPU. Programs linked against it reference
+// `cudaMalloc@libcudart.so.13` exactly as against the real runtime, so the
+// interposer is exercised through the same dynamic-linking path in CI.
+//
+// Behaviour that tests rely on:
+//   * every allocation is 256-byte aligned host memory, zero-filled;
+//   * a request above ALLOCSCOPE_SIM_MEMORY_LIMIT bytes (default 1 TiB) in
+//     total fails with cudaErrorMemoryAllocation, like an out-of-memory GPU;
+//   * freeing a pointer this runtime did not hand out (or twice) returns
+//     cudaErrorInvalidValue and changes nothing;
+//   * cudaMallocHost is implemented by calling cudaHostAlloc through the PLT,
+//     as a runtime may call itself internally;
+//   * sim_cudart_calls(name) counts the calls that reached each function.
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cuda_decls.h"
+
+#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+enum class Pool { device, managed, host };
+
+struct Allocation {
+    size_t size;
+    Pool pool;
+};
+
+struct Runtime {
+    std::mutex mutex;
+    std::map<uintptr_t, Allocation> live;
+    uint64_t in_use = 0;
+    uint64_t limit = uint64_t{1} << 40;
+    std::map<std::string, uint64_t> calls;
+};
+
+Runtime& runtime() {
+    static Runtime* r = [] {
+        auto* rt = new Runtime();  // never destroyed: frees may come during exit
+        if (const char* v = std::getenv("ALLOCSCOPE_SIM_MEMORY_LIMIT")) {
+            rt->limit = std::strtoull(v, nullptr, 10);
+        }
+        return rt;
+    }();
+    return *r;
+}
+
+thread_local int t_device = 0;
+
+void count(const char* name) {
+    Runtime& r = runtime();
+    std::lock_guard lock(r.mutex);
+    ++r.calls[name];
+}
+
+cudaError_t allocate(void** out, size_t size, Pool pool) {
+    if (!out) return cudaErrorInvalidValue;
+    Runtime& r = runtime();
+    std::lock_guard lock(r.mutex);
+    if (size > r.limit || r.in_use > r.limit - size) return cudaErrorMemoryAllocation;
+    size_t rounded = ((size == 0 ? 1 : size) + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
+    if (!p) return cudaErrorMemoryAllocation;
+    std::memset(p, 0, rounded);
+    r.live[reinterpret_cast<uintptr_t>(p)] = {size, pool};
+    r.in_use += size;
+    *out = p;
+    return cudaSuccess;
+}
+
+cudaError_t release(void* p, bool host) {
+    if (!p) return cudaSuccess;
+    Runtime& r = runtime();
+    std::lock_guard lock(r.mutex);
+    auto it = r.live.find(reinterpret_cast<uintptr_t>(p));
+    if (it == r.live.end() || (it->second.pool == Pool::host) != host) {
+        return cudaErrorInvalidValue;
+    }
+    r.in_use -= it->second.size;
+    r.live.erase(it);
+    std::free(p);
+    return cudaSuccess;
+}
+
+}  // namespace
+
+SIM_EXPORT uint64_t sim_cudart_calls(const char* name) {
+    Runtime& r = runtime();
+    std::lock_guard lock(r.mutex);
+    auto it = r.calls.find(name);
+    return it == r.calls.end() ? 0 : it->second;
+}
+
+SIM_EXPORT uint64_t sim_cudart_bytes_in_use() {
+    Runtime& r = runtime();
+    std::lock_guard lock(r.mutex);
+    return r.in_use;
+}
+
+SIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
+    count("cudaMalloc");
+    return allocate(devPtr, size, Pool::device);
+}
+
+SIM_EXPORT cudaError_t cudaFree(void* devPtr) {
+    count("cudaFree");
+    return release(devPtr, false);
+}
+
+#define SIM_ASYNC(MALLOC, FREE, FROM_POOL)                                                   \
+    SIM_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t) {               \
+        count(#MALLOC);                                                                     \
+        return allocate(devPtr, size, Pool::device);                                        \
+    }                                                                                       \
+    SIM_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t) {                               \
+        count(#FREE);                                                                       \
+        return release(devPtr, false);                                                      \
+    }                                                                                       \
+    SIM_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t, cudaStream_t) { \
+        count(#FROM_POOL);                                                                  \
+        return allocate(ptr, size, Pool::device);                                           \
+    }
+
+SIM_ASYNC(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)
+SIM_ASYNC(cudaMallocAsync_ptsz, cudaFreeAsync_ptsz, cudaMallocFromPoolAsync_ptsz)
+
+SIM_EXPORT cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int) {
+    count("cudaMallocManaged");
+    return allocate(devPtr, size, Pool::managed);
+}
+
+SIM_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width,
+                                       size_t height) {
+    count("cudaMallocPitch");
+    if (!pitch) return cudaErrorInvalidValue;
+    size_t p = (width + 511) / 512 * 512;
+    cudaError_t rc = allocate(devPtr, p * height, Pool::device);
+    if (rc == cudaSuccess) *pitch = p;
+    return rc;
+}
+
+SIM_EXPORT cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
+    count("cudaHostAlloc");
+    return allocate(pHost, size, Pool::host);
+}
+
+SIM_EXPORT cudaError_t cudaMallocHost(void** ptr, size_t size) {
+    count("cudaMallocHost");
+    return cudaHostAlloc(ptr, size, 0);
+}
+
+SIM_EXPORT cudaError_t cudaFreeHost(void* ptr) {
+    count("cudaFreeHost");
+    return release(ptr, true);
+}
+
+SIM_EXPORT cudaError_t cudaGetDevice(int* device) {
+    if (!device) return cudaErrorInvalidValue;
+    *device = t_device;
+    return cudaSuccess;
+}
+
+SIM_EXPORT cudaError_t cudaSetDevice(int device) {
+    if (device != 0) return cudaErrorInvalidValue;
+    t_device = device;
+    return cudaSuccess;
+}
+
+SIM_EXPORT cudaError_t cudaGetDeviceCount(int* n) {
+    if (!n) return cudaErrorInvalidValue;
+    *n = 1;
+    return cudaSuccess;
+}
+
+SIM_EXPORT cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+SIM_EXPORT const char* cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        default: return "unrecognized error code";
+    }
+}

@@ -1,0 +1,115 @@
+/* Optional binding to the allocscope C API, header-only.
+ *
+ * Resolves the functions of <allocscope/allocscope.h> once with
+ * dlsym(RTLD_DEFAULT, ...). When liballocscope.so is not loaded every call is
+ * a cheap no-op, so an instrumented program runs unchanged without it.
+ * Link with -ldl on glibc older than 2.34.
+ *
+ *   allocscope_dl_push("layers.3", "forward");
+ *   ...
+ *   allocscope_dl_pop();
+ *
+ * In C++, allocscope::ScopedTag does the push/pop pair for a scope.
+ */
+#ifndef ALLOCSCOPE_ALLOCSCOPE_DL_H
+#define ALLOCSCOPE_ALLOCSCOPE_DL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct allocscope_dl_table {
+    void (*push)(const char*, const char*);
+    void (*pop)(void);
+    void (*step)(uint64_t);
+    void (*register_param)(const char*, const char*, uint64_t, const char*, uint64_t);
+    void (*mark)(const char*);
+    void (*block_alloc)(void*, size_t, int, void*);
+    void (*block_free)(void*);
+} allocscope_dl_table;
+
+/* The resolved table; members are NULL when the interposer is absent.
+ * Resolution runs once per translation unit; a thread that arrives while
+ * another resolves waits for it (a handful of dlsym calls). */
+static inline const allocscope_dl_table* allocscope_dl(void) {
+    static allocscope_dl_table table;
+    static int state; /* 0 unresolved, 1 resolving, 2 resolved */
+    if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 2) return &table;
+    int expected = 0;
+    if (__atomic_compare_exchange_n(&state, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        *(void**)&table.push = dlsym(RTLD_DEFAULT, "allocscope_push");
+        *(void**)&table.pop = dlsym(RTLD_DEFAULT, "allocscope_pop");
+        *(void**)&table.step = dlsym(RTLD_DEFAULT, "allocscope_step");
+        *(void**)&table.register_param = dlsym(RTLD_DEFAULT, "allocscope_register_param");
+        *(void**)&table.mark = dlsym(RTLD_DEFAULT, "allocscope_mark");
+        *(void**)&table.block_alloc = dlsym(RTLD_DEFAULT, "allocscope_block_alloc");
+        *(void**)&table.block_free = dlsym(RTLD_DEFAULT, "allocscope_block_free");
+        __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
+    }
+    while (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 2) {
+    }
+    return &table;
+}
+
+/* Nonzero when liballocscope.so is loaded in this process. */
+static inline int allocscope_dl_available(void) {
+    return allocscope_dl()->push != 0;
+}
+
+static inline void allocscope_dl_push(const char* layer, const char* phase) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->push) t->push(layer, phase);
+}
+static inline void allocscope_dl_pop(void) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->pop) t->pop();
+}
+static inline void allocscope_dl_step(uint64_t step) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->step) t->step(step);
+}
+static inline void allocscope_dl_register_param(const char* layer, const char* name,
+                                                uint64_t numel, const char* dtype,
+                                                uint64_t sharded_numel) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->register_param) t->register_param(layer, name, numel, dtype, sharded_numel);
+}
+static inline void allocscope_dl_mark(const char* text) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->mark) t->mark(text);
+}
+static inline void allocscope_dl_block_alloc(void* ptr, size_t size, int device, void* stream) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->block_alloc) t->block_alloc(ptr, size, device, stream);
+}
+static inline void allocscope_dl_block_free(void* ptr) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->block_free) t->block_free(ptr);
+}
+
+#ifdef __cplusplus
+} /* extern "C" */
+
+namespace allocscope {
+
+/* Pushes a tag for the lifetime of the object. */
+class ScopedTag {
+public:
+    ScopedTag(const char* layer, const char* phase) { allocscope_dl_push(layer, phase); }
+    ~ScopedTag() { allocscope_dl_pop(); }
+    ScopedTag(const ScopedTag&) = delete;
+    ScopedTag& operator=(const ScopedTag&) = delete;
+};
+
+}  // namespace allocscope
+#endif
+
+#endif /* ALLOCSCOPE_ALLOCSCOPE_DL_H */

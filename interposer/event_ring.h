@@ -1,0 +1,93 @@
+// Multi-producer, single-consumer ring of events between the hooks and the
+// writer thread. Producers never allocate or lock.
+//
+// Invariants:
+//   * a slot's sequence number is its event's seq; seq values are handed out
+//     densely by reserve(), so the consumer sees events in seq order;
+//   * slot (seq & mask) is free for seq when seq - consumed < capacity;
+//   * slot.ready == seq + 1 exactly when the event for seq is published.
+#pragma once
+
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "event.h"
+#include "spinlock.h"
+
+namespace allocscope {
+
+class EventRing {
+public:
+    static constexpr uint64_t kCapacity = 1u << 16;
+
+    struct Slot {
+        std::atomic<uint64_t> ready{0};
+        Event event;
+    };
+
+    // Reserves the next seq, waiting while the ring is full. Gives up and
+    // returns nullptr after `patience_ns` of waiting (the writer is stalled),
+    // so a hook can never hang its caller; the event is then dropped.
+    Slot* reserve(uint64_t patience_ns) noexcept {
+        uint64_t n = next_.load(std::memory_order_relaxed);
+        uint64_t waited_since = 0;
+        for (int spins = 0;;) {
+            if (n - consumed_.load(std::memory_order_acquire) >= kCapacity) {
+                if (!wait_for_space(waited_since, spins, patience_ns)) return nullptr;
+                n = next_.load(std::memory_order_relaxed);
+                continue;
+            }
+            if (next_.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel,
+                                            std::memory_order_relaxed)) {
+                Slot& slot = slots_[n & (kCapacity - 1)];
+                slot.event.seq = n;
+                return &slot;
+            }
+        }
+    }
+
+    static void publish(Slot* slot) noexcept {
+        slot->ready.store(slot->event.seq + 1, std::memory_order_release);
+    }
+
+    // Consumer side: number of published events starting at `consumed()`, up
+    // to `max`, without gaps.
+    uint64_t published_run(uint64_t max) const noexcept {
+        uint64_t start = consumed_.load(std::memory_order_relaxed);
+        uint64_t n = 0;
+        while (n < max && slots_[(start + n) & (kCapacity - 1)].ready.load(
+                              std::memory_order_acquire) == start + n + 1) {
+            ++n;
+        }
+        return n;
+    }
+    const Event& at(uint64_t seq) const noexcept { return slots_[seq & (kCapacity - 1)].event; }
+    uint64_t consumed() const noexcept { return consumed_.load(std::memory_order_relaxed); }
+    void release_until(uint64_t seq) noexcept { consumed_.store(seq, std::memory_order_release); }
+    uint64_t reserved() const noexcept { return next_.load(std::memory_order_relaxed); }
+
+private:
+    static bool wait_for_space(uint64_t& waited_since, int& spins, uint64_t patience_ns) noexcept {
+        if (spins < 128) {
+            ++spins;
+            cpu_relax();
+            return true;
+        }
+        timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t t = uint64_t(now.tv_sec) * 1000000000ull + uint64_t(now.tv_nsec);
+        if (waited_since == 0) waited_since = t;
+        if (t - waited_since > patience_ns) return false;
+        timespec pause{0, 50000};
+        nanosleep(&pause, nullptr);
+        return true;
+    }
+
+    alignas(64) std::atomic<uint64_t> next_{0};
+    alignas(64) std::atomic<uint64_t> consumed_{0};
+    alignas(64) Slot slots_[kCapacity];
+};
+
+}  // namespace allocscope

@@ -1,0 +1,741 @@
+#include "recorder.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config.h"
+#include "cuda_decls.h"
+#include "event_ring.h"
+#include "real_cuda.h"
+#include "stack_table.h"
+#include "string_table.h"
+#include "trace_writer.h"
+#include "unwind.h"
+
+#ifndef ALLOCSCOPE_VERSION
+#define ALLOCSCOPE_VERSION "0.0.0"
+#endif
+
+namespace allocscope::recorder {
+
+namespace {
+
+enum : int { kUninitialized = 0, kRecording = 1, kOff = 2 };
+
+constexpr uint32_t kMaxTagDepth = 64;
+constexpr size_t kWriterBatch = 4096;
+// How long a hook waits for room in a full ring before dropping its event.
+constexpr uint64_t kRingPatienceNs = 2'000'000'000ull;
+// How long exit waits for the writer to drain before giving up.
+constexpr int kExitDrainMs = 5000;
+
+struct TagEntry {
+    uint32_t layer;
+    uint32_t phase;
+};
+
+// Trivially constructible so TLS needs no constructor or destructor calls.
+struct ThreadState {
+    bool in_hook;
+    bool is_writer;
+    uint32_t tid;
+    uint32_t depth;  // pushes minus pops, including those beyond kMaxTagDepth
+    TagEntry tags[kMaxTagDepth];
+};
+thread_local ThreadState t_thread;
+
+struct Definition {
+    RecordType type;
+    uint32_t id;
+    std::string text;
+    std::vector<uint64_t> frames;
+    ParamRecord param;
+};
+
+struct ModuleRange {
+    uint64_t start;
+    uint64_t end;
+};
+
+struct State {
+    Config config;
+    uint64_t start_mono_ns = 0;
+    pid_t owner_pid = 0;
+
+    EventRing ring;
+    LiveTable segments;
+    LiveTable blocks;
+    StackTable stacks;
+    std::atomic<uint64_t> step{0};
+    std::atomic<uint64_t> events_dropped{0};
+    std::atomic<uint64_t> unmatched_pops{0};
+    uint64_t self_start = 0;  // text of liballocscope.so, see capture_stack_id
+    uint64_t self_end = 0;
+
+    // Definitions (strings, stacks, params) wait here until the writer puts
+    // them into the trace ahead of the events that use them.
+    std::mutex defs_mutex;
+    StringTable strings;
+    uint32_t params = 0;
+    std::vector<Definition> pending_defs;
+
+    // Owned by the writer thread once it runs.
+    TraceWriter writer;
+    std::vector<ModuleRange> module_ranges;
+    std::set<std::pair<uint64_t, std::string>> modules_written;
+    pthread_t writer_thread{};
+    std::atomic<bool> stop{false};
+    std::atomic<bool> writer_done{false};
+};
+
+std::atomic<int> g_state{kUninitialized};
+pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
+// Never destroyed: hooks may run during static destruction of other objects.
+alignas(State) unsigned char g_storage[sizeof(State)];
+State* g = nullptr;
+
+uint64_t mono_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint64_t wall_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint32_t thread_id() noexcept {
+    if (t_thread.tid == 0) t_thread.tid = static_cast<uint32_t>(syscall(SYS_gettid));
+    return t_thread.tid;
+}
+
+TagEntry current_tag() noexcept {
+    uint32_t d = t_thread.depth;
+    if (d == 0) return {0, 0};
+    return t_thread.tags[(d < kMaxTagDepth ? d : kMaxTagDepth) - 1];
+}
+
+void log_line(LogLevel at_least, const std::string& line) {
+    if (g && static_cast<int>(g->config.log) < static_cast<int>(at_least)) return;
+    std::string out = line + "\n";
+    ssize_t ignored = ::write(STDERR_FILENO, out.data(), out.size());
+    (void)ignored;
+}
+
+// mkdir -p with mode 0700 for the directories it creates.
+bool make_dirs(const std::string& path, std::string& error) {
+    std::string partial;
+    size_t pos = 0;
+    while (pos != std::string::npos) {
+        pos = path.find('/', pos + 1);
+        partial = path.substr(0, pos);
+        if (partial.empty()) continue;
+        if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+            error = "cannot create output directory " + partial + ": " + std::strerror(errno);
+            return false;
+        }
+    }
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        error = "output path " + path + " is not a directory";
+        return false;
+    }
+    return true;
+}
+
+// --- module map (writer thread) ---------------------------------------------
+
+std::string read_build_id(const dl_phdr_info* info) {
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+        if (ph.p_type != PT_NOTE) continue;
+        const auto* p = reinterpret_cast<const unsigned char*>(info->dlpi_addr + ph.p_vaddr);
+        const unsigned char* end = p + ph.p_memsz;
+        while (p + sizeof(ElfW(Nhdr)) <= end) {
+            const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
+            const unsigned char* name = p + sizeof(ElfW(Nhdr));
+            const unsigned char* desc = name + ((note->n_namesz + 3) & ~3u);
+            if (desc + note->n_descsz > end) break;
+            if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 &&
+                std::memcmp(name, "GNU", 4) == 0) {
+                return std::string(reinterpret_cast<const char*>(desc), note->n_descsz);
+            }
+            p = desc + ((note->n_descsz + 3) & ~3u);
+        }
+    }
+    return {};
+}
+
+std::string self_exe_path() {
+    char buf[4096];
+    ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+void scan_modules() {
+    struct Found {
+        ModuleRecord record;
+        ModuleRange range;
+    };
+    std::vector<Found> found;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* arg) -> int {
+            auto* out = static_cast<std::vector<Found>*>(arg);
+            uint64_t lo = UINT64_MAX, hi = 0;
+            for (int i = 0; i < info->dlpi_phnum; ++i) {
+                const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+                if (ph.p_type != PT_LOAD) continue;
+                lo = std::min<uint64_t>(lo, ph.p_vaddr);
+                hi = std::max<uint64_t>(hi, ph.p_vaddr + ph.p_memsz);
+            }
+            if (hi == 0) return 0;
+            Found f;
+            f.record.base = info->dlpi_addr;
+            f.record.size = hi;
+            f.record.path = info->dlpi_name ? info->dlpi_name : "";
+            f.record.build_id = read_build_id(info);
+            f.range = {info->dlpi_addr + lo, info->dlpi_addr + hi};
+            out->push_back(std::move(f));
+            return 0;
+        },
+        &found);
+    for (Found& f : found) {
+        if (f.record.path.empty()) f.record.path = self_exe_path();
+        auto key = std::make_pair(f.record.base, f.record.path);
+        if (!g->modules_written.insert(key).second) continue;
+        g->writer.module(f.record);
+        g->module_ranges.push_back(f.range);
+    }
+}
+
+void cover_modules(const std::vector<uint64_t>& frames) {
+    for (uint64_t pc : frames) {
+        bool known = false;
+        for (const ModuleRange& r : g->module_ranges) {
+            if (pc >= r.start && pc < r.end) {
+                known = true;
+                break;
+            }
+        }
+        if (!known) {
+            scan_modules();  // a library was loaded since the last scan
+            return;
+        }
+    }
+}
+
+// --- writer thread ------------------------------------------------------------
+
+void write_pending_definitions() {
+    std::vector<Definition> defs;
+    {
+        std::lock_guard lock(g->defs_mutex);
+        defs.swap(g->pending_defs);
+    }
+    for (const Definition& d : defs) {
+        switch (d.type) {
+            case RecordType::string: g->writer.string(d.id, d.text); break;
+            case RecordType::stack:
+                cover_modules(d.frames);
+                g->writer.stack(d.id, d.frames);
+                break;
+            case RecordType::param: g->writer.param(d.param); break;
+            default: break;
+        }
+    }
+}
+
+// Moves published events into the file. Returns how many were written.
+uint64_t drain_once(std::vector<Event>& batch) {
+    // Read what is published before taking the definitions: every definition
+    // an event refers to was queued before that event was published.
+    uint64_t n = g->ring.published_run(kWriterBatch);
+    write_pending_definitions();
+    if (n == 0) return 0;
+    uint64_t first = g->ring.consumed();
+    batch.clear();
+    for (uint64_t i = 0; i < n; ++i) batch.push_back(g->ring.at(first + i));
+    g->ring.release_until(first + n);
+    for (const Event& e : batch) g->writer.event(e);
+    return n;
+}
+
+void report_write_failure_once() {
+    static bool reported = false;
+    if (g->writer.failed() && !reported) {
+        reported = true;
+        log_line(LogLevel::quiet, "allocscope: " + g->writer.error() +
+                                      "; recording continues but further events are lost");
+    }
+}
+
+void* writer_main(void*) {
+    t_thread.is_writer = true;
+    t_thread.in_hook = true;  // nothing this thread does is recorded
+    std::vector<Event> batch;
+    batch.reserve(kWriterBatch);
+    scan_modules();
+    long sleep_us = 1000;
+    for (;;) {
+        uint64_t n = drain_once(batch);
+        g->writer.flush();
+        report_write_failure_once();
+        if (n > 0) {
+            sleep_us = 1000;
+            continue;
+        }
+        if (g->stop.load(std::memory_order_acquire)) break;
+        timespec pause{0, sleep_us * 1000};
+        nanosleep(&pause, nullptr);
+        sleep_us = std::min<long>(sleep_us * 2, 20000);
+    }
+    // Final drain: wait briefly for hooks that reserved a slot before
+    // recording was switched off (a free blocked in the real call).
+    uint64_t deadline = mono_ns() + 1'000'000'000ull;
+    while (g->ring.consumed() < g->ring.reserved() && mono_ns() < deadline) {
+        if (drain_once(batch) == 0) {
+            timespec pause{0, 200000};
+            nanosleep(&pause, nullptr);
+        }
+    }
+    write_pending_definitions();
+    FooterRecord footer;
+    footer.events = g->writer.events_written();
+    footer.unknown_frees = g->segments.unknown_frees() + g->blocks.unknown_frees();
+    footer.double_frees = g->segments.double_frees() + g->blocks.double_frees();
+    footer.stacks_dropped = g->stacks.dropped();
+    footer.events_dropped =
+        g->events_dropped.load() + (g->ring.reserved() - g->ring.consumed());
+    footer.end_mono_ns = mono_ns();
+    g->writer.close(footer);
+    report_write_failure_once();
+    if (!g->writer.failed()) {
+        log_line(LogLevel::info, "allocscope: wrote " + g->writer.path() + " (" +
+                                     std::to_string(footer.events) + " events)");
+    }
+    g->writer_done.store(true, std::memory_order_release);
+    return nullptr;
+}
+
+// --- initialization -----------------------------------------------------------
+
+bool open_trace(std::string& error) {
+    const Config& c = g->config;
+    const uint32_t pid = static_cast<uint32_t>(getpid());
+    TraceHeader header;
+    header.tool_version = ALLOCSCOPE_VERSION;
+    header.pid = pid;
+    header.rank = c.rank;
+    header.world_size = c.world_size;
+    header.stack_depth = c.stack_depth;
+    header.start_wall_ns = wall_ns();
+    header.start_mono_ns = g->start_mono_ns;
+    std::string path = c.out_dir + "/" + trace_file_name(c, pid);
+    if (g->writer.open(path, header, error)) return true;
+    if (errno == EEXIST && c.rank >= 0) {
+        // Another process of the same rank (a launcher that execs, a re-run
+        // into the same directory) already owns the rank file.
+        path = c.out_dir + "/rank" + std::to_string(c.rank) + ".pid" + std::to_string(pid) +
+               ".trace";
+        error.clear();
+        return g->writer.open(path, header, error);
+    }
+    return false;
+}
+
+bool start_writer() {
+    sigset_t all, old;
+    sigfillset(&all);
+    // The writer thread must never run the program's signal handlers.
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&g->writer_thread, nullptr, writer_main, nullptr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (rc != 0) return false;
+    pthread_detach(g->writer_thread);
+    return true;
+}
+
+void find_own_module() {
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(&find_own_module), &info)) return;
+    struct Query {
+        uint64_t base;
+        uint64_t start, end;
+    } q{reinterpret_cast<uint64_t>(info.dli_fbase), 0, 0};
+    dl_iterate_phdr(
+        [](dl_phdr_info* pi, size_t, void* arg) -> int {
+            auto* q = static_cast<Query*>(arg);
+            if (pi->dlpi_addr + pi->dlpi_phdr[0].p_vaddr - pi->dlpi_phdr[0].p_offset != q->base &&
+                pi->dlpi_addr != q->base) {
+                return 0;
+            }
+            for (int i = 0; i < pi->dlpi_phnum; ++i) {
+                const ElfW(Phdr)& ph = pi->dlpi_phdr[i];
+                if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_X)) continue;
+                q->start = pi->dlpi_addr + ph.p_vaddr;
+                q->end = q->start + ph.p_memsz;
+            }
+            return 1;
+        },
+        &q);
+    g->self_start = q.start;
+    g->self_end = q.end;
+}
+
+void initialize() {
+    g = new (g_storage) State();
+    find_own_module();
+    g->config = parse_config([](const char* name) { return std::getenv(name); });
+    for (const std::string& w : g->config.warnings) log_line(LogLevel::quiet, w);
+    if (g->config.disabled) {
+        g_state.store(kOff, std::memory_order_release);
+        return;
+    }
+    g->start_mono_ns = mono_ns();
+    g->owner_pid = getpid();
+    std::string error;
+    if (!make_dirs(g->config.out_dir, error) || !open_trace(error)) {
+        log_line(LogLevel::quiet, "allocscope: recording disabled: " + error);
+        g_state.store(kOff, std::memory_order_release);
+        return;
+    }
+    if (!start_writer()) {
+        log_line(LogLevel::quiet, "allocscope: recording disabled: cannot start writer thread");
+        g_state.store(kOff, std::memory_order_release);
+        return;
+    }
+    log_line(LogLevel::debug, "allocscope: recording to " + g->writer.path());
+    g_state.store(kRecording, std::memory_order_release);
+}
+
+bool ensure_started() noexcept {
+    int s = g_state.load(std::memory_order_acquire);
+    if (s == kRecording) return true;
+    if (s == kOff) return false;
+    pthread_mutex_lock(&g_init_mutex);
+    if (g_state.load(std::memory_order_acquire) == kUninitialized) {
+        try {
+            initialize();
+        } catch (...) {
+            g_state.store(kOff, std::memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&g_init_mutex);
+    return g_state.load(std::memory_order_acquire) == kRecording;
+}
+
+void on_fork_child() { g_state.store(kOff, std::memory_order_release); }
+
+__attribute__((constructor)) void install_fork_policy() {
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+}
+
+__attribute__((destructor)) void finish_recording() {
+    if (g_state.load(std::memory_order_acquire) != kRecording || getpid() != g->owner_pid) return;
+    g_state.store(kOff, std::memory_order_release);
+    g->stop.store(true, std::memory_order_release);
+    for (int waited = 0; waited < kExitDrainMs; ++waited) {
+        if (g->writer_done.load(std::memory_order_acquire)) return;
+        timespec pause{0, 1000000};
+        nanosleep(&pause, nullptr);
+    }
+    log_line(LogLevel::quiet, "allocscope: trace writer did not finish within " +
+                                  std::to_string(kExitDrainMs / 1000) +
+                                  " s at exit; the trace may lack its last events");
+}
+
+// --- event helpers ---------------------------------------------------------------
+
+uint32_t intern_locked(const char* text) {
+    if (!text || !*text) return 0;
+    auto [id, is_new] = g->strings.intern(text);
+    if (is_new) g->pending_defs.push_back({RecordType::string, id, text, {}, {}});
+    return id;
+}
+
+uint32_t intern(const char* text) {
+    if (!text || !*text) return 0;
+    std::lock_guard lock(g->defs_mutex);
+    return intern_locked(text);
+}
+
+// Frames of liballocscope.so itself (hooks, recorder) lead every captured
+// stack; how many depends on inlining, so they are dropped by address.
+constexpr size_t kOwnFramesMax = 8;
+
+uint32_t capture_stack_id() noexcept {
+    const uint32_t depth = g->config.stack_depth;
+    if (depth == 0) return 0;
+    uint64_t frames[Config::kMaxStackDepth + kOwnFramesMax];
+    size_t n = capture_stack(frames, depth + kOwnFramesMax, 0);
+    size_t first = 0;
+    while (first < n && first < kOwnFramesMax && frames[first] >= g->self_start &&
+           frames[first] < g->self_end) {
+        ++first;
+    }
+    n = std::min<size_t>(n - first, depth);
+    if (n == 0) return 0;
+    try {
+        return g->stacks.intern({frames + first, n}, [](uint32_t id,
+                                                        std::span<const uint64_t> f) {
+            std::lock_guard lock(g->defs_mutex);
+            g->pending_defs.push_back(
+                {RecordType::stack, id, {}, std::vector<uint64_t>(f.begin(), f.end()), {}});
+        });
+    } catch (...) {
+        return 0;
+    }
+}
+
+// Reserves a slot and fills the fields every event shares.
+EventRing::Slot* begin_event(EventKind kind) noexcept {
+    EventRing::Slot* slot = g->ring.reserve(kRingPatienceNs);
+    if (!slot) {
+        g->events_dropped.fetch_add(1, std::memory_order_relaxed);
+        return nullptr;
+    }
+    Event& e = slot->event;
+    const uint64_t seq = e.seq;
+    e = Event{};
+    e.seq = seq;
+    e.kind = kind;
+    e.t_ns = mono_ns() - g->start_mono_ns;
+    e.tid = thread_id();
+    e.step = g->step.load(std::memory_order_relaxed);
+    TagEntry tag = current_tag();
+    e.layer = tag.layer;
+    e.phase = tag.phase;
+    return slot;
+}
+
+void emit_simple(EventKind kind, uint32_t layer, uint32_t phase, uint32_t aux,
+                 uint32_t flags) noexcept {
+    EventRing::Slot* slot = begin_event(kind);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.layer = layer;
+    e.phase = phase;
+    e.aux = aux;
+    e.flags = flags;
+    e.api = Api::c_api;
+    EventRing::publish(slot);
+}
+
+LiveTable& table_for(Level level) { return level == Level::block ? g->blocks : g->segments; }
+
+// C API calls are not hooks, but CUDA calls they trigger must not be
+// recorded as the user's either; they share the hooks' guard.
+struct ApiScope {
+    HookGuard guard;
+    bool active() const noexcept { return guard.recording() && ensure_started(); }
+};
+
+}  // namespace
+
+// --- hooks' interface ---------------------------------------------------------------
+
+HookGuard::HookGuard() noexcept : outer_(!t_thread.in_hook) {
+    t_thread.in_hook = true;
+    recording_ = outer_ && g_state.load(std::memory_order_relaxed) != kOff;
+}
+
+HookGuard::~HookGuard() {
+    if (outer_) t_thread.in_hook = false;
+}
+
+__attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address,
+                                            int result) noexcept {
+    if (!ensure_started()) return;
+    const bool ok = result == 0 && address != nullptr;
+    const uint32_t stack = ok ? capture_stack_id() : 0;
+    EventRing::Slot* slot = begin_event(ok ? EventKind::alloc : EventKind::oom);
+    Event* e = slot ? &slot->event : nullptr;
+    if (ok) {
+        LiveRecord rec;
+        rec.address = reinterpret_cast<uint64_t>(address);
+        rec.size = info.size;
+        rec.seq = e ? e->seq : 0;
+        rec.step = g->step.load(std::memory_order_relaxed);
+        rec.stream = info.stream;
+        rec.stack = stack;
+        TagEntry tag = current_tag();
+        rec.layer = tag.layer;
+        rec.phase = tag.phase;
+        rec.tid = thread_id();
+        rec.device = info.device;
+        rec.memory = info.memory;
+        rec.api = info.api;
+        try {
+            table_for(info.level).insert(rec);
+        } catch (...) {
+            // Out of host memory while growing the table: the event is still
+            // recorded; only the in-process view misses this allocation.
+        }
+    }
+    if (!e) return;
+    e->address = ok ? reinterpret_cast<uint64_t>(address) : 0;
+    e->size = info.size;
+    e->stream = info.stream;
+    e->stack = stack;
+    e->device = info.device;
+    e->result = result;
+    e->level = info.level;
+    e->memory = info.memory;
+    e->api = info.api;
+    EventRing::publish(slot);
+}
+
+void begin_free(PendingFree& pending, Api api, Level level, void* address,
+                uint64_t stream) noexcept {
+    pending.slot = nullptr;
+    if (!ensure_started()) return;
+    pending.address = reinterpret_cast<uint64_t>(address);
+    pending.level = level;
+    FreeOutcome outcome = table_for(level).remove(pending.address, &pending.removed);
+    pending.restorable = outcome == FreeOutcome::freed;
+    EventRing::Slot* slot = begin_event(EventKind::free);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.address = pending.address;
+    e.size = pending.restorable ? pending.removed.size : 0;
+    e.stream = stream;
+    e.device = pending.restorable ? pending.removed.device : -1;
+    e.memory = pending.restorable ? pending.removed.memory : MemoryKind::none;
+    e.level = level;
+    e.api = api;
+    if (outcome == FreeOutcome::unknown) e.flags |= kFlagUnknownAddress;
+    if (outcome == FreeOutcome::double_free) e.flags |= kFlagDoubleFree;
+    pending.slot = slot;
+}
+
+void end_free(PendingFree& pending, int result) noexcept {
+    if (result != 0 && pending.restorable) {
+        // The real free refused: the memory is still allocated.
+        try {
+            table_for(pending.level).insert(pending.removed);
+        } catch (...) {
+        }
+    }
+    if (!pending.slot) return;
+    auto* slot = static_cast<EventRing::Slot*>(pending.slot);
+    slot->event.result = result;
+    EventRing::publish(slot);
+}
+
+void push_tag(const char* layer, const char* phase) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    TagEntry parent = current_tag();
+    TagEntry tag = parent;
+    try {
+        if (layer) tag.layer = intern(layer);
+        if (phase) tag.phase = intern(phase);
+    } catch (...) {
+        return;
+    }
+    uint32_t flags = 0;
+    if (t_thread.depth < kMaxTagDepth) {
+        t_thread.tags[t_thread.depth] = tag;
+    } else {
+        flags = kFlagTagOverflow;
+        tag = parent;
+    }
+    ++t_thread.depth;
+    emit_simple(EventKind::tag_push, tag.layer, tag.phase, 0, flags);
+}
+
+void pop_tag() noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    if (t_thread.depth == 0) {
+        g->unmatched_pops.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    TagEntry tag = current_tag();
+    uint32_t flags = t_thread.depth > kMaxTagDepth ? uint32_t{kFlagTagOverflow} : 0u;
+    --t_thread.depth;
+    emit_simple(EventKind::tag_pop, tag.layer, tag.phase, 0, flags);
+}
+
+void set_step(uint64_t step) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    g->step.store(step, std::memory_order_relaxed);
+    EventRing::Slot* slot = begin_event(EventKind::step);
+    if (!slot) return;
+    slot->event.step = step;
+    slot->event.api = Api::c_api;
+    EventRing::publish(slot);
+}
+
+void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
+                    uint64_t sharded_numel) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    uint32_t index = 0;
+    try {
+        std::lock_guard lock(g->defs_mutex);
+        ParamRecord p;
+        p.index = index = g->params++;
+        p.layer = intern_locked(layer);
+        p.name = intern_locked(name);
+        p.dtype = intern_locked(dtype);
+        p.numel = numel;
+        p.sharded_numel = sharded_numel;
+        g->pending_defs.push_back({RecordType::param, index, {}, {}, p});
+    } catch (...) {
+        return;
+    }
+    TagEntry tag = current_tag();
+    emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
+}
+
+void mark(const char* text) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    uint32_t id = 0;
+    try {
+        id = intern(text);
+    } catch (...) {
+        return;
+    }
+    TagEntry tag = current_tag();
+    emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
+}
+
+int32_t current_device() noexcept {
+    using Fn = cudaError_t (*)(int*);
+    static std::atomic<Fn> real{nullptr};
+    Fn fn = real.load(std::memory_order_relaxed);
+    if (!fn) {
+        fn = real_function<Fn>("cudaGetDevice");
+        if (!fn) return -1;
+        real.store(fn, std::memory_order_relaxed);
+    }
+    int device = -1;
+    return fn(&device) == cudaSuccess ? device : -1;
+}
+
+}  // namespace allocscope::recorder

@@ -1,0 +1,81 @@
+// The process-global recording state of liballocscope.so and the small API
+// the hooks use. Everything here is hidden; only hooks and the public C API
+// are exported.
+//
+// Lifecycle: uninitialized -> (first hook or API call) -> recording | off.
+// `off` covers ALLOCSCOPE_DISABLE=1, an output that could not be created,
+// a forked child, and the time after the final flush at exit. In `off` every
+// hook forwards to the real function and records nothing.
+//
+// Fork policy: a child created by fork() without exec stops recording (its
+// copy of the state is never touched again, so locks held by threads that do
+// not exist in the child cannot deadlock it). A child that execs with the
+// preload still set starts afresh and records into its own file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "event.h"
+#include "live_table.h"
+
+namespace allocscope::recorder {
+
+// Fronts every hook. Marks the thread as inside allocscope for its lifetime,
+// so CUDA calls made underneath (a runtime function calling another hooked
+// one, or allocscope's own work) are forwarded without being recorded.
+// Nests: the previous state is restored on destruction.
+class HookGuard {
+public:
+    HookGuard() noexcept;
+    ~HookGuard();
+    HookGuard(const HookGuard&) = delete;
+    HookGuard& operator=(const HookGuard&) = delete;
+
+    // True when this call should be recorded: not nested inside another hook
+    // and the recorder is (or could be brought) up.
+    bool recording() const noexcept { return recording_; }
+
+private:
+    bool outer_;
+    bool recording_;
+};
+
+struct AllocInfo {
+    Api api;
+    Level level;
+    MemoryKind memory;
+    uint64_t size;
+    uint64_t stream;
+    int32_t device;
+};
+
+// A successful allocation at `address`, or a failed one (`result` != 0,
+// recorded as oom with the requested size).
+void record_alloc(const AllocInfo& info, void* address, int result) noexcept;
+
+// A free is recorded in two halves around the real call so its seq precedes
+// any later allocation that reuses the address.
+struct PendingFree {
+    void* slot = nullptr;  // reserved ring slot, nullptr when not recording
+    uint64_t address = 0;
+    Level level = Level::none;
+    bool restorable = false;  // the address was live before this free
+    LiveRecord removed;
+};
+void begin_free(PendingFree& pending, Api api, Level level, void* address,
+                uint64_t stream) noexcept;
+void end_free(PendingFree& pending, int result) noexcept;
+
+// Public C API backends.
+void push_tag(const char* layer, const char* phase) noexcept;
+void pop_tag() noexcept;
+void set_step(uint64_t step) noexcept;
+void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
+                    uint64_t sharded_numel) noexcept;
+void mark(const char* text) noexcept;
+
+// Device of the calling thread as the runtime reports it, -1 if unknown.
+int32_t current_device() noexcept;
+
+}  // namespace allocscope::recorder

@@ -1,0 +1,17 @@
+// Raw call-stack capture for the hook hot path: return addresses only, no
+// symbolization, no allocation, no locks on the fast path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace allocscope {
+
+// Writes up to `max_depth` return addresses of the calling thread into
+// `frames`, innermost first, starting with the caller of the function that
+// called capture_stack() (`skip` further frames are dropped). Returns the
+// number written. Safe to call from any thread at any time after the process
+// started; never throws.
+size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip) noexcept;
+
+}  // namespace allocscope

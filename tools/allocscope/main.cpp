@@ -1,0 +1,80 @@
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+#ifndef ALLOCSCOPE_VERSION
+#define ALLOCSCOPE_VERSION "0.0.0"
+#endif
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: allocscope <command> [options]
+
+Allocation attribution for CUDA training runs.
+
+commands:
+  run [--out DIR] [--force] [--stack-depth N] -- CMD [ARGS...]
+                    run CMD with the interposer preloaded, recording one trace
+                    per process into DIR (default ./allocscope-out)
+  report PATH...    summarize traces (files or output directories)
+
+  allocscope <command> --help   shows the options of a command
+  allocscope --version          prints the version
+
+example:
+  allocscope run -- python train.py && allocscope report allocscope-out
+)";
+
+}  // namespace
+
+namespace allocscope::cli {
+
+int fail(const std::string& message) {
+    std::fprintf(stderr, "allocscope: %s\n", message.c_str());
+    return kExitUsage;
+}
+
+std::string format_bytes(uint64_t bytes) {
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (bytes < 1024) return std::to_string(bytes) + " B";
+    double v = static_cast<double>(bytes);
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        ++u;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v,
+                  units[u]);
+    return buf;
+}
+
+}  // namespace allocscope::cli
+
+int main(int argc, char** argv) {
+    using namespace allocscope::cli;
+    if (argc < 2) {
+        std::fputs(kUsage, stderr);
+        return kExitUsage;
+    }
+    std::string command = argv[1];
+    std::vector<std::string> args(argv + 2, argv + argc);
+    if (command == "--help" || command == "-h" || command == "help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+    }
+    if (command == "--version") {
+        std::printf("allocscope %s\n", ALLOCSCOPE_VERSION);
+        return 0;
+    }
+    try {
+        if (command == "run") return run_command(args);
+        if (command == "report") return report_command(args);
+    } catch (const std::exception& e) {
+        return fail(e.what());
+    }
+    return fail("unknown command '" + command + "' (try: allocscope --help)");
+}
