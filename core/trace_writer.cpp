@@ -32,26 +32,28 @@ bool TraceWriter::open(const std::string& path, const TraceHeader& header, std::
     buffer_ = encode_header(header);
     flush();
     if (failed_) {
+        ::close(fd_);
+        fd_ = -1;
         error = error_;
         return false;
     }
     return true;
 }
 
-void TraceWriter::put(RecordType type, std::string_view payload) {
+bool TraceWriter::put(RecordType type, std::string_view payload) {
     if (fd_ < 0 || failed_) {
         ++dropped_;
-        return;
+        return false;
     }
     append_record(buffer_, type, payload);
     if (buffer_.size() >= kFlushThreshold) flush();
+    return !failed_;
 }
 
 void TraceWriter::event(const Event& event) {
     scratch_.clear();
     encode_event(scratch_, event);
-    put(RecordType::event, scratch_);
-    if (!failed_) ++events_;
+    if (put(RecordType::event, scratch_)) ++events_;
 }
 
 void TraceWriter::string(uint32_t id, std::string_view text) {

@@ -46,7 +46,8 @@ public:
     const std::string& path() const noexcept { return path_; }
 
 private:
-    void put(RecordType type, std::string_view payload);
+    // False when the record was dropped (not open, closed, or failed).
+    bool put(RecordType type, std::string_view payload);
 
     int fd_ = -1;
     bool failed_ = false;

@@ -352,15 +352,20 @@ bool open_trace(std::string& error) {
     header.stack_depth = c.stack_depth;
     header.start_wall_ns = wall_ns();
     header.start_mono_ns = g->start_mono_ns;
-    std::string path = c.out_dir + "/" + trace_file_name(c, pid);
-    if (g->writer.open(path, header, error)) return true;
-    if (errno == EEXIST && c.rank >= 0) {
-        // Another process of the same rank (a launcher that execs, a re-run
-        // into the same directory) already owns the rank file.
-        path = c.out_dir + "/rank" + std::to_string(c.rank) + ".pid" + std::to_string(pid) +
-               ".trace";
+    // The first name is rank<R>.trace / pid<PID>.trace. It can exist already:
+    // a launcher that execs keeps its pid, and several processes may share a
+    // rank. Then the pid and a counter make the name unique.
+    const std::string first = trace_file_name(c, pid);
+    const std::string stem = first.substr(0, first.size() - 6);
+    const std::string pid_stem = c.rank >= 0 ? stem + ".pid" + std::to_string(pid) : stem;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        std::string name = attempt == 0   ? first
+                           : attempt == 1 && c.rank >= 0 ? pid_stem + ".trace"
+                                                          : pid_stem + "." +
+                                                                std::to_string(attempt) + ".trace";
         error.clear();
-        return g->writer.open(path, header, error);
+        if (g->writer.open(c.out_dir + "/" + name, header, error)) return true;
+        if (errno != EEXIST) return false;
     }
     return false;
 }

@@ -132,8 +132,7 @@ constexpr size_t kNeedsFallback = SIZE_MAX;
 
 // `frame` is capture_stack's frame record: frame[0] = the caller's rbp,
 // frame[1] = the return address into the caller, frame + 2 = the caller's rsp.
-inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip,
-                          const uintptr_t* frame) {
+inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, const uintptr_t* frame) {
     const StackBounds stack = current_stack_bounds();
     uintptr_t sp = reinterpret_cast<uintptr_t>(frame + 2);
     // Signal alternate stacks and user-level fibers are not the thread stack.

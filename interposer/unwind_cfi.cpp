@@ -16,7 +16,7 @@ constexpr uint64_t kNoRegister = std::numeric_limits<uint64_t>::max();
 // Bounds-checked reader over .eh_frame bytes: an overrun sets failed() and
 // yields zeros, so the interpreter checks once per instruction.
 class CfiCursor {
-public:
+  public:
     CfiCursor(const uint8_t* pos, const uint8_t* end) : pos_(pos), end_(end) {}
 
     bool failed() const { return failed_; }
@@ -96,7 +96,7 @@ public:
         }
     }
 
-private:
+  private:
     template <typename T>
     T fail() {
         failed_ = true;
@@ -396,8 +396,8 @@ FrameRule compute_frame_rule(uintptr_t return_address) noexcept {
     uint32_t cie_delta = cur.fixed<uint32_t>();
     CieInfo cie;
     if (!parse_cie(fde + 4 - cie_delta, cie)) return fallback;
-    cur.skip_encoded(cie.fde_encoding);           // pc_begin: bases.func holds it decoded
-    cur.skip_encoded(cie.fde_encoding & 0x0f);    // pc_range
+    cur.skip_encoded(cie.fde_encoding);         // pc_begin: bases.func holds it decoded
+    cur.skip_encoded(cie.fde_encoding & 0x0f);  // pc_range
     if (cie.has_augmentation_data) cur.skip(cur.uleb());
     if (cur.failed()) return fallback;
 

@@ -1,6 +1,8 @@
 #include <alloca.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -25,14 +27,34 @@ struct Request {
     size_t skip = 0;
 };
 
+// Fixed storage: captures are also taken inside a signal handler.
+struct Frames {
+    std::array<uint64_t, kMaxFrames> pcs{};
+    size_t size = 0;
+
+    const uint64_t* begin() const { return pcs.data(); }
+    const uint64_t* end() const { return pcs.data() + size; }
+    bool empty() const { return size == 0; }
+    bool operator==(const Frames& other) const {
+        return std::equal(begin(), end(), other.begin(), other.end());
+    }
+    // Frames [first, first + count) of this capture, as a capture of its own.
+    Frames slice(size_t first, size_t count = kMaxFrames) const {
+        Frames part;
+        for (size_t i = first; i < size && part.size < count; ++i)
+            part.pcs[part.size++] = pcs[i];
+        return part;
+    }
+};
+
 // Both walks taken from the same function, so both start at its caller.
 struct Capture {
-    std::vector<uint64_t> cached;
-    std::vector<uint64_t> reference;
+    Frames cached;
+    Frames reference;
 };
 
 struct ReferenceState {
-    std::vector<uint64_t>* frames;
+    Frames* frames;
     size_t skip;
     size_t max_depth;
 };
@@ -45,13 +67,13 @@ _Unwind_Reason_Code collect_reference(_Unwind_Context* context, void* arg) {
         --state->skip;
         return _URC_NO_REASON;
     }
-    state->frames->push_back(ip);
-    return state->frames->size() < state->max_depth ? _URC_NO_REASON : _URC_END_OF_STACK;
+    state->frames->pcs[state->frames->size++] = ip;
+    return state->frames->size < state->max_depth ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
 
 // Same contract as capture_stack(), computed by plain _Unwind_Backtrace.
-__attribute__((noinline)) std::vector<uint64_t> reference_stack(size_t max_depth, size_t skip) {
-    std::vector<uint64_t> frames;
+__attribute__((noinline)) Frames reference_stack(size_t max_depth, size_t skip) {
+    Frames frames;
     if (max_depth == 0) return frames;
     ReferenceState state{&frames, skip + 2, max_depth};
     _Unwind_Backtrace(collect_reference, &state);
@@ -60,10 +82,8 @@ __attribute__((noinline)) std::vector<uint64_t> reference_stack(size_t max_depth
 }
 
 __attribute__((noinline)) Capture capture_both(const Request& request) {
-    uint64_t frames[kMaxFrames];
-    size_t depth = capture_stack(frames, request.max_depth, request.skip);
     Capture capture;
-    capture.cached.assign(frames, frames + depth);
+    capture.cached.size = capture_stack(capture.cached.pcs.data(), request.max_depth, request.skip);
     capture.reference = reference_stack(request.max_depth, request.skip);
     asm volatile("" ::: "memory");
     return capture;
@@ -113,7 +133,7 @@ __attribute__((noinline)) Capture callee_saved_frame(const char* shape, const Re
     asm volatile("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d), "+r"(e), "+r"(f), "+r"(g));
     Capture capture = descend(shape + 1, request);
     asm volatile("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d), "+r"(e), "+r"(f), "+r"(g));
-    if ((a ^ b ^ c ^ d ^ e ^ f ^ g) == 42) capture.cached.push_back(0);
+    if ((a ^ b ^ c ^ d ^ e ^ f ^ g) == 42) capture.cached.size = 0;
     return capture;
 }
 
@@ -161,8 +181,7 @@ __attribute__((noinline)) Capture qsort_frame(const char* shape, const Request& 
     return capture;
 }
 
-// A 64-byte aligned local makes GCC realign the stack; the CFA of this frame
-// is then a DWARF expression, which the cache cannot represent.
+// A 64-byte aligned local makes GCC realign rsp and address the frame from rbp.
 __attribute__((noinline)) Capture realigned_frame(const char* shape, const Request& request) {
     alignas(64) char block[64] = {};
     asm volatile("" : : "r"(block) : "memory");
@@ -171,11 +190,54 @@ __attribute__((noinline)) Capture realigned_frame(const char* shape, const Reque
     return capture;
 }
 
+// Calls fn(argument) from a frame whose CFA rule is DW_CFA_def_cfa_expression
+// (DW_OP_breg6 16, i.e. rbp + 16), which the rule cache does not represent.
+extern "C" void call_through_cfa_expression(void (*fn)(void*), void* argument);
+asm(R"(
+    .text
+    .p2align 4
+    .type call_through_cfa_expression, @function
+call_through_cfa_expression:
+    .cfi_startproc
+    push %rbp
+    .cfi_def_cfa_offset 16
+    .cfi_offset %rbp, -16
+    mov %rsp, %rbp
+    .cfi_escape 0x0f, 0x02, 0x76, 0x10
+    mov %rdi, %rax
+    mov %rsi, %rdi
+    call *%rax
+    pop %rbp
+    .cfi_def_cfa %rsp, 8
+    ret
+    .cfi_endproc
+    .size call_through_cfa_expression, .-call_through_cfa_expression
+)");
+
+struct Continuation {
+    const char* shape;
+    const Request* request;
+    Capture* capture;
+};
+
+__attribute__((noinline)) Capture cfa_expression_frame(const char* shape, const Request& request) {
+    Capture capture;
+    Continuation continuation{shape, &request, &capture};
+    call_through_cfa_expression(
+        [](void* argument) {
+            auto* continuation = static_cast<Continuation*>(argument);
+            *continuation->capture = descend(continuation->shape + 1, *continuation->request);
+        },
+        &continuation);
+    return capture;
+}
+
 thread_local const char* t_signal_shape = nullptr;
 thread_local const Request* t_signal_request = nullptr;
 thread_local Capture* t_signal_capture = nullptr;
 
-void capture_in_signal_handler(int) {
+// ASan's fake stacks (detect_stack_use_after_return=1) are not async-signal-safe.
+__attribute__((no_sanitize("address"))) void capture_in_signal_handler(int) {
     *t_signal_capture = descend(t_signal_shape + 1, *t_signal_request);
 }
 
@@ -196,7 +258,7 @@ __attribute__((noinline)) Capture signal_frame(const char* shape, const Request&
 
 // p plain, f frame pointer, n no frame pointer, a alloca, c callee-saved
 // registers, s std::function, o std::call_once, q qsort, r realigned,
-// g signal handler.
+// x CFA expression, g signal handler.
 Capture descend(const char* shape, const Request& request) {
     switch (*shape) {
         case 'p':
@@ -217,6 +279,8 @@ Capture descend(const char* shape, const Request& request) {
             return qsort_frame(shape, request);
         case 'r':
             return realigned_frame(shape, request);
+        case 'x':
+            return cfa_expression_frame(shape, request);
         case 'g':
             return signal_frame(shape, request);
         default:
@@ -229,7 +293,7 @@ Capture capture_through(const std::string& shape, Request request = {}) {
 }
 
 // Without ordinary frames on the way the cached walk never gets to run.
-const std::string kMixedShape = "pfnacsoqpfnacpppcafnsoqcnfap";
+const std::string kMixedShape = "pfnacsoqrpfnacpppcafnrsoqcnfap";
 
 }  // namespace
 
@@ -238,19 +302,20 @@ TEST_CASE("the cached unwinder returns the same frames as _Unwind_Backtrace") {
                               "aaaaaaaa", "cccccccc", "ssss", "oooo", "qqqq"}) {
         CAPTURE(shape);
         Capture capture = capture_through(shape);
-        REQUIRE(capture.reference.size() >= 3);
+        REQUIRE(capture.reference.size >= 3);
         CHECK(capture.cached == capture.reference);
     }
 }
 
 TEST_CASE("stacks of mixed frame shapes match _Unwind_Backtrace cold and warm") {
     allocscope::clear_frame_rule_cache();
-    Capture cold = capture_through(kMixedShape);
-    Capture warm = capture_through(kMixedShape);
-    CHECK(cold.cached == cold.reference);
-    CHECK(warm.cached == warm.reference);
-    CHECK(warm.cached == cold.cached);
-    CHECK(cold.reference.size() > kMixedShape.size());
+    Capture captures[2];  // cold, then warm, from the same call site
+    for (Capture& capture : captures)
+        capture = capture_through(kMixedShape);
+    for (const Capture& capture : captures)
+        CHECK(capture.cached == capture.reference);
+    CHECK(captures[1].cached == captures[0].cached);
+    CHECK(captures[0].reference.size > kMixedShape.size());
 }
 
 TEST_CASE("ordinary frames, libc and libstdc++ frames included, are walked without fallback") {
@@ -263,7 +328,7 @@ TEST_CASE("ordinary frames, libc and libstdc++ frames included, are walked witho
 
 TEST_CASE("a frame whose CFA is a DWARF expression falls back and still matches") {
     uint64_t fallbacks_before = allocscope::fallback_capture_count();
-    for (const char* shape : {"r", "pprpp", "prfrnr"}) {
+    for (const char* shape : {"x", "ppxpp", "pxfrnx"}) {
         CAPTURE(shape);
         Capture capture = capture_through(shape);
         CHECK(capture.cached == capture.reference);
@@ -281,29 +346,37 @@ TEST_CASE("a signal frame on the stack falls back and still matches") {
     CHECK(allocscope::fallback_capture_count() > fallbacks_before);
 }
 
+// Captures with each request from one call site, so the stacks are comparable.
+std::vector<Capture> capture_each(const std::vector<Request>& requests) {
+    std::vector<Capture> captures;
+    for (const Request& request : requests)
+        captures.push_back(capture_through(kMixedShape, request));
+    return captures;
+}
+
 TEST_CASE("max_depth truncates to the innermost frames") {
-    Capture full = capture_through(kMixedShape);
-    for (size_t depth : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{24}}) {
-        CAPTURE(depth);
-        Capture capture = capture_through(kMixedShape, {depth, 0});
+    std::vector<Capture> captures =
+        capture_each({{kMaxFrames, 0}, {1, 0}, {2, 0}, {7, 0}, {24, 0}});
+    const Capture& full = captures[0];
+    REQUIRE(full.cached.size > 24);
+    for (const Capture& capture : captures) {
         CHECK(capture.cached == capture.reference);
-        REQUIRE(capture.cached.size() == depth);
-        CHECK(std::equal(capture.cached.begin(), capture.cached.end(), full.cached.begin()));
+        CHECK(capture.cached == full.cached.slice(0, capture.cached.size));
     }
+    CHECK(captures[1].cached.size == 1);
+    CHECK(captures[4].cached.size == 24);
 }
 
 TEST_CASE("skip drops that many innermost frames") {
-    Capture full = capture_through(kMixedShape);
-    for (size_t skip : {size_t{1}, size_t{2}, size_t{5}, size_t{20}}) {
-        CAPTURE(skip);
-        Capture capture = capture_through(kMixedShape, {kMaxFrames, skip});
+    std::vector<Capture> captures =
+        capture_each({{kMaxFrames, 0}, {kMaxFrames, 1}, {kMaxFrames, 5}, {kMaxFrames, 20}, {4, 3}});
+    const Capture& full = captures[0];
+    for (const Capture& capture : captures)
         CHECK(capture.cached == capture.reference);
-        CHECK(std::vector<uint64_t>(full.cached.begin() + static_cast<ptrdiff_t>(skip),
-                                    full.cached.end()) == capture.cached);
-    }
-    Capture window = capture_through(kMixedShape, {4, 3});
-    CHECK(window.cached == window.reference);
-    CHECK(window.cached.size() == 4);
+    CHECK(captures[1].cached == full.cached.slice(1));
+    CHECK(captures[2].cached == full.cached.slice(5));
+    CHECK(captures[3].cached == full.cached.slice(20));
+    CHECK(captures[4].cached == full.cached.slice(3, 4));
 }
 
 TEST_CASE("skipping past the outermost frame returns no frames") {
@@ -319,8 +392,9 @@ TEST_CASE("max_depth 0 returns 0 and writes nothing") {
     CHECK(frames[3] == 4);
 }
 
-TEST_CASE("threads capturing at once each get their own stack") {
+TEST_CASE("threads capturing at once, cold cache, match without fallback") {
     allocscope::clear_frame_rule_cache();
+    uint64_t fallbacks_before = allocscope::fallback_capture_count();
     constexpr int kThreads = 8;
     std::atomic<int> mismatches{0};
     std::atomic<int> captures{0};
@@ -330,22 +404,24 @@ TEST_CASE("threads capturing at once each get their own stack") {
             std::string shape = kMixedShape.substr(static_cast<size_t>(t));
             for (int round = 0; round < 50; ++round) {
                 Capture capture = capture_through(shape + std::string(size_t(round % 5), 'p'));
-                if (capture.cached != capture.reference || capture.reference.size() < 3) {
+                if (!(capture.cached == capture.reference) || capture.reference.size < 3) {
                     ++mismatches;
                 }
                 ++captures;
             }
         });
     }
-    for (std::thread& thread : threads) thread.join();
+    for (std::thread& thread : threads)
+        thread.join();
     CHECK(captures.load() == kThreads * 50);
     CHECK(mismatches.load() == 0);
+    CHECK(allocscope::fallback_capture_count() == fallbacks_before);
 }
 
 TEST_CASE("compute_frame_rule describes an ordinary call site as one step") {
     Capture capture = capture_through("pp");
     REQUIRE(!capture.reference.empty());
-    allocscope::FrameRule rule = allocscope::compute_frame_rule(capture.reference[0]);
+    allocscope::FrameRule rule = allocscope::compute_frame_rule(capture.reference.pcs[0]);
     CHECK(rule.kind == allocscope::FrameRuleKind::kStep);
     CHECK(rule.cfa_offset >= 16);
     CHECK(allocscope::compute_frame_rule(0).kind == allocscope::FrameRuleKind::kFallback);

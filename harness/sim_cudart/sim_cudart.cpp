@@ -183,6 +183,15 @@ SIM_EXPORT cudaError_t cudaGetDeviceCount(int* n) {
 
 SIM_EXPORT cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
+SIM_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+    static int default_pool;  // an opaque, stable handle
+    if (!pool || device != 0) return cudaErrorInvalidValue;
+    *pool = reinterpret_cast<cudaMemPool_t>(&default_pool);
+    return cudaSuccess;
+}
+
 SIM_EXPORT const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
         case cudaSuccess: return "no error";

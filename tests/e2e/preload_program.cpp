@@ -1,0 +1,234 @@
+// The program the LD_PRELOAD end-to-end tests run. Linked against a CUDA
+// runtime (the host-memory one in CI, the real one on a GPU machine), so its
+// references are `cudaMalloc@libcudart.so.13` etc., exactly like a real
+// training program's.
+//
+// Usage: preload_program MODE [ARGS]
+//   probe        exit 0 when a CUDA device is usable, 77 otherwise
+//   script       every hooked function, tags, threads, failures (see below)
+//   fork         allocate in a forked child, then in the parent
+//   exec         re-exec itself in `script` mode (RANK removed)
+//   exit N       allocate once, then exit with status N
+//   churn N      N alloc/free pairs (for quick load checks)
+//
+// It checks every return code it gets against what the runtime must return
+// and exits 1 on a mismatch, so a changed result is caught with or without
+// the interposer. With E2E_LOG=<file> it writes one line per call:
+//   alloc <api> <hex ptr> <bytes>   free <api> <hex ptr> <rc>   oom <api> <bytes> <rc>
+// stdout carries only output that must be identical with and without
+// allocscope.
+#include <allocscope/allocscope_dl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "cuda_decls.h"
+
+namespace {
+
+std::FILE* g_log = nullptr;
+int g_failures = 0;
+
+void expect_rc(cudaError_t got, cudaError_t want, const char* what) {
+    if (got != want) {
+        std::fprintf(stderr, "preload_program: %s returned %d, expected %d\n", what, int(got),
+                     int(want));
+        ++g_failures;
+    }
+}
+
+void log_alloc(const char* api, void* p, size_t bytes) {
+    if (g_log) std::fprintf(g_log, "alloc %s %p %zu\n", api, p, bytes);
+}
+void log_free(const char* api, void* p, cudaError_t rc) {
+    if (g_log) std::fprintf(g_log, "free %s %p %d\n", api, p, int(rc));
+}
+
+void* checked_malloc(size_t bytes) {
+    void* p = nullptr;
+    expect_rc(cudaMalloc(&p, bytes), cudaSuccess, "cudaMalloc");
+    log_alloc("cudaMalloc", p, bytes);
+    return p;
+}
+
+void checked_free(void* p) {
+    cudaError_t rc = cudaFree(p);
+    expect_rc(rc, cudaSuccess, "cudaFree");
+    log_free("cudaFree", p, rc);
+}
+
+bool device_usable() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+    void* p = nullptr;
+    if (cudaMalloc(&p, 256) != cudaSuccess) return false;
+    cudaFree(p);
+    return true;
+}
+
+int run_script() {
+    allocscope_dl_step(1);
+    allocscope_dl_register_param("layers.0", "fc1.weight", 1024 * 256, "bf16", 512 * 256);
+    allocscope_dl_mark("script begins");
+
+    allocscope_dl_push("layers.0", "forward");
+    void* a = checked_malloc(1000);
+
+    cudaMemPool_t pool = nullptr;
+    expect_rc(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess, "cudaDeviceGetDefaultMemPool");
+    void* b = nullptr;
+    void* c = nullptr;
+    void* d = nullptr;
+    void* e = nullptr;
+    expect_rc(cudaMallocAsync(&b, 2000, nullptr), cudaSuccess, "cudaMallocAsync");
+    log_alloc("cudaMallocAsync", b, 2000);
+    expect_rc(cudaMallocAsync_ptsz(&c, 3000, nullptr), cudaSuccess, "cudaMallocAsync_ptsz");
+    log_alloc("cudaMallocAsync_ptsz", c, 3000);
+    expect_rc(cudaMallocFromPoolAsync(&d, 4000, pool, nullptr), cudaSuccess,
+              "cudaMallocFromPoolAsync");
+    log_alloc("cudaMallocFromPoolAsync", d, 4000);
+    expect_rc(cudaMallocFromPoolAsync_ptsz(&e, 5000, pool, nullptr), cudaSuccess,
+              "cudaMallocFromPoolAsync_ptsz");
+    log_alloc("cudaMallocFromPoolAsync_ptsz", e, 5000);
+
+    void* managed = nullptr;
+    expect_rc(cudaMallocManaged(&managed, 6000, 1 /* cudaMemAttachGlobal */), cudaSuccess,
+              "cudaMallocManaged");
+    log_alloc("cudaMallocManaged", managed, 6000);
+    void* pitched = nullptr;
+    size_t pitch = 0;
+    expect_rc(cudaMallocPitch(&pitched, &pitch, 100, 10), cudaSuccess, "cudaMallocPitch");
+    if (pitch < 100) {
+        std::fprintf(stderr, "preload_program: pitch %zu < width 100\n", pitch);
+        ++g_failures;
+    }
+    log_alloc("cudaMallocPitch", pitched, pitch * 10);
+    void* host1 = nullptr;
+    void* host2 = nullptr;
+    expect_rc(cudaMallocHost(&host1, 7000), cudaSuccess, "cudaMallocHost");
+    log_alloc("cudaMallocHost", host1, 7000);
+    expect_rc(cudaHostAlloc(&host2, 8000, 0), cudaSuccess, "cudaHostAlloc");
+    log_alloc("cudaHostAlloc", host2, 8000);
+
+    allocscope_dl_push("layers.0.mlp", nullptr);  // keeps the phase
+    void* nested = checked_malloc(9000);
+    allocscope_dl_pop();
+
+    void* from_thread = nullptr;
+    std::thread([&] { from_thread = checked_malloc(10000); }).join();  // starts untagged
+
+    // A request no device can satisfy: the error must come back unchanged and
+    // the out-parameter stay untouched.
+    void* huge = reinterpret_cast<void*>(0x1234);
+    cudaError_t rc = cudaMalloc(&huge, size_t{1} << 50);
+    expect_rc(rc, cudaErrorMemoryAllocation, "cudaMalloc(1 PiB)");
+    if (huge != reinterpret_cast<void*>(0x1234)) {
+        std::fprintf(stderr, "preload_program: failed cudaMalloc changed its out-parameter\n");
+        ++g_failures;
+    }
+    if (g_log) std::fprintf(g_log, "oom cudaMalloc %zu %d\n", size_t{1} << 50, int(rc));
+    allocscope_dl_pop();
+
+    allocscope_dl_step(2);
+    allocscope_dl_push("layers.0", "backward");
+    int block_storage[64];
+    allocscope_dl_block_alloc(block_storage, sizeof block_storage, 0, nullptr);
+    allocscope_dl_block_free(block_storage);
+
+    checked_free(a);
+    rc = cudaFreeAsync(b, nullptr);
+    expect_rc(rc, cudaSuccess, "cudaFreeAsync");
+    log_free("cudaFreeAsync", b, rc);
+    rc = cudaFreeAsync_ptsz(c, nullptr);
+    expect_rc(rc, cudaSuccess, "cudaFreeAsync_ptsz");
+    log_free("cudaFreeAsync_ptsz", c, rc);
+    expect_rc(cudaStreamSynchronize(nullptr), cudaSuccess, "cudaStreamSynchronize");
+    checked_free(d);
+    checked_free(e);
+    checked_free(managed);
+    checked_free(pitched);
+    rc = cudaFreeHost(host1);
+    expect_rc(rc, cudaSuccess, "cudaFreeHost");
+    log_free("cudaFreeHost", host1, rc);
+    rc = cudaFreeHost(host2);
+    expect_rc(rc, cudaSuccess, "cudaFreeHost");
+    log_free("cudaFreeHost", host2, rc);
+    checked_free(nested);
+    checked_free(from_thread);
+
+    // A second free of the same pointer, and a pointer the runtime never gave
+    // out: both are errors the runtime reports and allocscope passes through.
+    rc = cudaFree(a);
+    expect_rc(rc, cudaErrorInvalidValue, "cudaFree(already freed)");
+    log_free("cudaFree", a, rc);
+    alignas(256) static char not_device[256];
+    rc = cudaFree(not_device);
+    expect_rc(rc, cudaErrorInvalidValue, "cudaFree(unknown)");
+    log_free("cudaFree", not_device, rc);
+    allocscope_dl_pop();
+
+    void* kept = checked_malloc(12000);  // still alive at exit, untagged
+    (void)kept;
+    std::printf("script done: %d failure(s)\n", g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
+
+int run_fork() {
+    void* before = checked_malloc(1111);
+    std::fflush(nullptr);
+    pid_t child = fork();
+    if (child == 0) {
+        void* in_child = checked_malloc(2222);
+        checked_free(in_child);
+        std::fflush(nullptr);
+        _exit(g_failures == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    void* after = checked_malloc(3333);
+    checked_free(after);
+    checked_free(before);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && g_failures == 0;
+    std::printf("fork done: child %s\n", ok ? "ok" : "failed");
+    return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: preload_program probe|script|fork|exec|exit N|churn N\n");
+        return 2;
+    }
+    if (const char* path = std::getenv("E2E_LOG")) g_log = std::fopen(path, "a");
+    std::string mode = argv[1];
+    if (mode == "probe") return device_usable() ? 0 : 77;
+    if (mode == "script") return run_script();
+    if (mode == "fork") return run_fork();
+    if (mode == "exec") {
+        checked_free(checked_malloc(4444));
+        unsetenv("RANK");
+        std::fflush(nullptr);
+        execl("/proc/self/exe", argv[0], "script", static_cast<char*>(nullptr));
+        std::perror("execl");
+        return 1;
+    }
+    if (mode == "exit" && argc > 2) {
+        checked_malloc(100);
+        return std::atoi(argv[2]);
+    }
+    if (mode == "churn" && argc > 2) {
+        long n = std::atol(argv[2]);
+        for (long i = 0; i < n; ++i) checked_free(checked_malloc(512 + size_t(i % 64) * 512));
+        std::printf("churn done: %ld pairs\n", n);
+        return g_failures == 0 ? 0 : 1;
+    }
+    std::fprintf(stderr, "preload_program: unknown mode '%s'\n", mode.c_str());
+    return 2;
+}

@@ -1,0 +1,494 @@
+// End-to-end through LD_PRELOAD: tests/e2e/preload_program.cpp runs under
+// `allocscope run` against a CUDA runtime it is dynamically linked with (the
+// host-memory runtime in CI; the real one in the GPU variant), and the trace
+// it leaves is checked event by event.
+//
+// Environment (set by tests/meson.build):
+//   E2E_CLI      build/tools/allocscope
+//   E2E_PROGRAM  the test program
+//   E2E_GPU      1 for the real-runtime variant: exits 77 without a usable GPU
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trace_reader.h"
+
+namespace fs = std::filesystem;
+using namespace allocscope;
+
+namespace {
+
+std::string g_cli;
+std::string g_program;
+bool g_gpu = false;
+
+struct Scratch {
+    fs::path dir;
+    Scratch() {
+        char tmpl[] = "/tmp/allocscope-e2e-XXXXXX";
+        dir = mkdtemp(tmpl);
+    }
+    ~Scratch() {
+        std::error_code ec;
+        fs::permissions(dir, fs::perms::owner_all, ec);
+        fs::remove_all(dir, ec);
+    }
+    fs::path operator/(const std::string& name) const { return dir / name; }
+};
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+struct Result {
+    int status;
+    std::string out;
+    std::string err;
+};
+
+// Runs `command` through /bin/sh with extra environment assignments.
+Result sh(const Scratch& s, const std::string& command) {
+    std::string cmd = command + " >" + (s / "stdout").string() + " 2>" + (s / "stderr").string();
+    int raw = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    r.out = slurp(s / "stdout");
+    r.err = slurp(s / "stderr");
+    return r;
+}
+
+std::vector<fs::path> traces_in(const fs::path& dir) {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        if (e.path().extension() == ".trace") out.push_back(e.path());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+size_t count_lines_containing(const std::string& text, const std::string& needle) {
+    size_t n = 0;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+    return n;
+}
+
+struct LoggedCall {
+    std::string what, api;
+    uint64_t ptr = 0;
+    uint64_t bytes = 0;
+    int rc = 0;
+};
+
+std::vector<LoggedCall> read_log(const fs::path& p) {
+    std::vector<LoggedCall> calls;
+    std::ifstream in(p);
+    for (std::string line; std::getline(in, line);) {
+        std::istringstream ls(line);
+        LoggedCall c;
+        std::string a, b;
+        ls >> c.what >> c.api >> a >> b;
+        if (c.what == "alloc") {
+            c.ptr = std::stoull(a, nullptr, 16);
+            c.bytes = std::stoull(b);
+        } else if (c.what == "free") {
+            c.ptr = std::stoull(a, nullptr, 16);
+            c.rc = std::stoi(b);
+        } else {
+            c.bytes = std::stoull(a);
+            c.rc = std::stoi(b);
+        }
+        calls.push_back(c);
+    }
+    return calls;
+}
+
+// The script run shared by most cases, recorded once.
+struct ScriptRun {
+    Scratch scratch;
+    Result result;
+    Trace trace;
+    std::vector<LoggedCall> calls;
+
+    explicit ScriptRun(const std::string& env = "") {
+        fs::path out = scratch / "out";
+        result = sh(scratch, env + " E2E_LOG=" + (scratch / "calls.log").string() + " " + g_cli +
+                                 " run --out " + out.string() + " -- " + g_program + " script");
+        auto files = traces_in(out);
+        REQUIRE(files.size() == 1);
+        trace = load_trace(files[0].string());
+        calls = read_log(scratch / "calls.log");
+    }
+
+    std::vector<Event> events(EventKind kind) const {
+        std::vector<Event> out;
+        for (const Event& e : trace.events) {
+            if (e.kind == kind) out.push_back(e);
+        }
+        return out;
+    }
+    const Event* alloc_at(uint64_t ptr) const {
+        for (const Event& e : trace.events) {
+            if (e.kind == EventKind::alloc && e.address == ptr) return &e;
+        }
+        return nullptr;
+    }
+    std::string layer(const Event& e) const { return trace.str(e.layer); }
+    std::string phase(const Event& e) const { return trace.str(e.phase); }
+};
+
+const ScriptRun& script_run() {
+    static ScriptRun run;
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("every hooked runtime function is interposed and its events carry the real sizes") {
+    const ScriptRun& r = script_run();
+    CHECK(r.result.status == 0);
+    CHECK(r.result.out == "script done: 0 failure(s)\n");
+    int checked = 0;
+    for (const LoggedCall& c : r.calls) {
+        if (c.what != "alloc") continue;
+        CAPTURE(c.api);
+        const Event* e = r.alloc_at(c.ptr);
+        REQUIRE(e != nullptr);
+        CHECK(to_string(e->api) == c.api);
+        CHECK(e->size == c.bytes);
+        CHECK(e->level == Level::segment);
+        CHECK(e->result == 0);
+        ++checked;
+    }
+    CHECK(checked == 12);
+    for (std::string api : {"cudaMalloc", "cudaMallocAsync", "cudaMallocAsync_ptsz",
+                            "cudaMallocFromPoolAsync", "cudaMallocFromPoolAsync_ptsz",
+                            "cudaMallocManaged", "cudaMallocPitch", "cudaMallocHost",
+                            "cudaHostAlloc"}) {
+        CAPTURE(api);
+        CHECK(std::count_if(r.trace.events.begin(), r.trace.events.end(), [&](const Event& e) {
+                  return e.kind == EventKind::alloc && to_string(e.api) == api;
+              }) >= 1);
+    }
+}
+
+TEST_CASE("memory kinds: managed, host pinned and device memory are told apart") {
+    const ScriptRun& r = script_run();
+    for (const LoggedCall& c : r.calls) {
+        if (c.what != "alloc") continue;
+        const Event* e = r.alloc_at(c.ptr);
+        REQUIRE(e != nullptr);
+        MemoryKind want = c.api == "cudaMallocManaged"                            ? MemoryKind::managed
+                          : (c.api == "cudaMallocHost" || c.api == "cudaHostAlloc") ? MemoryKind::host_pinned
+                                                                                    : MemoryKind::device;
+        CAPTURE(c.api);
+        CHECK(e->memory == want);
+    }
+}
+
+TEST_CASE("a runtime function calling another hooked one is recorded once") {
+    // The host-memory runtime implements cudaMallocHost through cudaHostAlloc
+    // via the PLT; the nested call must not produce a second event.
+    const ScriptRun& r = script_run();
+    auto host_allocs = std::count_if(r.trace.events.begin(), r.trace.events.end(), [](const Event& e) {
+        return e.kind == EventKind::alloc && e.memory == MemoryKind::host_pinned;
+    });
+    CHECK(host_allocs == 2);
+}
+
+TEST_CASE("frees are recorded with the freed size and the real return code") {
+    const ScriptRun& r = script_run();
+    std::map<uint64_t, uint64_t> size_of;
+    for (const LoggedCall& c : r.calls) {
+        if (c.what == "alloc") size_of[c.ptr] = c.bytes;
+    }
+    int good = 0;
+    for (const Event& e : r.events(EventKind::free)) {
+        if (e.result != 0 || e.level == Level::block) continue;
+        CAPTURE(to_string(e.api));
+        CHECK(e.size == size_of.at(e.address));
+        CHECK(e.flags == 0);
+        ++good;
+    }
+    CHECK(good == 11);
+    for (const Event& e : r.events(EventKind::free)) {
+        // Per address, a free follows its alloc in sequence order.
+        const Event* a = r.alloc_at(e.address);
+        if (a) CHECK(a->seq < e.seq);
+    }
+}
+
+TEST_CASE("a double free and a free of an unknown pointer are counted and passed through") {
+    const ScriptRun& r = script_run();
+    int doubles = 0, unknown = 0;
+    for (const Event& e : r.events(EventKind::free)) {
+        if (e.flags & kFlagDoubleFree) {
+            ++doubles;
+            CHECK(e.result == 1);  // cudaErrorInvalidValue, unchanged
+        }
+        if (e.flags & kFlagUnknownAddress) {
+            ++unknown;
+            CHECK(e.result == 1);
+        }
+    }
+    CHECK(doubles == 1);
+    CHECK(unknown == 1);
+    REQUIRE(r.trace.footer.has_value());
+    CHECK(r.trace.footer->double_frees == 1);
+    CHECK(r.trace.footer->unknown_frees == 1);
+}
+
+TEST_CASE("a failed allocation is passed through unchanged and recorded as oom") {
+    const ScriptRun& r = script_run();
+    auto ooms = r.events(EventKind::oom);
+    REQUIRE(ooms.size() == 1);
+    CHECK(ooms[0].size == (uint64_t{1} << 50));
+    CHECK(ooms[0].result == 2);  // cudaErrorMemoryAllocation
+    CHECK(ooms[0].address == 0);
+    CHECK(to_string(ooms[0].api) == "cudaMalloc");
+    CHECK(r.layer(ooms[0]) == "layers.0");
+}
+
+TEST_CASE("allocations carry the tag of their thread: nesting, inheritance and new threads") {
+    const ScriptRun& r = script_run();
+    for (const LoggedCall& c : r.calls) {
+        if (c.what != "alloc") continue;
+        const Event* e = r.alloc_at(c.ptr);
+        REQUIRE(e != nullptr);
+        CAPTURE(c.bytes);
+        if (c.bytes == 9000) {
+            CHECK(r.layer(*e) == "layers.0.mlp");  // nested push
+            CHECK(r.phase(*e) == "forward");       // phase inherited (NULL)
+        } else if (c.bytes == 10000) {
+            CHECK(e->layer == 0);  // a new thread starts untagged
+            CHECK(e->phase == 0);
+        } else if (c.bytes == 12000) {
+            CHECK(e->layer == 0);  // after the last pop
+            CHECK(e->step == 2);
+        } else {
+            CHECK(r.layer(*e) == "layers.0");
+            CHECK(r.phase(*e) == "forward");
+            CHECK(e->step == 1);
+        }
+    }
+    CHECK(r.events(EventKind::tag_push).size() == 3);
+    CHECK(r.events(EventKind::tag_pop).size() == 3);
+    auto steps = r.events(EventKind::step);
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0].step == 1);
+    CHECK(steps[1].step == 2);
+}
+
+TEST_CASE("caching-allocator block events, params and marks reach the trace") {
+    const ScriptRun& r = script_run();
+    int blocks = 0;
+    for (const Event& e : r.trace.events) {
+        if (e.level != Level::block) continue;
+        ++blocks;
+        CHECK(e.size == 256);
+        CHECK(r.phase(e) == "backward");
+    }
+    CHECK(blocks == 2);
+    REQUIRE(r.trace.params.size() == 1);
+    const ParamRecord& p = r.trace.params[0];
+    CHECK(r.trace.str(p.layer) == "layers.0");
+    CHECK(r.trace.str(p.name) == "fc1.weight");
+    CHECK(r.trace.str(p.dtype) == "bf16");
+    CHECK(p.numel == 1024 * 256);
+    CHECK(p.sharded_numel == 512 * 256);
+    auto marks = r.events(EventKind::mark);
+    REQUIRE(marks.size() == 1);
+    CHECK(r.trace.str(marks[0].aux) == "script begins");
+}
+
+TEST_CASE("allocation stacks start at the caller and resolve to the program") {
+    const ScriptRun& r = script_run();
+    CHECK(r.trace.header.stack_depth == 24);
+    const std::string program = fs::canonical(g_program).filename().string();
+    for (const Event& e : r.events(EventKind::alloc)) {
+        if (e.level == Level::block) continue;
+        REQUIRE(e.stack != 0);
+        const auto& frames = r.trace.stacks.at(e.stack);
+        REQUIRE(!frames.empty());
+        CHECK(frames.size() <= 24);
+        const ModuleRecord* owner = nullptr;
+        for (const ModuleRecord& m : r.trace.modules) {
+            if (frames[0] >= m.base && frames[0] < m.base + m.size) owner = &m;
+        }
+        REQUIRE(owner != nullptr);
+        CHECK(fs::path(owner->path).filename().string() == program);
+        CHECK(!owner->build_id.empty());
+    }
+}
+
+TEST_CASE("the trace is complete and allocscope report reads it") {
+    const ScriptRun& r = script_run();
+    CHECK(!r.trace.truncated);
+    REQUIRE(r.trace.footer.has_value());
+    CHECK(r.trace.footer->events == r.trace.events.size());
+    CHECK(r.trace.footer->events_dropped == 0);
+    Scratch s;
+    Result rep = sh(s, g_cli + " report " + (r.scratch / "out").string());
+    CHECK(rep.status == 0);
+    CHECK(rep.out.find("cudaMallocFromPoolAsync_ptsz") != std::string::npos);
+    CHECK(rep.out.find("frees of unknown addresses: 1, double frees: 1") != std::string::npos);
+    CHECK(rep.out.find("failed allocations (oom): 1, largest request 1.00 PiB") !=
+          std::string::npos);
+    CHECK(rep.out.find("11.7 KiB in 1 allocation(s)") != std::string::npos);  // the kept 12000 B
+}
+
+TEST_CASE("the program's output and status are the same with and without allocscope") {
+    Scratch s;
+    Result plain = sh(s, g_program + " script");
+    Result traced = sh(s, g_cli + " run --out " + (s / "out").string() + " -- " + g_program +
+                              " script");
+    CHECK(plain.status == 0);
+    CHECK(traced.status == plain.status);
+    CHECK(traced.out == plain.out);
+    Result exit7 = sh(s, g_cli + " run --force --out " + (s / "out").string() + " -- " +
+                             g_program + " exit 7");
+    CHECK(exit7.status == 7);
+}
+
+TEST_CASE("ALLOCSCOPE_STACK_DEPTH=0 turns stack capture off") {
+    ScriptRun r("ALLOCSCOPE_STACK_DEPTH=0");
+    CHECK(r.trace.header.stack_depth == 0);
+    for (const Event& e : r.events(EventKind::alloc)) CHECK(e.stack == 0);
+    CHECK(r.trace.stacks.size() == 1);  // only the implicit "no stack"
+}
+
+TEST_CASE("an invalid setting prints one line naming it and the program runs on") {
+    ScriptRun r("ALLOCSCOPE_LOG=loud");
+    CHECK(r.result.status == 0);
+    CHECK(count_lines_containing(r.result.err, "ALLOCSCOPE_LOG") == 1);
+    CHECK(r.result.err.find("quiet, info, debug") != std::string::npos);
+    CHECK(r.trace.footer.has_value());
+}
+
+TEST_CASE("ALLOCSCOPE_DISABLE=1 records nothing and changes nothing") {
+    Scratch s;
+    Result r = sh(s, "ALLOCSCOPE_DISABLE=1 " + g_cli + " run --out " + (s / "out").string() +
+                         " -- " + g_program + " script");
+    CHECK(r.status == 0);
+    CHECK(r.out == "script done: 0 failure(s)\n");
+    CHECK(traces_in(s / "out").empty());
+}
+
+TEST_CASE("an unwritable output directory gives one warning and the program runs on") {
+    Scratch s;
+    std::ofstream(s / "file") << "x";
+    // A directory cannot be created below a regular file, even as root.
+    Result r = sh(s, "LD_PRELOAD=" + (fs::path(g_cli).parent_path() / ".." / "interposer" /
+                                      "liballocscope.so")
+                                         .string() +
+                         " ALLOCSCOPE_OUT=" + (s / "file" / "out").string() + " " + g_program +
+                         " script");
+    CHECK(r.status == 0);
+    CHECK(r.out == "script done: 0 failure(s)\n");
+    CHECK(count_lines_containing(r.err, "allocscope:") == 1);
+    CHECK(r.err.find("recording disabled") != std::string::npos);
+}
+
+TEST_CASE("a forked child stops recording; the parent's trace stays whole") {
+    Scratch s;
+    fs::path out = s / "out";
+    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " fork");
+    CHECK(r.status == 0);
+    CHECK(r.out == "fork done: child ok\n");
+    auto files = traces_in(out);
+    REQUIRE(files.size() == 1);
+    Trace t = load_trace(files[0].string());
+    CHECK(t.footer.has_value());
+    std::vector<uint64_t> sizes;
+    for (const Event& e : t.events) {
+        if (e.kind == EventKind::alloc) sizes.push_back(e.size);
+    }
+    CHECK(sizes == std::vector<uint64_t>{1111, 3333});
+}
+
+TEST_CASE("an exec'd child with the preload records into its own file") {
+    Scratch s;
+    fs::path out = s / "out";
+    Result r = sh(s, "RANK=3 " + g_cli + " run --out " + out.string() + " -- " + g_program +
+                         " exec");
+    CHECK(r.status == 0);
+    auto files = traces_in(out);
+    REQUIRE(files.size() == 2);
+    // Before exec: rank3.trace, cut short by exec. After: RANK removed, so
+    // the same pid names the second file.
+    CHECK(files[0].filename().string().rfind("pid", 0) == 0);
+    CHECK(files[1].filename() == "rank3.trace");
+    Trace after = load_trace(files[0].string());
+    CHECK(after.footer.has_value());
+    CHECK(after.header.rank == -1);
+    Trace before = load_trace(files[1].string());
+    CHECK(before.header.rank == 3);
+    CHECK(before.header.pid == after.header.pid);
+}
+
+TEST_CASE("allocscope run refuses to mix runs and reports bad input with exit 2") {
+    Scratch s;
+    fs::path out = s / "out";
+    CHECK(sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " exit 0").status ==
+          0);
+    Result again = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " exit 0");
+    CHECK(again.status == 2);
+    CHECK(again.err.find("--force") != std::string::npos);
+    Result missing = sh(s, g_cli + " report " + (s / "nope.trace").string());
+    CHECK(missing.status == 2);
+    CHECK(missing.err.find("nope.trace") != std::string::npos);
+    // Corrupt one byte inside the first record after the header.
+    fs::path trace = traces_in(out).at(0);
+    {
+        std::fstream f(trace, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(72 + 12 + 2);
+        f.put('\x7f');
+    }
+    Result corrupt = sh(s, g_cli + " report " + trace.string());
+    CHECK(corrupt.status == 2);
+    CHECK(corrupt.err.find("at byte 72") != std::string::npos);
+    CHECK(count_lines_containing(corrupt.err, "allocscope:") == 1);
+    Result no_cmd = sh(s, g_cli + " run --out " + out.string());
+    CHECK(no_cmd.status == 2);
+    Result not_found = sh(s, g_cli + " run --force --out " + out.string() +
+                                 " -- /nonexistent/program");
+    CHECK(not_found.status == 127);
+}
+
+int main(int argc, char** argv) {
+    const char* cli = std::getenv("E2E_CLI");
+    const char* program = std::getenv("E2E_PROGRAM");
+    if (!cli || !program) {
+        std::fprintf(stderr, "E2E_CLI and E2E_PROGRAM must be set (see tests/meson.build)\n");
+        return 2;
+    }
+    g_cli = cli;
+    g_program = program;
+    const char* gpu = std::getenv("E2E_GPU");
+    g_gpu = gpu && std::string(gpu) == "1";
+    if (g_gpu) {
+        int probe = std::system((g_program + " probe >/dev/null 2>&1").c_str());
+        if (!WIFEXITED(probe) || WEXITSTATUS(probe) != 0) {
+            std::fprintf(stderr, "no usable CUDA device: skipping the real-runtime variant\n");
+            return 77;
+        }
+    }
+    doctest::Context context(argc, argv);
+    return context.run();
+}
