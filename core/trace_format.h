@@ -1,8 +1,8 @@
 // The binary trace format: one file per traced process.
 //
 //   file    := header record*
-//   header  := 72 bytes, see TraceHeader; ends with a CRC-32 of bytes [0, 68)
-//   record  := u16 type, u16 zero, u32 length, u32 crc32(payload), payload
+//   header  := 72 bytes, see TraceHeader; ends with a CRC-32C of bytes [0, 68)
+//   record  := u16 type, u16 zero, u32 length, u32 crc32c(payload), payload
 //
 // All integers are little-endian. Invariants the writer keeps and the reader
 // checks:
@@ -81,7 +81,8 @@ struct FooterRecord {
     uint64_t end_mono_ns = 0;
 };
 
-uint32_t crc32(std::span<const uint8_t> bytes, uint32_t seed = 0) noexcept;
+// CRC-32C of `bytes` (hardware-accelerated where the CPU has SSE4.2).
+uint32_t crc32c(std::span<const uint8_t> bytes, uint32_t seed = 0) noexcept;
 
 // Little-endian append/read helpers used by the writer and the reader.
 void put_u16(std::string& out, uint16_t v);

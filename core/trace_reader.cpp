@@ -38,7 +38,7 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
                     " (this build reads version " + std::to_string(kTraceFormatVersion) + ")");
     }
     if (header_size != kTraceHeaderSize ||
-        crc32({raw, kTraceHeaderSize - 4}) != get_u32(raw + kTraceHeaderSize - 4)) {
+        crc32c({raw, kTraceHeaderSize - 4}) != get_u32(raw + kTraceHeaderSize - 4)) {
         std::fclose(file_);
         file_ = nullptr;
         fail(0, "corrupt header (checksum mismatch)");
@@ -108,7 +108,7 @@ bool TraceReader::next(TraceRecord& record) {
         truncation_offset_ = start;
         return false;
     }
-    if (crc32({reinterpret_cast<const uint8_t*>(payload_.data()), length}) != crc) {
+    if (crc32c({reinterpret_cast<const uint8_t*>(payload_.data()), length}) != crc) {
         fail(start, "corrupt record (checksum mismatch)");
     }
     record.type = static_cast<RecordType>(type);

@@ -1,1 +1,291 @@
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "live_table.h"
+
+using namespace allocscope;
+
+namespace {
+
+LiveRecord rec(uint64_t address, uint64_t size, uint64_t seq = 0) {
+    LiveRecord r;
+    r.address = address;
+    r.size = size;
+    r.seq = seq;
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("an empty table has nothing live and frees nothing") {
+    LiveTable t;
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+    CHECK_FALSE(t.contains(0x1000));
+    CHECK(t.snapshot().empty());
+}
+
+TEST_CASE("live bytes and count are the sum and number of live allocations") {
+    LiveTable t;
+    CHECK(t.insert(rec(0x1000, 100)));
+    CHECK(t.insert(rec(0x2000, 250)));
+    CHECK(t.insert(rec(0x3000, 1)));
+    CHECK(t.live_bytes() == 351);
+    CHECK(t.live_count() == 3);
+    CHECK(t.contains(0x2000));
+
+    LiveRecord removed;
+    CHECK(t.remove(0x2000, &removed) == FreeOutcome::freed);
+    CHECK(removed.address == 0x2000);
+    CHECK(removed.size == 250);
+    CHECK(t.live_bytes() == 101);
+    CHECK(t.live_count() == 2);
+    CHECK_FALSE(t.contains(0x2000));
+
+    CHECK(t.remove(0x1000, nullptr) == FreeOutcome::freed);
+    CHECK(t.remove(0x3000, nullptr) == FreeOutcome::freed);
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+    CHECK(t.unknown_frees() == 0);
+    CHECK(t.double_frees() == 0);
+    CHECK(t.replaced() == 0);
+}
+
+TEST_CASE("a free of an unknown pointer is counted and passed through") {
+    LiveTable t;
+    t.insert(rec(0x1000, 64));
+    LiveRecord removed = rec(0xAAAA, 7);
+    CHECK(t.remove(0xBEEF000, &removed) == FreeOutcome::unknown);
+    CHECK(t.remove(0, &removed) == FreeOutcome::unknown);
+    CHECK(t.unknown_frees() == 2);
+    CHECK(t.double_frees() == 0);
+    CHECK(removed.address == 0xAAAA);  // left untouched
+    CHECK(t.live_bytes() == 64);
+    CHECK(t.live_count() == 1);
+}
+
+TEST_CASE("a second free of the same address is counted as a double free") {
+    LiveTable t;
+    t.insert(rec(0x1000, 64));
+    CHECK(t.remove(0x1000, nullptr) == FreeOutcome::freed);
+    CHECK(t.remove(0x1000, nullptr) == FreeOutcome::double_free);
+    CHECK(t.remove(0x1000, nullptr) == FreeOutcome::double_free);
+    CHECK(t.double_frees() == 2);
+    CHECK(t.unknown_frees() == 0);
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+}
+
+TEST_CASE("an address reused after its free is tracked cleanly") {
+    LiveTable t;
+    for (int round = 0; round < 5; ++round) {
+        CAPTURE(round);
+        CHECK(t.insert(rec(0x7000, 100 + round, round)));
+        CHECK(t.live_bytes() == 100 + round);
+        LiveRecord removed;
+        CHECK(t.remove(0x7000, &removed) == FreeOutcome::freed);
+        CHECK(removed.size == 100 + round);
+        CHECK(removed.seq == static_cast<uint64_t>(round));
+    }
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+    CHECK(t.unknown_frees() == 0);
+    CHECK(t.double_frees() == 0);
+    CHECK(t.replaced() == 0);
+}
+
+TEST_CASE("an allocation over a live address replaces it and reports the missed free") {
+    LiveTable t;
+    CHECK(t.insert(rec(0x1000, 100, 1)));
+    CHECK_FALSE(t.insert(rec(0x1000, 300, 2)));
+    CHECK(t.replaced() == 1);
+    CHECK(t.live_count() == 1);
+    CHECK(t.live_bytes() == 300);
+    LiveRecord removed;
+    CHECK(t.remove(0x1000, &removed) == FreeOutcome::freed);
+    CHECK(removed.seq == 2);
+    CHECK(removed.size == 300);
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+}
+
+TEST_CASE("a snapshot holds exactly the live records with all their fields") {
+    LiveTable t;
+    LiveRecord a;
+    a.address = 0x10000;
+    a.size = 4096;
+    a.seq = 11;
+    a.step = 3;
+    a.stream = 0x55;
+    a.stack = 9;
+    a.layer = 4;
+    a.phase = 2;
+    a.tid = 1234;
+    a.device = 1;
+    a.memory = MemoryKind::managed;
+    a.api = Api::cudaMallocManaged;
+    t.insert(a);
+    t.insert(rec(0x20000, 10, 12));
+    t.insert(rec(0x30000, 20, 13));
+    t.remove(0x20000, nullptr);
+
+    std::vector<LiveRecord> snap = t.snapshot();
+    REQUIRE(snap.size() == 2);
+    std::sort(snap.begin(), snap.end(),
+              [](const LiveRecord& x, const LiveRecord& y) { return x.address < y.address; });
+    CHECK(snap[0].address == a.address);
+    CHECK(snap[0].size == a.size);
+    CHECK(snap[0].seq == a.seq);
+    CHECK(snap[0].step == a.step);
+    CHECK(snap[0].stream == a.stream);
+    CHECK(snap[0].stack == a.stack);
+    CHECK(snap[0].layer == a.layer);
+    CHECK(snap[0].phase == a.phase);
+    CHECK(snap[0].tid == a.tid);
+    CHECK(snap[0].device == a.device);
+    CHECK(snap[0].memory == a.memory);
+    CHECK(snap[0].api == a.api);
+    CHECK(snap[1].address == 0x30000);
+    CHECK(snap[1].size == 20);
+}
+
+TEST_CASE("many addresses with interleaved frees survive rehashing and tombstones") {
+    LiveTable t;
+    constexpr uint64_t kCount = 50000;
+    auto addr = [](uint64_t i) { return 0x7f0000000000ull + i * 256; };
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < kCount; ++i) {
+        REQUIRE(t.insert(rec(addr(i), i + 1, i)));
+        bytes += i + 1;
+        // Free every third address right away: the shards fill with
+        // tombstones that later inserts and rehashes must cope with.
+        if (i % 3 == 0) {
+            REQUIRE(t.remove(addr(i), nullptr) == FreeOutcome::freed);
+            bytes -= i + 1;
+        }
+    }
+    CHECK(t.live_bytes() == bytes);
+    CHECK(t.live_count() == kCount - (kCount + 2) / 3);
+    CHECK(t.snapshot().size() == t.live_count());
+
+    for (uint64_t i = 0; i < kCount; ++i) {
+        CAPTURE(i);
+        REQUIRE(t.contains(addr(i)) == (i % 3 != 0));
+    }
+    // Reuse the freed addresses, then free everything.
+    for (uint64_t i = 0; i < kCount; i += 3)
+        REQUIRE(t.insert(rec(addr(i), 1, i)));
+    CHECK(t.live_count() == kCount);
+    for (uint64_t i = 0; i < kCount; ++i)
+        REQUIRE(t.remove(addr(i), nullptr) == FreeOutcome::freed);
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+    CHECK(t.unknown_frees() == 0);
+    CHECK(t.double_frees() == 0);
+    CHECK(t.replaced() == 0);
+    CHECK(t.snapshot().empty());
+}
+
+TEST_CASE("a free after its tombstone was dropped by a rehash counts as unknown, not double") {
+    LiveTable t;
+    t.insert(rec(0x1000, 8));
+    CHECK(t.remove(0x1000, nullptr) == FreeOutcome::freed);
+    // Enough inserts to rehash every shard, dropping the tombstone.
+    for (uint64_t i = 0; i < 100000; ++i)
+        t.insert(rec(0x100000000ull + i * 64, 1));
+    CHECK(t.remove(0x1000, nullptr) == FreeOutcome::unknown);
+    CHECK(t.unknown_frees() == 1);
+    CHECK(t.double_frees() == 0);
+    CHECK(t.live_count() == 100000);
+    CHECK(t.live_bytes() == 100000);
+}
+
+TEST_CASE("concurrent allocs and frees, some across threads, conserve bytes and counts exactly") {
+    constexpr int kThreads = 8;
+    constexpr uint64_t kPerThread = 100000;
+    // Every fourth allocation stays live and is freed later by the next thread.
+    constexpr uint64_t kKeptPerThread = kPerThread / 4;
+    auto addr = [](int thread, uint64_t i) {
+        return (uint64_t{1} << 44) * static_cast<uint64_t>(thread + 1) + i * 512;
+    };
+    auto size_of = [](int thread, uint64_t i) { return 1 + (i % 1000) + uint64_t(thread) * 7; };
+
+    LiveTable t;
+    std::barrier sync(kThreads);
+    std::atomic<int> errors{0};
+    std::atomic<uint64_t> kept_bytes{0};
+    std::atomic<uint64_t> mid_bytes{0};
+    std::atomic<uint64_t> mid_count{0};
+    std::vector<std::thread> threads;
+    for (int th = 0; th < kThreads; ++th) {
+        threads.emplace_back([&, th] {
+            uint64_t mine = 0;
+            for (uint64_t i = 0; i < kPerThread; ++i) {
+                if (!t.insert(rec(addr(th, i), size_of(th, i), i))) ++errors;
+                if (i % 4 == 0) {
+                    mine += size_of(th, i);
+                    continue;
+                }
+                LiveRecord removed;
+                if (t.remove(addr(th, i), &removed) != FreeOutcome::freed) ++errors;
+                if (removed.size != size_of(th, i)) ++errors;
+            }
+            kept_bytes += mine;
+            sync.arrive_and_wait();
+            if (th == 0) {
+                mid_bytes = t.live_bytes();
+                mid_count = t.live_count();
+            }
+            sync.arrive_and_wait();
+            // Free what the neighbouring thread kept alive.
+            const int other = (th + 1) % kThreads;
+            for (uint64_t i = 0; i < kPerThread; i += 4) {
+                LiveRecord removed;
+                if (t.remove(addr(other, i), &removed) != FreeOutcome::freed) ++errors;
+                if (removed.address != addr(other, i)) ++errors;
+            }
+        });
+    }
+    for (std::thread& th : threads)
+        th.join();
+
+    CHECK(errors == 0);
+    CHECK(mid_bytes == kept_bytes);
+    CHECK(mid_count == kThreads * kKeptPerThread);
+    CHECK(t.live_bytes() == 0);
+    CHECK(t.live_count() == 0);
+    CHECK(t.unknown_frees() == 0);
+    CHECK(t.double_frees() == 0);
+    CHECK(t.replaced() == 0);
+    CHECK(t.snapshot().empty());
+}
+
+TEST_CASE("concurrent inserts leave live totals equal to the snapshot's sums") {
+    constexpr int kThreads = 8;
+    constexpr uint64_t kPerThread = 20000;
+    LiveTable t;
+    std::vector<std::thread> threads;
+    for (int th = 0; th < kThreads; ++th) {
+        threads.emplace_back([&t, th] {
+            for (uint64_t i = 0; i < kPerThread; ++i) {
+                t.insert(rec((uint64_t(th) << 40) + i * 16, uint64_t(th) + 1));
+            }
+        });
+    }
+    for (std::thread& th : threads)
+        th.join();
+    const std::vector<LiveRecord> snap = t.snapshot();
+    uint64_t bytes = 0;
+    for (const LiveRecord& r : snap)
+        bytes += r.size;
+    CHECK(snap.size() == kThreads * kPerThread);
+    CHECK(t.live_count() == snap.size());
+    CHECK(t.live_bytes() == bytes);
+    CHECK(bytes == kPerThread * (kThreads * (kThreads + 1) / 2));
+}

@@ -46,25 +46,41 @@ void* operator new[](size_t n) {
     if (void* p = counted_allocation(n)) return p;
     throw std::bad_alloc();
 }
-void* operator new(size_t n, const std::nothrow_t&) noexcept { return counted_allocation(n); }
-void* operator new[](size_t n, const std::nothrow_t&) noexcept { return counted_allocation(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+    return counted_allocation(n);
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+    return counted_allocation(n);
+}
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
 
 namespace {
 
 class TempDir {
-public:
+  public:
     TempDir() {
         std::random_device rd;
         for (int attempt = 0;; ++attempt) {
-            path_ = fs::temp_directory_path() / ("allocscope-trace-test-" +
-                                                 std::to_string(::getpid()) + "-" +
-                                                 std::to_string(rd()));
+            path_ =
+                fs::temp_directory_path() / ("allocscope-trace-test-" + std::to_string(::getpid()) +
+                                             "-" + std::to_string(rd()));
             if (fs::create_directory(path_)) break;
             REQUIRE(attempt < 100);
         }
@@ -78,7 +94,7 @@ public:
 
     std::string file(const std::string& name) const { return (path_ / name).string(); }
 
-private:
+  private:
     fs::path path_;
 };
 
@@ -114,7 +130,7 @@ constexpr uint32_t kPhase = 2;
 constexpr uint32_t kDtype = 3;
 constexpr uint32_t kParamName = 4;
 constexpr uint32_t kMarkText = 5;
-const std::vector<std::string> kStrings = {"", "encoder.layers.3.attn", "forward", "bf16",
+const std::vector<std::string> kStrings = {"",       "encoder.layers.3.attn", "forward", "bf16",
                                            "weight", "checkpoint saved"};
 const std::vector<std::vector<uint64_t>> kStacks = {
     {}, {0x401000, 0x402000, 0x7f0000001234}, {0x401000, 0x402000}, {0xFFFFFFFFFFFFFFF0ull}};
@@ -154,12 +170,12 @@ FooterRecord sample_footer() {
 // same field of the other events.
 std::vector<Event> sample_events() {
     const EventKind kinds[kEventKindCount] = {
-        EventKind::alloc,    EventKind::free,    EventKind::map,  EventKind::unmap,
-        EventKind::oom,      EventKind::tag_push, EventKind::tag_pop, EventKind::step,
-        EventKind::param,    EventKind::mark};
+        EventKind::alloc, EventKind::free,     EventKind::map,     EventKind::unmap,
+        EventKind::oom,   EventKind::tag_push, EventKind::tag_pop, EventKind::step,
+        EventKind::param, EventKind::mark};
     const Level levels[] = {Level::segment, Level::block, Level::none};
-    const MemoryKind memories[] = {MemoryKind::device, MemoryKind::managed,
-                                   MemoryKind::host_pinned, MemoryKind::none};
+    const MemoryKind memories[] = {MemoryKind::device, MemoryKind::managed, MemoryKind::host_pinned,
+                                   MemoryKind::none};
     std::vector<Event> events;
     for (uint32_t i = 0; i < kEventKindCount; ++i) {
         Event e;
@@ -214,11 +230,14 @@ void open_or_fail(TraceWriter& w, const std::string& path, const TraceHeader& he
 
 // Writes the definitions the sample events need, then the events.
 void write_sample_body(TraceWriter& w) {
-    for (uint32_t id = 1; id < kStrings.size(); ++id) w.string(id, kStrings[id]);
-    for (uint32_t id = 1; id < kStacks.size(); ++id) w.stack(id, kStacks[id]);
+    for (uint32_t id = 1; id < kStrings.size(); ++id)
+        w.string(id, kStrings[id]);
+    for (uint32_t id = 1; id < kStacks.size(); ++id)
+        w.stack(id, kStacks[id]);
     w.module(sample_module());
     w.param(sample_param());
-    for (const Event& e : sample_events()) w.event(e);
+    for (const Event& e : sample_events())
+        w.event(e);
 }
 
 void write_sample_trace(const std::string& path, bool with_footer = true) {
@@ -233,7 +252,8 @@ std::vector<uint64_t> record_offsets(const std::string& path) {
     TraceReader reader(path);
     std::vector<uint64_t> offsets;
     TraceRecord r;
-    while (reader.next(r)) offsets.push_back(r.offset);
+    while (reader.next(r))
+        offsets.push_back(r.offset);
     return offsets;
 }
 
@@ -269,7 +289,8 @@ std::string record(RecordType type, const std::string& payload) {
 
 std::string footer_payload() {
     std::string p;
-    for (int i = 0; i < 6; ++i) put_u64(p, 0);
+    for (int i = 0; i < 6; ++i)
+        put_u64(p, 0);
     return p;
 }
 
@@ -396,7 +417,8 @@ TEST_CASE("the writer clips over-long strings, stacks and build ids to the reade
         open_or_fail(w, path, sample_header());
         w.string(1, std::string(kMaxStringBytes + 100, 'x'));
         std::vector<uint64_t> deep(kMaxStackDepth + 5);
-        for (size_t i = 0; i < deep.size(); ++i) deep[i] = 0x400000 + i;
+        for (size_t i = 0; i < deep.size(); ++i)
+            deep[i] = 0x400000 + i;
         w.stack(1, deep);
         ModuleRecord m;
         m.build_id = std::string(300, 'b');
@@ -460,7 +482,8 @@ TEST_CASE("a trace cut at a record boundary keeps every complete record") {
         TraceReader reader(path);
         size_t records = 0;
         TraceRecord r;
-        while (reader.next(r)) ++records;
+        while (reader.next(r))
+            ++records;
         CHECK(records == kept);
         CHECK(reader.truncated());
         CHECK_FALSE(reader.complete());
@@ -484,7 +507,8 @@ TEST_CASE("a trace cut inside a record keeps the records before it and points at
     // Every cut position inside every record, the last ones included.
     size_t cut_record = 0;
     for (uint64_t cut = kTraceHeaderSize; cut < full.size(); ++cut) {
-        while (cut_record + 1 < offsets.size() && offsets[cut_record + 1] <= cut) ++cut_record;
+        while (cut_record + 1 < offsets.size() && offsets[cut_record + 1] <= cut)
+            ++cut_record;
         if (cut == offsets[cut_record]) continue;  // a boundary, see above
         CAPTURE(cut);
         write_bytes(path, full.substr(0, cut));
@@ -492,7 +516,8 @@ TEST_CASE("a trace cut inside a record keeps the records before it and points at
         TraceReader reader(path);
         std::vector<uint64_t> seen;
         TraceRecord r;
-        while (reader.next(r)) seen.push_back(r.offset);
+        while (reader.next(r))
+            seen.push_back(r.offset);
         CHECK(seen.size() == cut_record);
         CHECK(reader.truncated());
         CHECK_FALSE(reader.complete());
@@ -576,7 +601,7 @@ TEST_CASE("a record of an unknown type is rejected at its offset") {
         put_u16(bad, type);
         put_u16(bad, 0);
         put_u32(bad, 0);
-        put_u32(bad, crc32({}));
+        put_u32(bad, crc32c({}));
         write_bytes(path, header + string_record + bad);
         check_error_at(path, kTraceHeaderSize + string_record.size(),
                        "unknown record type " + std::to_string(type));
@@ -712,7 +737,8 @@ TEST_CASE("definitions out of order or referring to undefined strings are reject
     check_error_at(path, kTraceHeaderSize, "invalid depth");
 
     std::string param;
-    for (uint32_t v : {0u, 1u, 0u, 0u}) put_u32(param, v);  // layer string 1 is undefined
+    for (uint32_t v : {0u, 1u, 0u, 0u})
+        put_u32(param, v);  // layer string 1 is undefined
     put_u64(param, 1);
     put_u64(param, 1);
     write_bytes(path, header + record(RecordType::param, param));

@@ -6,7 +6,7 @@
 // Usage: preload_program MODE [ARGS]
 //   probe        exit 0 when a CUDA device is usable, 77 otherwise
 //   script       every hooked function, tags, threads, failures (see below)
-//   fork         allocate in a forked child, then in the parent
+//   fork         start recording, fork, allocate in the child, then the parent
 //   exec         re-exec itself in `script` mode (RANK removed)
 //   exit N       allocate once, then exit with status N
 //   churn N      N alloc/free pairs (for quick load checks)
@@ -179,21 +179,20 @@ int run_script() {
     return g_failures == 0 ? 0 : 1;
 }
 
+// CUDA must not be used in a child forked after the parent initialized it,
+// so the parent starts recording through the C API only, then forks.
 int run_fork() {
-    void* before = checked_malloc(1111);
+    allocscope_dl_mark("before fork");
     std::fflush(nullptr);
     pid_t child = fork();
     if (child == 0) {
-        void* in_child = checked_malloc(2222);
-        checked_free(in_child);
+        checked_free(checked_malloc(2222));
         std::fflush(nullptr);
         _exit(g_failures == 0 ? 0 : 1);
     }
     int status = 0;
     waitpid(child, &status, 0);
-    void* after = checked_malloc(3333);
-    checked_free(after);
-    checked_free(before);
+    checked_free(checked_malloc(3333));
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && g_failures == 0;
     std::printf("fork done: child %s\n", ok ? "ok" : "failed");
     return ok ? 0 : 1;

@@ -1,0 +1,83 @@
+// hook_bench: time per cudaMallocAsync + cudaFreeAsync pair as seen by the
+// caller. Run it plain and under LD_PRELOAD=liballocscope.so; the difference
+// is what allocscope adds (tools/bench-hooks does that and prints a table).
+//
+// usage: hook_bench [--pairs N] [--threads T] [--depth D] [--size BYTES]
+//   --depth D   make the calls from D nested frames, like a framework would
+//               (stack capture cost grows with the frames walked)
+// Prints: "ns_per_pair <median over threads' runs>".
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_decls.h"
+
+namespace {
+
+long g_pairs = 200000;
+int g_threads = 1;
+int g_depth = 20;
+size_t g_size = 4096;
+
+__attribute__((noinline)) double run_loop(cudaStream_t stream) {
+    std::vector<void*> ptrs(64, nullptr);
+    auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < g_pairs; ++i) {
+        void*& p = ptrs[static_cast<size_t>(i) & 63];
+        if (cudaMallocAsync(&p, g_size, stream) != cudaSuccess) std::abort();
+        if (cudaFreeAsync(p, stream) != cudaSuccess) std::abort();
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count() / double(g_pairs);
+}
+
+// Each level is a distinct frame with its own return address.
+__attribute__((noinline)) double nest(int depth, cudaStream_t stream) {
+    if (depth <= 0) return run_loop(stream);
+    double r = nest(depth - 1, stream);
+    asm volatile("" ::: "memory");  // no tail call: keep the frame
+    return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        std::string a = argv[i];
+        if (a == "--pairs") g_pairs = std::atol(argv[i + 1]);
+        else if (a == "--threads") g_threads = std::atoi(argv[i + 1]);
+        else if (a == "--depth") g_depth = std::atoi(argv[i + 1]);
+        else if (a == "--size") g_size = std::strtoull(argv[i + 1], nullptr, 10);
+        else {
+            std::fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        std::fprintf(stderr, "hook_bench: no CUDA device\n");
+        return 77;
+    }
+    {  // warm up: runtime init, allocscope init, first stacks
+        long saved = g_pairs;
+        g_pairs = 1000;
+        nest(g_depth, nullptr);
+        g_pairs = saved;
+    }
+    std::vector<double> per_thread(static_cast<size_t>(g_threads));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < g_threads; ++t) {
+        threads.emplace_back([t, &per_thread] {
+            per_thread[static_cast<size_t>(t)] = nest(g_depth, nullptr);
+        });
+    }
+    for (auto& th : threads) th.join();
+    std::sort(per_thread.begin(), per_thread.end());
+    std::printf("ns_per_pair %.1f\n", per_thread[per_thread.size() / 2]);
+    return 0;
+}
