@@ -23,8 +23,8 @@ bool valid_plugin_entry(std::string_view entry) {
 
 // Reads the first variable of `names` that is set; a malformed value is
 // reported and the next source is tried.
-int32_t first_int(const EnvLookup& env, std::initializer_list<const char*> names,
-                  int64_t min_value, std::vector<std::string>& warnings) {
+int32_t first_int(const EnvLookup& env, std::initializer_list<const char*> names, int64_t min_value,
+                  std::vector<std::string>& warnings) {
     for (const char* name : names) {
         const char* v = env(name);
         if (!v) continue;
@@ -65,8 +65,8 @@ Config parse_config(const EnvLookup& env) {
         if (parse_int(v, depth) && depth >= 0 && depth <= Config::kMaxStackDepth) {
             c.stack_depth = static_cast<uint32_t>(depth);
         } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_STACK_DEPTH='") +
-                                 v + "': expected an integer from 0 (stacks off) to " +
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_STACK_DEPTH='") + v +
+                                 "': expected an integer from 0 (stacks off) to " +
                                  std::to_string(Config::kMaxStackDepth) + "; using " +
                                  std::to_string(Config::kDefaultStackDepth));
         }

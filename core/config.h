@@ -18,7 +18,7 @@ struct Config {
     static constexpr uint32_t kDefaultStackDepth = 24;
     static constexpr uint32_t kMaxStackDepth = 128;
 
-    std::string out_dir = "./allocscope-out";  // ALLOCSCOPE_OUT
+    std::string out_dir = "./allocscope-out";   // ALLOCSCOPE_OUT
     uint32_t stack_depth = kDefaultStackDepth;  // ALLOCSCOPE_STACK_DEPTH, 0 = off
     std::vector<std::string> plugins;           // ALLOCSCOPE_PLUGINS (empty = default set)
     bool plugins_set = false;                   // the variable was present

@@ -60,7 +60,8 @@ struct LiveTable::Shard {
         for (const Slot& s : old) {
             if (s.state != SlotState::live) continue;
             size_t i = mix(s.record.address) & mask;
-            while (slots[i].state != SlotState::empty) i = (i + 1) & mask;
+            while (slots[i].state != SlotState::empty)
+                i = (i + 1) & mask;
             slots[i] = s;
         }
     }

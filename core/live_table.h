@@ -43,7 +43,7 @@ enum class FreeOutcome {
 };
 
 class LiveTable {
-public:
+  public:
     LiveTable();
     ~LiveTable();
     LiveTable(const LiveTable&) = delete;
@@ -67,7 +67,7 @@ public:
 
     static constexpr int kShardBits = 6;
 
-private:
+  private:
     struct Shard;
     Shard& shard_for(uint64_t address) const noexcept;
 

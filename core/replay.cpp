@@ -4,9 +4,12 @@ namespace allocscope {
 
 const char* to_string(Pool pool) noexcept {
     switch (pool) {
-        case Pool::device_segment: return "segment";
-        case Pool::device_block: return "block";
-        case Pool::host_pinned: return "host-pinned";
+        case Pool::device_segment:
+            return "segment";
+        case Pool::device_block:
+            return "block";
+        case Pool::host_pinned:
+            return "host-pinned";
     }
     return "unknown";
 }
@@ -73,19 +76,22 @@ FreeOutcome Replay::apply(const Event& e) {
             ++oom_events_;
             if (e.size > largest_failed_request_) largest_failed_request_ = e.size;
             return FreeOutcome::freed;
-        default: return FreeOutcome::freed;
+        default:
+            return FreeOutcome::freed;
     }
 }
 
 uint64_t Replay::unknown_frees() const noexcept {
     uint64_t n = 0;
-    for (const LiveTable& t : tables_) n += t.unknown_frees();
+    for (const LiveTable& t : tables_)
+        n += t.unknown_frees();
     return n;
 }
 
 uint64_t Replay::double_frees() const noexcept {
     uint64_t n = 0;
-    for (const LiveTable& t : tables_) n += t.double_frees();
+    for (const LiveTable& t : tables_)
+        n += t.double_frees();
     return n;
 }
 

@@ -28,7 +28,7 @@ struct PoolTotals {
 };
 
 class Replay {
-public:
+  public:
     // Applies alloc/free/oom events; other kinds only advance the clock.
     // Returns the outcome for frees (FreeOutcome::freed for non-free events).
     FreeOutcome apply(const Event& event);
@@ -41,7 +41,7 @@ public:
     uint64_t oom_events() const noexcept { return oom_events_; }
     uint64_t largest_failed_request() const noexcept { return largest_failed_request_; }
 
-private:
+  private:
     // Frees carry no memory kind when their address was unknown; the pool is
     // found by looking the address up where it can live for that level.
     Pool pool_for_free(const Event& event) const;

@@ -18,7 +18,7 @@ inline void cpu_relax() noexcept {
 }
 
 class SpinLock {
-public:
+  public:
     void lock() noexcept {
         for (int spins = 0;; ++spins) {
             if (!locked_.exchange(true, std::memory_order_acquire)) return;
@@ -33,7 +33,7 @@ public:
     }
     void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
-private:
+  private:
     std::atomic<bool> locked_{false};
 };
 

@@ -24,7 +24,8 @@ StackTable::StackTable(uint32_t capacity) : capacity_(capacity) {
 
 StackTable::~StackTable() {
     munmap(slots_, (mask_ + 1) * sizeof(Slot));
-    for (uint64_t* chunk : chunks_) delete[] chunk;
+    for (uint64_t* chunk : chunks_)
+        delete[] chunk;
 }
 
 uint64_t StackTable::hash(std::span<const uint64_t> frames) noexcept {

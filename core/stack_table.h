@@ -18,7 +18,7 @@
 namespace allocscope {
 
 class StackTable {
-public:
+  public:
     // Room for `capacity` distinct stacks (the hash index is twice as large).
     explicit StackTable(uint32_t capacity = 1u << 17);
     ~StackTable();
@@ -36,7 +36,7 @@ public:
 
     static uint64_t hash(std::span<const uint64_t> frames) noexcept;
 
-private:
+  private:
     struct Slot {
         std::atomic<uint64_t> hash;  // 0 = empty
         uint32_t id;

@@ -11,7 +11,7 @@
 namespace allocscope {
 
 class StringTable {
-public:
+  public:
     StringTable() { strings_.emplace_back(); }
 
     struct Interned {
@@ -25,7 +25,7 @@ public:
     const std::string& at(uint32_t id) const { return strings_.at(id); }
     size_t size() const noexcept { return strings_.size(); }
 
-private:
+  private:
     struct Hash {
         using is_transparent = void;
         size_t operator()(std::string_view s) const noexcept {

@@ -13,7 +13,8 @@ constexpr std::array<uint32_t, 256> make_crc_table() {
     std::array<uint32_t, 256> table{};
     for (uint32_t i = 0; i < 256; ++i) {
         uint32_t c = i;
-        for (int k = 0; k < 8; ++k) c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+        for (int k = 0; k < 8; ++k)
+            c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
         table[i] = c;
     }
     return table;
@@ -21,13 +22,14 @@ constexpr std::array<uint32_t, 256> make_crc_table() {
 constexpr auto kCrcTable = make_crc_table();
 
 uint32_t crc32c_software(const uint8_t* p, size_t n, uint32_t c) noexcept {
-    while (n--) c = kCrcTable[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    while (n--)
+        c = kCrcTable[(c ^ *p++) & 0xFF] ^ (c >> 8);
     return c;
 }
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t n,
-                                                         uint32_t c) noexcept {
+                                                        uint32_t c) noexcept {
     uint64_t c64 = c;
     for (; n >= 8; n -= 8, p += 8) {
         uint64_t v;
@@ -35,7 +37,8 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t
         c64 = __builtin_ia32_crc32di(c64, v);
     }
     c = static_cast<uint32_t>(c64);
-    for (; n > 0; --n) c = __builtin_ia32_crc32qi(c, *p++);
+    for (; n > 0; --n)
+        c = __builtin_ia32_crc32qi(c, *p++);
     return c;
 }
 #endif
@@ -102,25 +105,32 @@ std::string encode_header(const TraceHeader& h) {
     return out;
 }
 
-void encode_event(std::string& p, const Event& e) {
-    put_u64(p, e.seq);
-    put_u64(p, e.t_ns);
-    put_u64(p, e.address);
-    put_u64(p, e.size);
-    put_u64(p, e.stream);
-    put_u64(p, e.step);
-    put_u32(p, e.tid);
-    put_u32(p, e.layer);
-    put_u32(p, e.phase);
-    put_u32(p, e.stack);
-    put_u32(p, e.aux);
-    put_u32(p, e.flags);
-    put_u32(p, static_cast<uint32_t>(e.device));
-    put_u32(p, static_cast<uint32_t>(e.result));
-    p.push_back(static_cast<char>(e.kind));
-    p.push_back(static_cast<char>(e.level));
-    p.push_back(static_cast<char>(e.memory));
-    p.push_back(static_cast<char>(e.api));
+namespace {
+template <typename T>
+void store(uint8_t* p, T v) noexcept {
+    std::memcpy(p, &v, sizeof v);
+}
+}  // namespace
+
+void encode_event(uint8_t* p, const Event& e) noexcept {
+    store(p + 0, e.seq);
+    store(p + 8, e.t_ns);
+    store(p + 16, e.address);
+    store(p + 24, e.size);
+    store(p + 32, e.stream);
+    store(p + 40, e.step);
+    store(p + 48, e.tid);
+    store(p + 52, e.layer);
+    store(p + 56, e.phase);
+    store(p + 60, e.stack);
+    store(p + 64, e.aux);
+    store(p + 68, e.flags);
+    store(p + 72, e.device);
+    store(p + 76, e.result);
+    p[80] = static_cast<uint8_t>(e.kind);
+    p[81] = static_cast<uint8_t>(e.level);
+    p[82] = static_cast<uint8_t>(e.memory);
+    p[83] = static_cast<uint8_t>(e.api);
 }
 
 Event decode_event(const uint8_t* p) noexcept {
@@ -147,11 +157,14 @@ Event decode_event(const uint8_t* p) noexcept {
 }
 
 void append_record(std::string& out, RecordType type, std::string_view payload) {
-    put_u16(out, static_cast<uint16_t>(type));
-    put_u16(out, 0);
-    put_u32(out, static_cast<uint32_t>(payload.size()));
-    put_u32(out, crc32c({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()}));
-    out.append(payload);
+    const size_t at = out.size();
+    out.resize(at + kRecordHeaderSize + payload.size());
+    auto* p = reinterpret_cast<uint8_t*>(out.data() + at);
+    store(p, static_cast<uint16_t>(type));
+    store(p + 2, uint16_t{0});
+    store(p + 4, static_cast<uint32_t>(payload.size()));
+    store(p + 8, crc32c({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()}));
+    std::memcpy(p + kRecordHeaderSize, payload.data(), payload.size());
 }
 
 }  // namespace allocscope

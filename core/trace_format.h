@@ -50,14 +50,14 @@ struct TraceHeader {
     uint32_t pid = 0;
     int32_t rank = -1;  // -1: the process had no rank in its environment
     int32_t world_size = -1;
-    uint32_t stack_depth = 0;     // configured capture depth, 0 = stacks off
-    uint64_t start_wall_ns = 0;   // CLOCK_REALTIME at trace start
-    uint64_t start_mono_ns = 0;   // CLOCK_MONOTONIC at trace start (Event::t_ns origin)
+    uint32_t stack_depth = 0;    // configured capture depth, 0 = stacks off
+    uint64_t start_wall_ns = 0;  // CLOCK_REALTIME at trace start
+    uint64_t start_mono_ns = 0;  // CLOCK_MONOTONIC at trace start (Event::t_ns origin)
 };
 
 struct ModuleRecord {
-    uint64_t base = 0;  // load bias (dlpi_addr)
-    uint64_t size = 0;  // extent of its PT_LOAD segments from base
+    uint64_t base = 0;     // load bias (dlpi_addr)
+    uint64_t size = 0;     // extent of its PT_LOAD segments from base
     std::string build_id;  // raw bytes of NT_GNU_BUILD_ID, may be empty
     std::string path;
 };
@@ -93,8 +93,9 @@ uint32_t get_u32(const uint8_t* p) noexcept;
 uint64_t get_u64(const uint8_t* p) noexcept;
 
 std::string encode_header(const TraceHeader& header);
-void encode_event(std::string& payload, const Event& event);
-Event decode_event(const uint8_t* payload) noexcept;  // kEventPayloadSize bytes
+// Both work on exactly kEventPayloadSize bytes.
+void encode_event(uint8_t* payload, const Event& event) noexcept;
+Event decode_event(const uint8_t* payload) noexcept;
 
 // Appends one framed record (header + payload) to `out`.
 void append_record(std::string& out, RecordType type, std::string_view payload);

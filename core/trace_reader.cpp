@@ -170,7 +170,8 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
                 fail(r.offset, "stack record has an invalid depth");
             }
             r.frames.resize(depth);
-            for (uint32_t i = 0; i < depth; ++i) r.frames[i] = get_u64(p + 8 + size_t{i} * 8);
+            for (uint32_t i = 0; i < depth; ++i)
+                r.frames[i] = get_u64(p + 8 + size_t{i} * 8);
             ++stacks_defined_;
             break;
         }
@@ -221,12 +222,24 @@ Trace load_trace(const std::string& path) {
     TraceRecord r;
     while (reader.next(r)) {
         switch (r.type) {
-            case RecordType::event: trace.events.push_back(r.event); break;
-            case RecordType::string: trace.strings.push_back(std::move(r.text)); break;
-            case RecordType::stack: trace.stacks.push_back(std::move(r.frames)); break;
-            case RecordType::module: trace.modules.push_back(std::move(r.module)); break;
-            case RecordType::param: trace.params.push_back(r.param); break;
-            case RecordType::footer: trace.footer = r.footer; break;
+            case RecordType::event:
+                trace.events.push_back(r.event);
+                break;
+            case RecordType::string:
+                trace.strings.push_back(std::move(r.text));
+                break;
+            case RecordType::stack:
+                trace.stacks.push_back(std::move(r.frames));
+                break;
+            case RecordType::module:
+                trace.modules.push_back(std::move(r.module));
+                break;
+            case RecordType::param:
+                trace.params.push_back(r.param);
+                break;
+            case RecordType::footer:
+                trace.footer = r.footer;
+                break;
         }
     }
     trace.truncated = reader.truncated();

@@ -14,12 +14,12 @@
 namespace allocscope {
 
 class TraceError : public std::runtime_error {
-public:
+  public:
     TraceError(std::string file, uint64_t offset, const std::string& problem);
     const std::string& file() const noexcept { return file_; }
     uint64_t offset() const noexcept { return offset_; }
 
-private:
+  private:
     std::string file_;
     uint64_t offset_;
 };
@@ -41,7 +41,7 @@ struct TraceRecord {
 // ends early is not an error for the reader: next() returns false and
 // truncated() says where and why, so the complete prefix stays usable.
 class TraceReader {
-public:
+  public:
     explicit TraceReader(const std::string& path);  // throws TraceError
     ~TraceReader();
     TraceReader(const TraceReader&) = delete;
@@ -58,7 +58,7 @@ public:
     // "<file>: trace ends ... at byte N" when truncated(), else empty.
     std::string truncation_message() const;
 
-private:
+  private:
     [[noreturn]] void fail(uint64_t offset, const std::string& problem) const;
     bool read_exact(void* dst, size_t n);
     void decode(TraceRecord& record, const std::string& payload);
@@ -84,10 +84,10 @@ struct Trace {
     std::string path;
     TraceHeader header;
     std::vector<Event> events;
-    std::vector<std::string> strings{std::string()};     // index = string id
-    std::vector<std::vector<uint64_t>> stacks{{}};       // index = stack id
+    std::vector<std::string> strings{std::string()};  // index = string id
+    std::vector<std::vector<uint64_t>> stacks{{}};    // index = stack id
     std::vector<ModuleRecord> modules;
-    std::vector<ParamRecord> params;                     // index = param index
+    std::vector<ParamRecord> params;  // index = param index
     std::optional<FooterRecord> footer;
     bool truncated = false;
     std::string truncation_message;

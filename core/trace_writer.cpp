@@ -51,9 +51,11 @@ bool TraceWriter::put(RecordType type, std::string_view payload) {
 }
 
 void TraceWriter::event(const Event& event) {
-    scratch_.clear();
-    encode_event(scratch_, event);
-    if (put(RecordType::event, scratch_)) ++events_;
+    uint8_t payload[kEventPayloadSize];
+    encode_event(payload, event);
+    if (put(RecordType::event, {reinterpret_cast<const char*>(payload), sizeof payload})) {
+        ++events_;
+    }
 }
 
 void TraceWriter::string(uint32_t id, std::string_view text) {
@@ -69,7 +71,8 @@ void TraceWriter::stack(uint32_t id, std::span<const uint64_t> frames) {
     scratch_.clear();
     put_u32(scratch_, id);
     put_u32(scratch_, static_cast<uint32_t>(frames.size()));
-    for (uint64_t f : frames) put_u64(scratch_, f);
+    for (uint64_t f : frames)
+        put_u64(scratch_, f);
     put(RecordType::stack, scratch_);
 }
 

@@ -12,7 +12,7 @@
 namespace allocscope {
 
 class TraceWriter {
-public:
+  public:
     TraceWriter() = default;
     TraceWriter(const TraceWriter&) = delete;
     TraceWriter& operator=(const TraceWriter&) = delete;
@@ -45,7 +45,7 @@ public:
     uint64_t events_written() const noexcept { return events_; }
     const std::string& path() const noexcept { return path_; }
 
-private:
+  private:
     // False when the record was dropped (not open, closed, or failed).
     bool put(RecordType type, std::string_view payload);
 

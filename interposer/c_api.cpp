@@ -9,9 +9,13 @@ ALLOCSCOPE_EXPORT void allocscope_push(const char* layer, const char* phase) {
     allocscope::recorder::push_tag(layer, phase);
 }
 
-ALLOCSCOPE_EXPORT void allocscope_pop(void) { allocscope::recorder::pop_tag(); }
+ALLOCSCOPE_EXPORT void allocscope_pop(void) {
+    allocscope::recorder::pop_tag();
+}
 
-ALLOCSCOPE_EXPORT void allocscope_step(uint64_t step) { allocscope::recorder::set_step(step); }
+ALLOCSCOPE_EXPORT void allocscope_step(uint64_t step) {
+    allocscope::recorder::set_step(step);
+}
 
 ALLOCSCOPE_EXPORT void allocscope_register_param(const char* layer, const char* name,
                                                  uint64_t numel, const char* dtype,
@@ -19,7 +23,9 @@ ALLOCSCOPE_EXPORT void allocscope_register_param(const char* layer, const char* 
     allocscope::recorder::register_param(layer, name, numel, dtype, sharded_numel);
 }
 
-ALLOCSCOPE_EXPORT void allocscope_mark(const char* text) { allocscope::recorder::mark(text); }
+ALLOCSCOPE_EXPORT void allocscope_mark(const char* text) {
+    allocscope::recorder::mark(text);
+}
 
 ALLOCSCOPE_EXPORT void allocscope_block_alloc(void* ptr, size_t size, int device, void* stream) {
     allocscope::recorder::HookGuard guard;
@@ -34,7 +40,7 @@ ALLOCSCOPE_EXPORT void allocscope_block_free(void* ptr) {
     allocscope::recorder::HookGuard guard;
     if (!guard.recording() || ptr == nullptr) return;
     allocscope::recorder::PendingFree pending;
-    allocscope::recorder::begin_free(pending, allocscope::Api::block_free,
-                                     allocscope::Level::block, ptr, 0);
+    allocscope::recorder::begin_free(pending, allocscope::Api::block_free, allocscope::Level::block,
+                                     ptr, 0);
     allocscope::recorder::end_free(pending, 0);
 }

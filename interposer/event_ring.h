@@ -8,10 +8,12 @@
 //   * slot.ready == seq + 1 exactly when the event for seq is published.
 #pragma once
 
+#include <sys/mman.h>
 #include <time.h>
 
 #include <atomic>
 #include <cstdint>
+#include <new>
 
 #include "event.h"
 #include "spinlock.h"
@@ -19,18 +21,47 @@
 namespace allocscope {
 
 class EventRing {
-public:
+  public:
     static constexpr uint64_t kCapacity = 1u << 16;
 
-    struct Slot {
+    // Two cache lines, aligned: producers filling neighbouring slots never
+    // write to the same line.
+    struct alignas(128) Slot {
         std::atomic<uint64_t> ready{0};
         Event event;
     };
+
+    // The slots live in their own mapping (6 MiB): the ring is created once
+    // per process and never destroyed.
+    EventRing() {
+        void* mem = mmap(nullptr, kCapacity * sizeof(Slot), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED) throw std::bad_alloc();
+        slots_ = static_cast<Slot*>(mem);
+        for (uint64_t i = 0; i < kCapacity; ++i)
+            new (&slots_[i]) Slot();
+    }
+    EventRing(const EventRing&) = delete;
+    EventRing& operator=(const EventRing&) = delete;
 
     // Reserves the next seq, waiting while the ring is full. Gives up and
     // returns nullptr after `patience_ns` of waiting (the writer is stalled),
     // so a hook can never hang its caller; the event is then dropped.
     Slot* reserve(uint64_t patience_ns) noexcept {
+        // Fast path: with the ring at most half full, a fetch_add cannot run
+        // past a slot the writer still owns (that would take kCapacity / 2
+        // producers racing between the check and the add).
+        if (next_.load(std::memory_order_relaxed) - consumed_.load(std::memory_order_acquire) <
+            kCapacity / 2) {
+            uint64_t n = next_.fetch_add(1, std::memory_order_acq_rel);
+            while (n - consumed_.load(std::memory_order_acquire) >= kCapacity)
+                cpu_relax();
+            Slot& slot = slots_[n & (kCapacity - 1)];
+            slot.event.seq = n;
+            return &slot;
+        }
+        // Slow path near full: claim a seq only once its slot is free, so a
+        // producer can give up without leaving a hole in the sequence.
         uint64_t n = next_.load(std::memory_order_relaxed);
         uint64_t waited_since = 0;
         for (int spins = 0;;) {
@@ -68,7 +99,7 @@ public:
     void release_until(uint64_t seq) noexcept { consumed_.store(seq, std::memory_order_release); }
     uint64_t reserved() const noexcept { return next_.load(std::memory_order_relaxed); }
 
-private:
+  private:
     static bool wait_for_space(uint64_t& waited_since, int& spins, uint64_t patience_ns) noexcept {
         if (spins < 128) {
             ++spins;
@@ -87,7 +118,7 @@ private:
 
     alignas(64) std::atomic<uint64_t> next_{0};
     alignas(64) std::atomic<uint64_t> consumed_{0};
-    alignas(64) Slot slots_[kCapacity];
+    Slot* slots_;
 };
 
 }  // namespace allocscope

@@ -35,8 +35,7 @@ Fn cached_real(std::atomic<Fn>& cache, const char* name) noexcept {
         } else {
             static std::atomic<bool> warned{false};
             if (!warned.exchange(true)) {
-                std::fprintf(stderr, "allocscope: %s called but no CUDA runtime is loaded\n",
-                             name);
+                std::fprintf(stderr, "allocscope: %s called but no CUDA runtime is loaded\n", name);
             }
         }
     }
@@ -44,20 +43,24 @@ Fn cached_real(std::atomic<Fn>& cache, const char* name) noexcept {
 }
 
 // The real function of `name`, resolved on first use and cached.
-#define REAL(name)                                                  \
-    ([]() noexcept {                                                \
-        static std::atomic<decltype(&::name)> cache{nullptr};       \
-        return cached_real(cache, #name);                           \
+#define REAL(name)                                            \
+    ([]() noexcept {                                          \
+        static std::atomic<decltype(&::name)> cache{nullptr}; \
+        return cached_real(cache, #name);                     \
     }())
 
 constexpr cudaError_t kNoRuntime = cudaErrorSharedObjectSymbolNotFound;
 
-uint64_t as_int(const void* p) { return reinterpret_cast<uint64_t>(p); }
-void* out_ptr(cudaError_t rc, void** p) { return rc == cudaSuccess && p ? *p : nullptr; }
+uint64_t as_int(const void* p) {
+    return reinterpret_cast<uint64_t>(p);
+}
+void* out_ptr(cudaError_t rc, void** p) {
+    return rc == cudaSuccess && p ? *p : nullptr;
+}
 
 AllocInfo device_alloc(Api api, size_t size, cudaStream_t stream) {
-    return {api, Level::segment, MemoryKind::device, size, as_int(stream),
-            allocscope::recorder::current_device()};
+    return {api,  Level::segment, MemoryKind::device,
+            size, as_int(stream), allocscope::recorder::current_device()};
 }
 
 template <typename Real, typename... Args>
@@ -90,32 +93,32 @@ ALLOCSCOPE_EXPORT cudaError_t cudaFree(void* devPtr) {
     return forward_free(REAL(cudaFree), Api::cudaFree, devPtr, nullptr);
 }
 
-#define ALLOCSCOPE_ASYNC_HOOKS(MALLOC, FREE, FROM_POOL)                                          \
-    ALLOCSCOPE_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) {     \
-        auto real = REAL(MALLOC);                                                               \
-        if (!real) return kNoRuntime;                                                           \
-        HookGuard guard;                                                                        \
-        cudaError_t rc = real(devPtr, size, stream);                                            \
-        if (guard.recording()) {                                                                \
-            allocscope::recorder::record_alloc(device_alloc(Api::MALLOC, size, stream),         \
-                                               out_ptr(rc, devPtr), rc);                        \
-        }                                                                                       \
-        return rc;                                                                              \
-    }                                                                                           \
-    ALLOCSCOPE_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                     \
-        return forward_free(REAL(FREE), Api::FREE, devPtr, stream, stream);                     \
-    }                                                                                           \
-    ALLOCSCOPE_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,        \
-                                            cudaStream_t stream) {                              \
-        auto real = REAL(FROM_POOL);                                                            \
-        if (!real) return kNoRuntime;                                                           \
-        HookGuard guard;                                                                        \
-        cudaError_t rc = real(ptr, size, pool, stream);                                         \
-        if (guard.recording()) {                                                                \
-            allocscope::recorder::record_alloc(device_alloc(Api::FROM_POOL, size, stream),      \
-                                               out_ptr(rc, ptr), rc);                           \
-        }                                                                                       \
-        return rc;                                                                              \
+#define ALLOCSCOPE_ASYNC_HOOKS(MALLOC, FREE, FROM_POOL)                                     \
+    ALLOCSCOPE_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) { \
+        auto real = REAL(MALLOC);                                                           \
+        if (!real) return kNoRuntime;                                                       \
+        HookGuard guard;                                                                    \
+        cudaError_t rc = real(devPtr, size, stream);                                        \
+        if (guard.recording()) {                                                            \
+            allocscope::recorder::record_alloc(device_alloc(Api::MALLOC, size, stream),     \
+                                               out_ptr(rc, devPtr), rc);                    \
+        }                                                                                   \
+        return rc;                                                                          \
+    }                                                                                       \
+    ALLOCSCOPE_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                 \
+        return forward_free(REAL(FREE), Api::FREE, devPtr, stream, stream);                 \
+    }                                                                                       \
+    ALLOCSCOPE_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,    \
+                                            cudaStream_t stream) {                          \
+        auto real = REAL(FROM_POOL);                                                        \
+        if (!real) return kNoRuntime;                                                       \
+        HookGuard guard;                                                                    \
+        cudaError_t rc = real(ptr, size, pool, stream);                                     \
+        if (guard.recording()) {                                                            \
+            allocscope::recorder::record_alloc(device_alloc(Api::FROM_POOL, size, stream),  \
+                                               out_ptr(rc, ptr), rc);                       \
+        }                                                                                   \
+        return rc;                                                                          \
     }
 
 ALLOCSCOPE_ASYNC_HOOKS(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)

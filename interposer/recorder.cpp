@@ -256,13 +256,18 @@ void write_pending_definitions() {
     }
     for (const Definition& d : defs) {
         switch (d.type) {
-            case RecordType::string: g->writer.string(d.id, d.text); break;
+            case RecordType::string:
+                g->writer.string(d.id, d.text);
+                break;
             case RecordType::stack:
                 cover_modules(d.frames);
                 g->writer.stack(d.id, d.frames);
                 break;
-            case RecordType::param: g->writer.param(d.param); break;
-            default: break;
+            case RecordType::param:
+                g->writer.param(d.param);
+                break;
+            default:
+                break;
         }
     }
 }
@@ -276,9 +281,11 @@ uint64_t drain_once(std::vector<Event>& batch) {
     if (n == 0) return 0;
     uint64_t first = g->ring.consumed();
     batch.clear();
-    for (uint64_t i = 0; i < n; ++i) batch.push_back(g->ring.at(first + i));
+    for (uint64_t i = 0; i < n; ++i)
+        batch.push_back(g->ring.at(first + i));
     g->ring.release_until(first + n);
-    for (const Event& e : batch) g->writer.event(e);
+    for (const Event& e : batch)
+        g->writer.event(e);
     return n;
 }
 
@@ -326,8 +333,7 @@ void* writer_main(void*) {
     footer.unknown_frees = g->segments.unknown_frees() + g->blocks.unknown_frees();
     footer.double_frees = g->segments.double_frees() + g->blocks.double_frees();
     footer.stacks_dropped = g->stacks.dropped();
-    footer.events_dropped =
-        g->events_dropped.load() + (g->ring.reserved() - g->ring.consumed());
+    footer.events_dropped = g->events_dropped.load() + (g->ring.reserved() - g->ring.consumed());
     footer.end_mono_ns = mono_ns();
     g->writer.close(footer);
     report_write_failure_once();
@@ -359,10 +365,10 @@ bool open_trace(std::string& error) {
     const std::string stem = first.substr(0, first.size() - 6);
     const std::string pid_stem = c.rank >= 0 ? stem + ".pid" + std::to_string(pid) : stem;
     for (int attempt = 0; attempt < 100; ++attempt) {
-        std::string name = attempt == 0   ? first
-                           : attempt == 1 && c.rank >= 0 ? pid_stem + ".trace"
-                                                          : pid_stem + "." +
-                                                                std::to_string(attempt) + ".trace";
+        std::string name = attempt == 0 ? first
+                           : attempt == 1 && c.rank >= 0
+                               ? pid_stem + ".trace"
+                               : pid_stem + "." + std::to_string(attempt) + ".trace";
         error.clear();
         if (g->writer.open(c.out_dir + "/" + name, header, error)) return true;
         if (errno != EEXIST) return false;
@@ -413,7 +419,8 @@ void initialize() {
     g = new (g_storage) State();
     find_own_module();
     g->config = parse_config([](const char* name) { return std::getenv(name); });
-    for (const std::string& w : g->config.warnings) log_line(LogLevel::quiet, w);
+    for (const std::string& w : g->config.warnings)
+        log_line(LogLevel::quiet, w);
     if (g->config.disabled) {
         g_state.store(kOff, std::memory_order_release);
         return;
@@ -451,7 +458,9 @@ bool ensure_started() noexcept {
     return g_state.load(std::memory_order_acquire) == kRecording;
 }
 
-void on_fork_child() { g_state.store(kOff, std::memory_order_release); }
+void on_fork_child() {
+    g_state.store(kOff, std::memory_order_release);
+}
 
 __attribute__((constructor)) void install_fork_policy() {
     pthread_atfork(nullptr, nullptr, on_fork_child);
@@ -503,8 +512,7 @@ uint32_t capture_stack_id() noexcept {
     n = std::min<size_t>(n - first, depth);
     if (n == 0) return 0;
     try {
-        return g->stacks.intern({frames + first, n}, [](uint32_t id,
-                                                        std::span<const uint64_t> f) {
+        return g->stacks.intern({frames + first, n}, [](uint32_t id, std::span<const uint64_t> f) {
             std::lock_guard lock(g->defs_mutex);
             g->pending_defs.push_back(
                 {RecordType::stack, id, {}, std::vector<uint64_t>(f.begin(), f.end()), {}});
@@ -521,11 +529,19 @@ EventRing::Slot* begin_event(EventKind kind) noexcept {
         g->events_dropped.fetch_add(1, std::memory_order_relaxed);
         return nullptr;
     }
-    Event& e = slot->event;
-    const uint64_t seq = e.seq;
-    e = Event{};
-    e.seq = seq;
+    Event& e = slot->event;  // every field is written: slots are reused
     e.kind = kind;
+    e.level = Level::none;
+    e.memory = MemoryKind::none;
+    e.api = Api::none;
+    e.address = 0;
+    e.size = 0;
+    e.stream = 0;
+    e.stack = 0;
+    e.aux = 0;
+    e.flags = 0;
+    e.device = -1;
+    e.result = 0;
     e.t_ns = mono_ns() - g->start_mono_ns;
     e.tid = thread_id();
     e.step = g->step.load(std::memory_order_relaxed);
@@ -548,7 +564,9 @@ void emit_simple(EventKind kind, uint32_t layer, uint32_t phase, uint32_t aux,
     EventRing::publish(slot);
 }
 
-LiveTable& table_for(Level level) { return level == Level::block ? g->blocks : g->segments; }
+LiveTable& table_for(Level level) {
+    return level == Level::block ? g->blocks : g->segments;
+}
 
 // C API calls are not hooks, but CUDA calls they trigger must not be
 // recorded as the user's either; they share the hooks' guard.

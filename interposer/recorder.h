@@ -26,7 +26,7 @@ namespace allocscope::recorder {
 // one, or allocscope's own work) are forwarded without being recorded.
 // Nests: the previous state is restored on destruction.
 class HookGuard {
-public:
+  public:
     HookGuard() noexcept;
     ~HookGuard();
     HookGuard(const HookGuard&) = delete;
@@ -36,7 +36,7 @@ public:
     // and the recorder is (or could be brought) up.
     bool recording() const noexcept { return recording_; }
 
-private:
+  private:
     bool outer_;
     bool recording_;
 };

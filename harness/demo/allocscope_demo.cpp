@@ -39,7 +39,9 @@ void* device_alloc(size_t bytes) {
     return p;
 }
 
-void device_free(void* p) { check(cudaFreeAsync(p, nullptr), "cudaFreeAsync"); }
+void device_free(void* p) {
+    check(cudaFreeAsync(p, nullptr), "cudaFreeAsync");
+}
 
 }  // namespace
 
@@ -50,7 +52,8 @@ int main() {
         return 1;
     }
     std::vector<std::string> names;
-    for (int l = 0; l < kLayers; ++l) names.push_back("layers." + std::to_string(l));
+    for (int l = 0; l < kLayers; ++l)
+        names.push_back("layers." + std::to_string(l));
 
     void* workspace = nullptr;
     check(cudaMalloc(&workspace, 4 << 20), "cudaMalloc");
@@ -90,7 +93,8 @@ int main() {
         allocscope_dl_mark("optimizer step");
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    for (void* w : weights) device_free(w);
+    for (void* w : weights)
+        device_free(w);
     check(cudaFreeHost(staging), "cudaFreeHost");
     check(cudaFree(workspace), "cudaFree");
     std::printf("allocscope-demo: %d steps of %d layers done; %d transpose caches still alive\n",

@@ -117,17 +117,17 @@ SIM_EXPORT cudaError_t cudaFree(void* devPtr) {
 }
 
 #define SIM_ASYNC(MALLOC, FREE, FROM_POOL)                                                   \
-    SIM_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t) {               \
-        count(#MALLOC);                                                                     \
-        return allocate(devPtr, size, Pool::device);                                        \
-    }                                                                                       \
-    SIM_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t) {                               \
-        count(#FREE);                                                                       \
-        return release(devPtr, false);                                                      \
-    }                                                                                       \
+    SIM_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t) {                \
+        count(#MALLOC);                                                                      \
+        return allocate(devPtr, size, Pool::device);                                         \
+    }                                                                                        \
+    SIM_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t) {                                \
+        count(#FREE);                                                                        \
+        return release(devPtr, false);                                                       \
+    }                                                                                        \
     SIM_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t, cudaStream_t) { \
-        count(#FROM_POOL);                                                                  \
-        return allocate(ptr, size, Pool::device);                                           \
+        count(#FROM_POOL);                                                                   \
+        return allocate(ptr, size, Pool::device);                                            \
     }
 
 SIM_ASYNC(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)
@@ -138,8 +138,7 @@ SIM_EXPORT cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned in
     return allocate(devPtr, size, Pool::managed);
 }
 
-SIM_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width,
-                                       size_t height) {
+SIM_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width, size_t height) {
     count("cudaMallocPitch");
     if (!pitch) return cudaErrorInvalidValue;
     size_t p = (width + 511) / 512 * 512;
@@ -181,9 +180,13 @@ SIM_EXPORT cudaError_t cudaGetDeviceCount(int* n) {
     return cudaSuccess;
 }
 
-SIM_EXPORT cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+SIM_EXPORT cudaError_t cudaDeviceSynchronize() {
+    return cudaSuccess;
+}
 
-SIM_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+SIM_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    return cudaSuccess;
+}
 
 SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
     static int default_pool;  // an opaque, stable handle
@@ -194,9 +197,13 @@ SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int devi
 
 SIM_EXPORT const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
-        case cudaSuccess: return "no error";
-        case cudaErrorInvalidValue: return "invalid argument";
-        case cudaErrorMemoryAllocation: return "out of memory";
-        default: return "unrecognized error code";
+        case cudaSuccess:
+            return "no error";
+        case cudaErrorInvalidValue:
+            return "invalid argument";
+        case cudaErrorMemoryAllocation:
+            return "out of memory";
+        default:
+            return "unrecognized error code";
     }
 }

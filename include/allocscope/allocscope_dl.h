@@ -43,8 +43,7 @@ static inline const allocscope_dl_table* allocscope_dl(void) {
     static int state; /* 0 unresolved, 1 resolving, 2 resolved */
     if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 2) return &table;
     int expected = 0;
-    if (__atomic_compare_exchange_n(&state, &expected, 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
+    if (__atomic_compare_exchange_n(&state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         *(void**)&table.push = dlsym(RTLD_DEFAULT, "allocscope_push");
         *(void**)&table.pop = dlsym(RTLD_DEFAULT, "allocscope_pop");
         *(void**)&table.step = dlsym(RTLD_DEFAULT, "allocscope_step");
@@ -76,9 +75,8 @@ static inline void allocscope_dl_step(uint64_t step) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->step) t->step(step);
 }
-static inline void allocscope_dl_register_param(const char* layer, const char* name,
-                                                uint64_t numel, const char* dtype,
-                                                uint64_t sharded_numel) {
+static inline void allocscope_dl_register_param(const char* layer, const char* name, uint64_t numel,
+                                                const char* dtype, uint64_t sharded_numel) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->register_param) t->register_param(layer, name, numel, dtype, sharded_numel);
 }
@@ -102,7 +100,7 @@ namespace allocscope {
 
 /* Pushes a tag for the lifetime of the object. */
 class ScopedTag {
-public:
+  public:
     ScopedTag(const char* layer, const char* phase) { allocscope_dl_push(layer, phase); }
     ~ScopedTag() { allocscope_dl_pop(); }
     ScopedTag(const ScopedTag&) = delete;

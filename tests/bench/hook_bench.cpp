@@ -49,10 +49,14 @@ __attribute__((noinline)) double nest(int depth, cudaStream_t stream) {
 int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string a = argv[i];
-        if (a == "--pairs") g_pairs = std::atol(argv[i + 1]);
-        else if (a == "--threads") g_threads = std::atoi(argv[i + 1]);
-        else if (a == "--depth") g_depth = std::atoi(argv[i + 1]);
-        else if (a == "--size") g_size = std::strtoull(argv[i + 1], nullptr, 10);
+        if (a == "--pairs")
+            g_pairs = std::atol(argv[i + 1]);
+        else if (a == "--threads")
+            g_threads = std::atoi(argv[i + 1]);
+        else if (a == "--depth")
+            g_depth = std::atoi(argv[i + 1]);
+        else if (a == "--size")
+            g_size = std::strtoull(argv[i + 1], nullptr, 10);
         else {
             std::fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -72,11 +76,11 @@ int main(int argc, char** argv) {
     std::vector<double> per_thread(static_cast<size_t>(g_threads));
     std::vector<std::thread> threads;
     for (int t = 0; t < g_threads; ++t) {
-        threads.emplace_back([t, &per_thread] {
-            per_thread[static_cast<size_t>(t)] = nest(g_depth, nullptr);
-        });
+        threads.emplace_back(
+            [t, &per_thread] { per_thread[static_cast<size_t>(t)] = nest(g_depth, nullptr); });
     }
-    for (auto& th : threads) th.join();
+    for (auto& th : threads)
+        th.join();
     std::sort(per_thread.begin(), per_thread.end());
     std::printf("ns_per_pair %.1f\n", per_thread[per_thread.size() / 2]);
     return 0;

@@ -89,8 +89,8 @@ struct Site {
 void report_one(const Trace& t, size_t top) {
     const TraceHeader& h = t.header;
     std::printf("== %s  (rank %s, pid %u, allocscope %s, stack depth %u) ==\n", t.path.c_str(),
-                h.rank >= 0 ? std::to_string(h.rank).c_str() : "-", h.pid,
-                h.tool_version.c_str(), h.stack_depth);
+                h.rank >= 0 ? std::to_string(h.rank).c_str() : "-", h.pid, h.tool_version.c_str(),
+                h.stack_depth);
     if (t.truncated) {
         std::printf("warning: %s; reporting the %zu events before it\n",
                     t.truncation_message.c_str(), t.events.size());
@@ -173,7 +173,7 @@ void report_one(const Trace& t, size_t top) {
         std::printf("  by (layer, phase):\n    %-28s %-16s %-12s %10s %8s\n", "layer", "phase",
                     "pool", "bytes", "count");
         std::vector<std::pair<Key, std::pair<uint64_t, uint64_t>>> rows(by_tag.begin(),
-                                                                         by_tag.end());
+                                                                        by_tag.end());
         std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
             return a.second.first > b.second.first;
         });
@@ -250,7 +250,8 @@ int report_command(const std::vector<std::string>& args) {
         traces.push_back(std::move(t));
     }
     if (traces.empty()) return fail("no trace of rank " + std::to_string(rank) + " found");
-    for (const Trace& t : traces) report_one(t, top);
+    for (const Trace& t : traces)
+        report_one(t, top);
     return 0;
 }
 

@@ -25,7 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kRunHelp = R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] -- CMD [ARGS...]
+constexpr const char* kRunHelp =
+    R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
@@ -94,7 +95,8 @@ void prepare_out_dir(const fs::path& dir, bool force) {
                                      " trace(s) from an earlier run; pass --force to replace "
                                      "them or choose another --out");
         }
-        for (const fs::path& p : old) fs::remove(p, ec);
+        for (const fs::path& p : old)
+            fs::remove(p, ec);
         return;
     }
     fs::create_directories(dir, ec);
@@ -168,7 +170,8 @@ int run_command(const std::vector<std::string>& args) {
     if (!stack_depth.empty()) setenv("ALLOCSCOPE_STACK_DEPTH", stack_depth.c_str(), 1);
 
     std::vector<char*> argv;
-    for (size_t k = i; k < args.size(); ++k) argv.push_back(const_cast<char*>(args[k].c_str()));
+    for (size_t k = i; k < args.size(); ++k)
+        argv.push_back(const_cast<char*>(args[k].c_str()));
     argv.push_back(nullptr);
 
     std::fflush(nullptr);
@@ -183,7 +186,8 @@ int run_command(const std::vector<std::string>& args) {
     struct sigaction sa {};
     sa.sa_handler = forward_signal;
     sigemptyset(&sa.sa_mask);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+        sigaction(sig, &sa, nullptr);
 
     int status = 0;
     while (waitpid(child, &status, 0) < 0) {
