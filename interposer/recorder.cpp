@@ -60,6 +60,8 @@ struct ThreadState {
     bool is_writer;
     uint32_t tid;
     uint32_t depth;  // pushes minus pops, including those beyond kMaxTagDepth
+    int32_t device;  // cached current device, valid while device_context is current
+    void* device_context;
     TagEntry tags[kMaxTagDepth];
 };
 thread_local ThreadState t_thread;
@@ -748,17 +750,37 @@ void mark(const char* text) noexcept {
     emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
 }
 
+// cudaGetDevice costs over a microsecond in the real runtime (measured on
+// the H200 host, docs/RESULTS.md), so the device is cached per thread, keyed
+// by the driver's current context: the runtime's current device is the
+// device of the current context, and a context never changes device.
 int32_t current_device() noexcept {
-    using Fn = cudaError_t (*)(int*);
-    static std::atomic<Fn> real{nullptr};
-    Fn fn = real.load(std::memory_order_relaxed);
-    if (!fn) {
-        fn = real_function<Fn>("cudaGetDevice");
-        if (!fn) return -1;
-        real.store(fn, std::memory_order_relaxed);
+    using GetDevice = cudaError_t (*)(int*);
+    using GetContext = int (*)(void**);  // CUresult cuCtxGetCurrent(CUcontext*)
+    static const GetDevice get_device = real_function<GetDevice>("cudaGetDevice");
+    static const GetContext get_context = [] {
+        void* fn = dlsym(RTLD_DEFAULT, "cuCtxGetCurrent");
+        if (!fn) {
+            if (void* libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+                fn = dlsym(libcuda, "cuCtxGetCurrent");
+                dlclose(libcuda);
+            }
+        }
+        return reinterpret_cast<GetContext>(fn);
+    }();
+    if (!get_device) return -1;
+    void* context = nullptr;
+    if (get_context && get_context(&context) == 0 && context &&
+        context == t_thread.device_context) {
+        return t_thread.device;
     }
     int device = -1;
-    return fn(&device) == cudaSuccess ? device : -1;
+    if (get_device(&device) != cudaSuccess) return -1;
+    if (context) {
+        t_thread.device_context = context;
+        t_thread.device = device;
+    }
+    return device;
 }
 
 }  // namespace allocscope::recorder

@@ -11,9 +11,14 @@
 //     cudaErrorInvalidValue and changes nothing;
 //   * cudaMallocHost is implemented by calling cudaHostAlloc through the PLT,
 //     as a runtime may call itself internally;
+//   * ALLOCSCOPE_SIM_DEVICES devices (default 2); each has one context, and
+//     cuCtxGetCurrent (a driver entry point, served here too) returns the
+//     current thread's, as the real driver does for the primary context;
+//   * a failed allocation writes NULL to the out-parameter, like the real one;
 //   * sim_cudart_calls(name) counts the calls that reached each function.
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -40,6 +45,7 @@ struct Runtime {
     std::map<uintptr_t, Allocation> live;
     uint64_t in_use = 0;
     uint64_t limit = uint64_t{1} << 40;
+    int devices = 2;
     std::map<std::string, uint64_t> calls;
 };
 
@@ -48,6 +54,9 @@ Runtime& runtime() {
         auto* rt = new Runtime();  // never destroyed: frees may come during exit
         if (const char* v = std::getenv("ALLOCSCOPE_SIM_MEMORY_LIMIT")) {
             rt->limit = std::strtoull(v, nullptr, 10);
+        }
+        if (const char* v = std::getenv("ALLOCSCOPE_SIM_DEVICES")) {
+            rt->devices = std::max(1, std::atoi(v));
         }
         return rt;
     }();
@@ -64,6 +73,7 @@ void count(const char* name) {
 
 cudaError_t allocate(void** out, size_t size, Pool pool) {
     if (!out) return cudaErrorInvalidValue;
+    *out = nullptr;
     Runtime& r = runtime();
     std::lock_guard lock(r.mutex);
     if (size > r.limit || r.in_use > r.limit - size) return cudaErrorMemoryAllocation;
@@ -169,15 +179,24 @@ SIM_EXPORT cudaError_t cudaGetDevice(int* device) {
 }
 
 SIM_EXPORT cudaError_t cudaSetDevice(int device) {
-    if (device != 0) return cudaErrorInvalidValue;
+    if (device < 0 || device >= runtime().devices) return cudaErrorInvalidValue;
     t_device = device;
     return cudaSuccess;
 }
 
 SIM_EXPORT cudaError_t cudaGetDeviceCount(int* n) {
     if (!n) return cudaErrorInvalidValue;
-    *n = 1;
+    *n = runtime().devices;
     return cudaSuccess;
+}
+
+// CUresult cuCtxGetCurrent(CUcontext*): the primary context of the current
+// device (one static object per device).
+SIM_EXPORT int cuCtxGetCurrent(void** context) {
+    static char contexts[64];
+    if (!context) return 1;  // CUDA_ERROR_INVALID_VALUE
+    *context = &contexts[t_device % 64];
+    return 0;
 }
 
 SIM_EXPORT cudaError_t cudaDeviceSynchronize() {
@@ -190,7 +209,7 @@ SIM_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t) {
 
 SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
     static int default_pool;  // an opaque, stable handle
-    if (!pool || device != 0) return cudaErrorInvalidValue;
+    if (!pool || device < 0 || device >= runtime().devices) return cudaErrorInvalidValue;
     *pool = reinterpret_cast<cudaMemPool_t>(&default_pool);
     return cudaSuccess;
 }
