@@ -18,9 +18,16 @@ uint64_t mix(uint64_t x) noexcept {
     return x;
 }
 
+// Counter updates are plain load+store under the lock; atomics only so that
+// readers summing without the lock see whole values.
+void bump(std::atomic<uint64_t>& counter, int64_t delta) noexcept {
+    counter.store(counter.load(std::memory_order_relaxed) + static_cast<uint64_t>(delta),
+                  std::memory_order_relaxed);
+}
+
 }  // namespace
 
-struct LiveTable::Shard {
+struct alignas(64) LiveTable::Shard {
     struct Slot {
         SlotState state = SlotState::empty;
         LiveRecord record;
@@ -29,6 +36,11 @@ struct LiveTable::Shard {
     std::vector<Slot> slots;  // size is 0 or a power of two
     size_t live = 0;
     size_t freed = 0;
+    std::atomic<uint64_t> live_bytes{0};
+    std::atomic<uint64_t> live_count{0};
+    std::atomic<uint64_t> unknown{0};
+    std::atomic<uint64_t> doubles{0};
+    std::atomic<uint64_t> replaced{0};
 
     // Index of `address`'s slot, or of the first reusable slot on its probe
     // path when absent (a tombstone of another address or an empty slot).
@@ -74,7 +86,7 @@ LiveTable::Shard& LiveTable::shard_for(uint64_t address) const noexcept {
     return shards_[mix(address ^ 0x5bd1e995) >> (64 - kShardBits)];
 }
 
-bool LiveTable::insert(const LiveRecord& record) {
+bool LiveTable::insert(const LiveRecord& record, LiveRecord* replaced) {
     Shard& sh = shard_for(record.address);
     std::lock_guard lock(sh.lock);
     sh.reserve_one();
@@ -83,17 +95,18 @@ bool LiveTable::insert(const LiveRecord& record) {
     Shard::Slot& slot = sh.slots[i];
     bool fresh = true;
     if (found && slot.state == SlotState::live) {
-        live_bytes_.fetch_sub(slot.record.size, std::memory_order_relaxed);
-        replaced_.fetch_add(1, std::memory_order_relaxed);
+        if (replaced) *replaced = slot.record;
+        bump(sh.live_bytes, -static_cast<int64_t>(slot.record.size));
+        bump(sh.replaced, 1);
         fresh = false;
     } else {
         if (slot.state == SlotState::freed) --sh.freed;
         ++sh.live;
-        live_count_.fetch_add(1, std::memory_order_relaxed);
+        bump(sh.live_count, 1);
     }
     slot.state = SlotState::live;
     slot.record = record;
-    live_bytes_.fetch_add(record.size, std::memory_order_relaxed);
+    bump(sh.live_bytes, static_cast<int64_t>(record.size));
     return fresh;
 }
 
@@ -106,19 +119,19 @@ FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
         if (found) {
             Shard::Slot& slot = sh.slots[i];
             if (slot.state == SlotState::freed) {
-                double_.fetch_add(1, std::memory_order_relaxed);
+                bump(sh.doubles, 1);
                 return FreeOutcome::double_free;
             }
             if (removed) *removed = slot.record;
             slot.state = SlotState::freed;
             --sh.live;
             ++sh.freed;
-            live_count_.fetch_sub(1, std::memory_order_relaxed);
-            live_bytes_.fetch_sub(slot.record.size, std::memory_order_relaxed);
+            bump(sh.live_count, -1);
+            bump(sh.live_bytes, -static_cast<int64_t>(slot.record.size));
             return FreeOutcome::freed;
         }
     }
-    unknown_.fetch_add(1, std::memory_order_relaxed);
+    bump(sh.unknown, 1);
     return FreeOutcome::unknown;
 }
 
@@ -130,6 +143,21 @@ bool LiveTable::contains(uint64_t address) const {
     size_t i = sh.probe(address, found);
     return found && sh.slots[i].state == SlotState::live;
 }
+
+template <typename Field>
+uint64_t LiveTable::sum(Field field) const noexcept {
+    uint64_t total = 0;
+    for (size_t s = 0; s < (size_t{1} << kShardBits); ++s) {
+        total += (shards_[s].*field).load(std::memory_order_relaxed);
+    }
+    return total;
+}
+
+uint64_t LiveTable::live_bytes() const noexcept { return sum(&Shard::live_bytes); }
+uint64_t LiveTable::live_count() const noexcept { return sum(&Shard::live_count); }
+uint64_t LiveTable::unknown_frees() const noexcept { return sum(&Shard::unknown); }
+uint64_t LiveTable::double_frees() const noexcept { return sum(&Shard::doubles); }
+uint64_t LiveTable::replaced() const noexcept { return sum(&Shard::replaced); }
 
 std::vector<LiveRecord> LiveTable::snapshot() const {
     std::vector<LiveRecord> out;

@@ -6,7 +6,9 @@
 // SpinLock. A freed address stays in its shard as a tombstone so a second
 // free of it is told apart from a free of an address never seen; tombstones
 // are dropped when a shard rehashes, after which such a free counts as
-// unknown. Invariants, per table:
+// unknown. Counters live in the shards (written under the shard's lock, so
+// threads touching different shards share no cache line) and are summed on
+// read. Invariants, per shard and so per table once writers are quiet:
 //   live_count() == number of live entries
 //   live_bytes() == sum of their sizes
 #pragma once
@@ -50,17 +52,18 @@ class LiveTable {
     LiveTable& operator=(const LiveTable&) = delete;
 
     // Records a new allocation. If the address was already live (its free was
-    // never seen) the old record is replaced and false is returned.
-    bool insert(const LiveRecord& record);
+    // never seen) the old record is replaced, copied to `replaced` when
+    // given, and false is returned.
+    bool insert(const LiveRecord& record, LiveRecord* replaced = nullptr);
     // Removes the record at `address`, copying it to `removed` when freed.
     FreeOutcome remove(uint64_t address, LiveRecord* removed);
     bool contains(uint64_t address) const;
 
-    uint64_t live_bytes() const noexcept { return live_bytes_.load(std::memory_order_relaxed); }
-    uint64_t live_count() const noexcept { return live_count_.load(std::memory_order_relaxed); }
-    uint64_t unknown_frees() const noexcept { return unknown_.load(std::memory_order_relaxed); }
-    uint64_t double_frees() const noexcept { return double_.load(std::memory_order_relaxed); }
-    uint64_t replaced() const noexcept { return replaced_.load(std::memory_order_relaxed); }
+    uint64_t live_bytes() const noexcept;
+    uint64_t live_count() const noexcept;
+    uint64_t unknown_frees() const noexcept;
+    uint64_t double_frees() const noexcept;
+    uint64_t replaced() const noexcept;
 
     // A consistent copy per shard (not a global snapshot under concurrency).
     std::vector<LiveRecord> snapshot() const;
@@ -71,12 +74,10 @@ class LiveTable {
     struct Shard;
     Shard& shard_for(uint64_t address) const noexcept;
 
+    template <typename Field>
+    uint64_t sum(Field field) const noexcept;
+
     std::unique_ptr<Shard[]> shards_;
-    std::atomic<uint64_t> live_bytes_{0};
-    std::atomic<uint64_t> live_count_{0};
-    std::atomic<uint64_t> unknown_{0};
-    std::atomic<uint64_t> double_{0};
-    std::atomic<uint64_t> replaced_{0};
 };
 
 }  // namespace allocscope

@@ -45,12 +45,16 @@ FreeOutcome Replay::apply(const Event& e) {
             rec.memory = e.memory;
             rec.api = e.api;
             LiveTable& table = tables_[int(pool)];
-            table.insert(rec);
             PoolTotals& t = totals_[int(pool)];
+            LiveRecord old;
+            if (table.insert(rec, &old)) {
+                ++t.live_count;
+            } else {
+                t.live_bytes -= old.size;  // its free was never recorded
+            }
+            t.live_bytes += e.size;
             t.allocated_bytes += e.size;
             ++t.allocations;
-            t.live_bytes = table.live_bytes();
-            t.live_count = table.live_count();
             if (t.live_bytes > t.peak_bytes) {
                 t.peak_bytes = t.live_bytes;
                 t.peak_event = e;
@@ -60,6 +64,7 @@ FreeOutcome Replay::apply(const Event& e) {
         case EventKind::free: {
             Pool pool = pool_for_free(e);
             LiveTable& table = tables_[int(pool)];
+            PoolTotals& t = totals_[int(pool)];
             LiveRecord removed;
             FreeOutcome outcome = table.remove(e.address, &removed);
             if (e.result != 0) {
@@ -67,9 +72,10 @@ FreeOutcome Replay::apply(const Event& e) {
                 // counted it the same way and restored the record.
                 ++failed_frees_;
                 if (outcome == FreeOutcome::freed) table.insert(removed);
+            } else if (outcome == FreeOutcome::freed) {
+                t.live_bytes -= removed.size;
+                --t.live_count;
             }
-            totals_[int(pool)].live_bytes = table.live_bytes();
-            totals_[int(pool)].live_count = table.live_count();
             return outcome;
         }
         case EventKind::oom:

@@ -116,9 +116,11 @@ class EventRing {
         return true;
     }
 
+    // Read-only after construction, on its own line; the two counters below
+    // are written (by producers, by the writer) and must not share it.
+    alignas(64) Slot* slots_;
     alignas(64) std::atomic<uint64_t> next_{0};
     alignas(64) std::atomic<uint64_t> consumed_{0};
-    Slot* slots_;
 };
 
 }  // namespace allocscope

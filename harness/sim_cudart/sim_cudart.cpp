@@ -14,8 +14,7 @@
 //   * ALLOCSCOPE_SIM_DEVICES devices (default 2); each has one context, and
 //     cuCtxGetCurrent (a driver entry point, served here too) returns the
 //     current thread's, as the real driver does for the primary context;
-//   * a failed allocation writes NULL to the out-parameter, like the real one;
-//   * sim_cudart_calls(name) counts the calls that reached each function.
+//   * a failed allocation writes NULL to the out-parameter, like the real one.
 #include <pthread.h>
 
 #include <algorithm>
@@ -23,9 +22,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
-#include <string>
+#include <unordered_map>
 
 #include "cuda_decls.h"
 
@@ -40,13 +38,21 @@ struct Allocation {
     Pool pool;
 };
 
-struct Runtime {
+// Sharded by address so that threads allocating at once do not queue on one
+// lock: the interposer's benchmarks run through this runtime.
+struct Shard {
     std::mutex mutex;
-    std::map<uintptr_t, Allocation> live;
-    uint64_t in_use = 0;
+    std::unordered_map<uintptr_t, Allocation> live;
+};
+
+struct Runtime {
+    static constexpr size_t kShards = 64;
+    Shard shards[kShards];
+    std::atomic<uint64_t> in_use{0};
     uint64_t limit = uint64_t{1} << 40;
     int devices = 2;
-    std::map<std::string, uint64_t> calls;
+
+    Shard& shard_for(uintptr_t p) { return shards[(p >> 8) * 0x9E3779B97F4A7C15ull >> 58]; }
 };
 
 Runtime& runtime() {
@@ -65,24 +71,25 @@ Runtime& runtime() {
 
 thread_local int t_device = 0;
 
-void count(const char* name) {
-    Runtime& r = runtime();
-    std::lock_guard lock(r.mutex);
-    ++r.calls[name];
-}
-
 cudaError_t allocate(void** out, size_t size, Pool pool) {
     if (!out) return cudaErrorInvalidValue;
     *out = nullptr;
     Runtime& r = runtime();
-    std::lock_guard lock(r.mutex);
-    if (size > r.limit || r.in_use > r.limit - size) return cudaErrorMemoryAllocation;
+    if (size > r.limit || r.in_use.fetch_add(size) > r.limit - size) {
+        if (size <= r.limit) r.in_use.fetch_sub(size);
+        return cudaErrorMemoryAllocation;
+    }
     size_t rounded = ((size == 0 ? 1 : size) + 255) / 256 * 256;
     void* p = std::aligned_alloc(256, rounded);
-    if (!p) return cudaErrorMemoryAllocation;
+    if (!p) {
+        r.in_use.fetch_sub(size);
+        return cudaErrorMemoryAllocation;
+    }
     std::memset(p, 0, rounded);
-    r.live[reinterpret_cast<uintptr_t>(p)] = {size, pool};
-    r.in_use += size;
+    auto key = reinterpret_cast<uintptr_t>(p);
+    Shard& sh = r.shard_for(key);
+    std::lock_guard lock(sh.mutex);
+    sh.live[key] = {size, pool};
     *out = p;
     return cudaSuccess;
 }
@@ -90,53 +97,39 @@ cudaError_t allocate(void** out, size_t size, Pool pool) {
 cudaError_t release(void* p, bool host) {
     if (!p) return cudaSuccess;
     Runtime& r = runtime();
-    std::lock_guard lock(r.mutex);
-    auto it = r.live.find(reinterpret_cast<uintptr_t>(p));
-    if (it == r.live.end() || (it->second.pool == Pool::host) != host) {
-        return cudaErrorInvalidValue;
+    auto key = reinterpret_cast<uintptr_t>(p);
+    Shard& sh = r.shard_for(key);
+    {
+        std::lock_guard lock(sh.mutex);
+        auto it = sh.live.find(key);
+        if (it == sh.live.end() || (it->second.pool == Pool::host) != host) {
+            return cudaErrorInvalidValue;
+        }
+        r.in_use.fetch_sub(it->second.size);
+        sh.live.erase(it);
     }
-    r.in_use -= it->second.size;
-    r.live.erase(it);
     std::free(p);
     return cudaSuccess;
 }
 
 }  // namespace
 
-SIM_EXPORT uint64_t sim_cudart_calls(const char* name) {
-    Runtime& r = runtime();
-    std::lock_guard lock(r.mutex);
-    auto it = r.calls.find(name);
-    return it == r.calls.end() ? 0 : it->second;
-}
-
-SIM_EXPORT uint64_t sim_cudart_bytes_in_use() {
-    Runtime& r = runtime();
-    std::lock_guard lock(r.mutex);
-    return r.in_use;
-}
-
 SIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
-    count("cudaMalloc");
     return allocate(devPtr, size, Pool::device);
 }
 
 SIM_EXPORT cudaError_t cudaFree(void* devPtr) {
-    count("cudaFree");
     return release(devPtr, false);
 }
 
 #define SIM_ASYNC(MALLOC, FREE, FROM_POOL)                                                   \
     SIM_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t) {                \
-        count(#MALLOC);                                                                      \
         return allocate(devPtr, size, Pool::device);                                         \
     }                                                                                        \
     SIM_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t) {                                \
-        count(#FREE);                                                                        \
         return release(devPtr, false);                                                       \
     }                                                                                        \
     SIM_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t, cudaStream_t) { \
-        count(#FROM_POOL);                                                                   \
         return allocate(ptr, size, Pool::device);                                            \
     }
 
@@ -144,12 +137,10 @@ SIM_ASYNC(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)
 SIM_ASYNC(cudaMallocAsync_ptsz, cudaFreeAsync_ptsz, cudaMallocFromPoolAsync_ptsz)
 
 SIM_EXPORT cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int) {
-    count("cudaMallocManaged");
     return allocate(devPtr, size, Pool::managed);
 }
 
 SIM_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width, size_t height) {
-    count("cudaMallocPitch");
     if (!pitch) return cudaErrorInvalidValue;
     size_t p = (width + 511) / 512 * 512;
     cudaError_t rc = allocate(devPtr, p * height, Pool::device);
@@ -158,17 +149,14 @@ SIM_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t widt
 }
 
 SIM_EXPORT cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
-    count("cudaHostAlloc");
     return allocate(pHost, size, Pool::host);
 }
 
 SIM_EXPORT cudaError_t cudaMallocHost(void** ptr, size_t size) {
-    count("cudaMallocHost");
     return cudaHostAlloc(ptr, size, 0);
 }
 
 SIM_EXPORT cudaError_t cudaFreeHost(void* ptr) {
-    count("cudaFreeHost");
     return release(ptr, true);
 }
 

@@ -1,6 +1,7 @@
 // call_costs: what the primitives on the hook path cost on this machine
 // (clock_gettime, cudaGetDevice, an uncontended and a shared atomic add),
 // to explain tools/bench-hooks' numbers. Not a test.
+#include <dlfcn.h>
 #include <time.h>
 
 #include <atomic>
@@ -30,7 +31,37 @@ int main() {
                 ns_per_call([&] { clock_gettime(CLOCK_MONOTONIC, &ts); }));
     int device = 0;
     if (cudaGetDevice(&device) == cudaSuccess) {
-        std::printf("cudaGetDevice %.1f ns\n", ns_per_call([&] { cudaGetDevice(&device); }));
+        std::printf("cudaGetDevice, no context yet %.1f ns\n",
+                    ns_per_call([&] { cudaGetDevice(&device); }, 100'000));
+    }
+    cudaFree(nullptr);  // initializes the runtime and its primary context
+    std::printf("cudaGetDevice, after cudaFree(0) %.1f ns\n",
+                ns_per_call([&] { cudaGetDevice(&device); }, 100'000));
+    // How interposer/recorder.cpp finds the current context.
+    using GetContext = int (*)(void**);
+    auto get_context = reinterpret_cast<GetContext>(dlsym(RTLD_DEFAULT, "cuCtxGetCurrent"));
+    std::printf("cuCtxGetCurrent via RTLD_DEFAULT: %s\n", get_context ? "found" : "missing");
+    if (!get_context) {
+        if (void* libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+            get_context = reinterpret_cast<GetContext>(dlsym(libcuda, "cuCtxGetCurrent"));
+        }
+        std::printf("cuCtxGetCurrent via libcuda.so.1: %s\n", get_context ? "found" : "missing");
+    }
+    if (get_context) {
+        void* context = nullptr;
+        int rc = get_context(&context);
+        std::printf("current context on the main thread: rc %d, %s\n", rc,
+                    context ? "set" : "none");
+        std::thread([&] {
+            void* c = nullptr;
+            void* p = nullptr;
+            cudaMalloc(&p, 256);
+            get_context(&c);
+            std::printf("current context on a new thread after cudaMalloc: %s\n",
+                        c ? "set" : "none");
+            cudaFree(p);
+        }).join();
+        std::printf("cuCtxGetCurrent %.1f ns\n", ns_per_call([&] { get_context(&context); }));
     }
     std::atomic<unsigned long> counter{0};
     std::printf("atomic fetch_add, 1 thread %.1f ns\n",
