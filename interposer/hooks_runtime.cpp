@@ -63,6 +63,21 @@ AllocInfo device_alloc(Api api, size_t size, cudaStream_t stream) {
             size, as_int(stream), allocscope::recorder::current_device()};
 }
 
+AllocInfo host_alloc(Api api, size_t size) {
+    return {api, Level::segment, MemoryKind::host_pinned, size, 0, -1};
+}
+
+// The shape of every allocation hook: `describe(rc)` says what to record once
+// the real call has returned (for cudaMallocPitch the size depends on it).
+template <typename Real, typename Describe, typename... Args>
+cudaError_t forward_alloc(Real real, Describe describe, void** out, Args... args) {
+    if (!real) return kNoRuntime;
+    HookGuard guard;
+    cudaError_t rc = real(out, args...);
+    if (guard.recording()) allocscope::recorder::record_alloc(describe(rc), out_ptr(rc, out), rc);
+    return rc;
+}
+
 template <typename Real, typename... Args>
 cudaError_t forward_free(Real real, Api api, void* ptr, cudaStream_t stream, Args... args) {
     if (!real) return kNoRuntime;
@@ -78,104 +93,68 @@ cudaError_t forward_free(Real real, Api api, void* ptr, cudaStream_t stream, Arg
 }  // namespace
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
-    auto real = REAL(cudaMalloc);
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    cudaError_t rc = real(devPtr, size);
-    if (guard.recording()) {
-        allocscope::recorder::record_alloc(device_alloc(Api::cudaMalloc, size, nullptr),
-                                           out_ptr(rc, devPtr), rc);
-    }
-    return rc;
+    return forward_alloc(
+        REAL(cudaMalloc), [&](cudaError_t) { return device_alloc(Api::cudaMalloc, size, nullptr); },
+        devPtr, size);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaFree(void* devPtr) {
     return forward_free(REAL(cudaFree), Api::cudaFree, devPtr, nullptr);
 }
 
-#define ALLOCSCOPE_ASYNC_HOOKS(MALLOC, FREE, FROM_POOL)                                     \
-    ALLOCSCOPE_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) { \
-        auto real = REAL(MALLOC);                                                           \
-        if (!real) return kNoRuntime;                                                       \
-        HookGuard guard;                                                                    \
-        cudaError_t rc = real(devPtr, size, stream);                                        \
-        if (guard.recording()) {                                                            \
-            allocscope::recorder::record_alloc(device_alloc(Api::MALLOC, size, stream),     \
-                                               out_ptr(rc, devPtr), rc);                    \
-        }                                                                                   \
-        return rc;                                                                          \
-    }                                                                                       \
-    ALLOCSCOPE_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                 \
-        return forward_free(REAL(FREE), Api::FREE, devPtr, stream, stream);                 \
-    }                                                                                       \
-    ALLOCSCOPE_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,    \
-                                            cudaStream_t stream) {                          \
-        auto real = REAL(FROM_POOL);                                                        \
-        if (!real) return kNoRuntime;                                                       \
-        HookGuard guard;                                                                    \
-        cudaError_t rc = real(ptr, size, pool, stream);                                     \
-        if (guard.recording()) {                                                            \
-            allocscope::recorder::record_alloc(device_alloc(Api::FROM_POOL, size, stream),  \
-                                               out_ptr(rc, ptr), rc);                       \
-        }                                                                                   \
-        return rc;                                                                          \
+#define ALLOCSCOPE_ASYNC_HOOKS(MALLOC, FREE, FROM_POOL)                                         \
+    ALLOCSCOPE_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) {     \
+        return forward_alloc(                                                                   \
+            REAL(MALLOC), [&](cudaError_t) { return device_alloc(Api::MALLOC, size, stream); }, \
+            devPtr, size, stream);                                                              \
+    }                                                                                           \
+    ALLOCSCOPE_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                     \
+        return forward_free(REAL(FREE), Api::FREE, devPtr, stream, stream);                     \
+    }                                                                                           \
+    ALLOCSCOPE_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,        \
+                                            cudaStream_t stream) {                              \
+        return forward_alloc(                                                                   \
+            REAL(FROM_POOL),                                                                    \
+            [&](cudaError_t) { return device_alloc(Api::FROM_POOL, size, stream); }, ptr, size, \
+            pool, stream);                                                                      \
     }
 
 ALLOCSCOPE_ASYNC_HOOKS(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)
 ALLOCSCOPE_ASYNC_HOOKS(cudaMallocAsync_ptsz, cudaFreeAsync_ptsz, cudaMallocFromPoolAsync_ptsz)
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
-    auto real = REAL(cudaMallocManaged);
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    cudaError_t rc = real(devPtr, size, flags);
-    if (guard.recording()) {
-        AllocInfo info = device_alloc(Api::cudaMallocManaged, size, nullptr);
-        info.memory = MemoryKind::managed;
-        allocscope::recorder::record_alloc(info, out_ptr(rc, devPtr), rc);
-    }
-    return rc;
+    return forward_alloc(
+        REAL(cudaMallocManaged),
+        [&](cudaError_t) {
+            AllocInfo info = device_alloc(Api::cudaMallocManaged, size, nullptr);
+            info.memory = MemoryKind::managed;
+            return info;
+        },
+        devPtr, size, flags);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width,
                                               size_t height) {
-    auto real = REAL(cudaMallocPitch);
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    cudaError_t rc = real(devPtr, pitch, width, height);
-    if (guard.recording()) {
-        // Bytes actually reserved are pitch * height; on failure, the request.
-        size_t bytes = rc == cudaSuccess && pitch ? *pitch * height : width * height;
-        allocscope::recorder::record_alloc(device_alloc(Api::cudaMallocPitch, bytes, nullptr),
-                                           out_ptr(rc, devPtr), rc);
-    }
-    return rc;
+    return forward_alloc(
+        REAL(cudaMallocPitch),
+        [&](cudaError_t rc) {
+            // Bytes actually reserved are pitch * height; on failure, the request.
+            size_t bytes = rc == cudaSuccess && pitch ? *pitch * height : width * height;
+            return device_alloc(Api::cudaMallocPitch, bytes, nullptr);
+        },
+        devPtr, pitch, width, height);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMallocHost(void** ptr, size_t size) {
-    auto real = REAL(cudaMallocHost);
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    cudaError_t rc = real(ptr, size);
-    if (guard.recording()) {
-        allocscope::recorder::record_alloc(
-            {Api::cudaMallocHost, Level::segment, MemoryKind::host_pinned, size, 0, -1},
-            out_ptr(rc, ptr), rc);
-    }
-    return rc;
+    return forward_alloc(
+        REAL(cudaMallocHost), [&](cudaError_t) { return host_alloc(Api::cudaMallocHost, size); },
+        ptr, size);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
-    auto real = REAL(cudaHostAlloc);
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    cudaError_t rc = real(pHost, size, flags);
-    if (guard.recording()) {
-        allocscope::recorder::record_alloc(
-            {Api::cudaHostAlloc, Level::segment, MemoryKind::host_pinned, size, 0, -1},
-            out_ptr(rc, pHost), rc);
-    }
-    return rc;
+    return forward_alloc(
+        REAL(cudaHostAlloc), [&](cudaError_t) { return host_alloc(Api::cudaHostAlloc, size); },
+        pHost, size, flags);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaFreeHost(void* ptr) {

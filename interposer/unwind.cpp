@@ -165,6 +165,16 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, const
     }
 }
 
+// Inlined into its callers so that its own frame never shows: the first
+// frame _Unwind_Backtrace reports is then the caller itself, and `skip`
+// counts from there.
+__attribute__((always_inline)) inline size_t unwind_backtrace(uint64_t* frames, size_t max_depth,
+                                                              size_t skip) noexcept {
+    UnwindState state{frames, max_depth, skip, 0};
+    _Unwind_Backtrace(collect_frame, &state);
+    return state.depth;
+}
+
 }  // namespace
 
 void clear_frame_rule_cache() noexcept {
@@ -191,10 +201,13 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
         if (depth != kNeedsFallback) return depth;
     }
     g_fallback_captures.fetch_add(1, std::memory_order_relaxed);
-    // +2: this function and the function that called it.
-    UnwindState state{frames, max_depth, skip + 2, 0};
-    _Unwind_Backtrace(collect_frame, &state);
-    return state.depth;
+    return unwind_backtrace(frames, max_depth, skip + 2);
+}
+
+__attribute__((noinline)) size_t capture_stack_unwinder(uint64_t* frames, size_t max_depth,
+                                                        size_t skip) noexcept {
+    if (max_depth == 0) return 0;
+    return unwind_backtrace(frames, max_depth, skip + 2);
 }
 
 }  // namespace allocscope

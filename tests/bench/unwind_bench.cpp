@@ -16,29 +16,8 @@ constexpr int kRuns = 9;
 constexpr int kWarmCaptures = 20000;
 constexpr int kColdCaptures = 300;
 
-struct UnwindState {
-    uint64_t* frames;
-    size_t max_depth;
-    size_t skip;
-    size_t depth;
-};
-
-_Unwind_Reason_Code collect_frame(struct _Unwind_Context* context, void* arg) {
-    auto* state = static_cast<UnwindState*>(arg);
-    uintptr_t ip = _Unwind_GetIP(context);
-    if (ip == 0) return _URC_END_OF_STACK;
-    if (state->skip > 0) {
-        --state->skip;
-        return _URC_NO_REASON;
-    }
-    state->frames[state->depth++] = ip;
-    return state->depth < state->max_depth ? _URC_NO_REASON : _URC_END_OF_STACK;
-}
-
 __attribute__((noinline)) size_t capture_baseline(uint64_t* frames, size_t max_depth) {
-    UnwindState state{frames, max_depth, 2, 0};
-    _Unwind_Backtrace(collect_frame, &state);
-    return state.depth;
+    return allocscope::capture_stack_unwinder(frames, max_depth, 0);
 }
 
 enum class Method { kBaseline, kCachedWarm, kCachedCold };
