@@ -506,8 +506,18 @@ TEST_CASE("allocscope run refuses to mix runs and reports bad input with exit 2"
     Result missing = sh(s, g_cli + " report " + (s / "nope.trace").string());
     CHECK(missing.status == 2);
     CHECK(missing.err.find("nope.trace") != std::string::npos);
-    // Corrupt one byte inside the first record after the header.
+    // A trace cut short (the process was killed) is reported up to its end,
+    // with a warning naming the file and offset.
     fs::path trace = traces_in(out).at(0);
+    fs::path cut = s / "cut.trace";
+    fs::copy_file(trace, cut);
+    fs::resize_file(cut, fs::file_size(trace) - 10);
+    Result truncated = sh(s, g_cli + " report " + cut.string());
+    CHECK(truncated.status == 0);
+    CHECK(truncated.out.find("warning: " + cut.string() +
+                             ": trace cut off inside a record at byte") != std::string::npos);
+    CHECK(truncated.out.find("events by kind and level") != std::string::npos);
+    // Corrupt one byte inside the first record after the header.
     {
         std::fstream f(trace, std::ios::in | std::ios::out | std::ios::binary);
         f.seekp(72 + 12 + 2);
