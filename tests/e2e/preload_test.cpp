@@ -32,6 +32,8 @@ namespace {
 
 std::string g_cli;
 std::string g_program;
+std::string g_local_lib;
+std::string g_local_loader;
 bool g_gpu = false;
 
 struct Scratch {
@@ -496,6 +498,26 @@ TEST_CASE("an exec'd child with the preload records into its own file") {
     CHECK(before.header.pid == after.header.pid);
 }
 
+TEST_CASE("a runtime loaded RTLD_LOCAL by a dlopen'ed library is still interposed") {
+    if (g_local_lib.empty()) return;  // only built against the host-memory runtime
+    Scratch s;
+    fs::path out = s / "out";
+    Result r =
+        sh(s, g_cli + " run --out " + out.string() + " -- " + g_local_loader + " " + g_local_lib);
+    CHECK(r.status == 0);
+    CHECK(r.out == "local done: 0\n");
+    auto files = traces_in(out);
+    REQUIRE(files.size() == 1);
+    Trace t = load_trace(files[0].string());
+    int allocs = 0, frees = 0;
+    for (const Event& e : t.events) {
+        if (e.kind == EventKind::alloc && e.size == 5555) ++allocs;
+        if (e.kind == EventKind::free && e.size == 5555 && e.result == 0) ++frees;
+    }
+    CHECK(allocs == 1);
+    CHECK(frees == 1);
+}
+
 TEST_CASE("allocscope run refuses to mix runs and reports bad input with exit 2") {
     Scratch s;
     fs::path out = s / "out";
@@ -543,6 +565,8 @@ int main(int argc, char** argv) {
     }
     g_cli = cli;
     g_program = program;
+    if (const char* lib = std::getenv("E2E_LOCAL_LIB")) g_local_lib = lib;
+    if (const char* loader = std::getenv("E2E_LOCAL_LOADER")) g_local_loader = loader;
     const char* gpu = std::getenv("E2E_GPU");
     g_gpu = gpu && std::string(gpu) == "1";
     if (g_gpu) {
