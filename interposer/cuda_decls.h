@@ -36,6 +36,7 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaDeviceSynchronize(void);
 const char* cudaGetErrorString(cudaError_t error);
+cudaError_t cudaGetLastError(void);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 }

@@ -14,7 +14,8 @@
 //   * ALLOCSCOPE_SIM_DEVICES devices (default 2); each has one context, and
 //     cuCtxGetCurrent (a driver entry point, served here too) returns the
 //     current thread's, as the real driver does for the primary context;
-//   * a failed allocation writes NULL to the out-parameter, like the real one.
+//   * a failed allocation writes NULL to the out-parameter, like the real one,
+//     and is remembered for cudaGetLastError (per thread, cleared on read).
 #include <pthread.h>
 
 #include <algorithm>
@@ -70,6 +71,12 @@ Runtime& runtime() {
 }
 
 thread_local int t_device = 0;
+thread_local cudaError_t t_last_error = cudaSuccess;
+
+cudaError_t remember(cudaError_t err) {
+    if (err != cudaSuccess) t_last_error = err;
+    return err;
+}
 
 cudaError_t allocate(void** out, size_t size, Pool pool) {
     if (!out) return cudaErrorInvalidValue;
@@ -77,13 +84,13 @@ cudaError_t allocate(void** out, size_t size, Pool pool) {
     Runtime& r = runtime();
     if (size > r.limit || r.in_use.fetch_add(size) > r.limit - size) {
         if (size <= r.limit) r.in_use.fetch_sub(size);
-        return cudaErrorMemoryAllocation;
+        return remember(cudaErrorMemoryAllocation);
     }
     size_t rounded = ((size == 0 ? 1 : size) + 255) / 256 * 256;
     void* p = std::aligned_alloc(256, rounded);
     if (!p) {
         r.in_use.fetch_sub(size);
-        return cudaErrorMemoryAllocation;
+        return remember(cudaErrorMemoryAllocation);
     }
     std::memset(p, 0, rounded);
     auto key = reinterpret_cast<uintptr_t>(p);
@@ -103,7 +110,7 @@ cudaError_t release(void* p, bool host) {
         std::lock_guard lock(sh.mutex);
         auto it = sh.live.find(key);
         if (it == sh.live.end() || (it->second.pool == Pool::host) != host) {
-            return cudaErrorInvalidValue;
+            return remember(cudaErrorInvalidValue);
         }
         r.in_use.fetch_sub(it->second.size);
         sh.live.erase(it);
@@ -200,6 +207,12 @@ SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int devi
     if (!pool || device < 0 || device >= runtime().devices) return cudaErrorInvalidValue;
     *pool = reinterpret_cast<cudaMemPool_t>(&default_pool);
     return cudaSuccess;
+}
+
+SIM_EXPORT cudaError_t cudaGetLastError() {
+    cudaError_t err = t_last_error;
+    t_last_error = cudaSuccess;
+    return err;
 }
 
 SIM_EXPORT const char* cudaGetErrorString(cudaError_t error) {
