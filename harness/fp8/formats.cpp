@@ -1,7 +1,9 @@
 #include "fp8/formats.h"
 
 #include <bit>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace allocscope::harness::fp8 {
@@ -24,22 +26,6 @@ constexpr MiniFloat kE2m1{2, 1, 1, kE2m1Max};
 
 std::uint8_t sign_bit(const MiniFloat& f) {
     return static_cast<std::uint8_t>(1u << (f.exponent_bits + f.mantissa_bits));
-}
-
-// Rounds |value| (finite) to the format's grid, ties to even. The quantum is a
-// power of two, so |value| / quantum is exact in double and nearbyint (default
-// rounding mode) does the tie-to-even step. May return a value above
-// max_finite; the caller decides what overflow means.
-double round_to_grid(double magnitude, const MiniFloat& f) {
-    const int min_exponent = 1 - f.bias;
-    int exponent = min_exponent;
-    if (magnitude >= std::ldexp(1.0, min_exponent)) {
-        int frexp_exponent = 0;
-        std::frexp(magnitude, &frexp_exponent);
-        exponent = frexp_exponent - 1;
-    }
-    const double quantum = std::ldexp(1.0, exponent - f.mantissa_bits);
-    return std::nearbyint(magnitude / quantum) * quantum;
 }
 
 // Bits of a value already on the grid and within range (sign excluded).
@@ -68,21 +54,45 @@ double decode_finite(std::uint8_t magnitude_bits, const MiniFloat& f) {
                       static_cast<int>(exponent_field) - f.bias - f.mantissa_bits);
 }
 
+// The code of |value| rounded to nearest, ties to even, as an unbounded
+// integer: codes above the largest finite one mean overflow. Integer
+// arithmetic on the float's bits for the target's normal range (adding half
+// an ulp minus one, plus the kept LSB, then truncating is round-to-nearest-
+// even, and a carry into the exponent is the right result); an exact power-
+// of-two scaling and nearbyint for its subnormal range.
+std::uint32_t nearest_code(float magnitude, const MiniFloat& f) {
+    const int min_exponent = 1 - f.bias;
+    if (magnitude < std::ldexp(1.0f, min_exponent)) {
+        return static_cast<std::uint32_t>(
+            std::nearbyint(std::ldexp(magnitude, f.mantissa_bits - min_exponent)));
+    }
+    const auto bits = std::bit_cast<std::uint32_t>(magnitude);
+    if (bits >= 0x7F800000u) return UINT32_MAX;  // infinity (NaN is handled earlier)
+    const int shift = 23 - f.mantissa_bits;
+    const std::uint32_t rounded =
+        (bits + ((1u << (shift - 1)) - 1u) + ((bits >> shift) & 1u)) >> shift;
+    return rounded - (static_cast<std::uint32_t>(127 - f.bias) << f.mantissa_bits);
+}
+
+std::uint8_t largest_finite_code(const MiniFloat& f) {
+    static const std::uint8_t e2m1 = encode_on_grid(kE2m1.max_finite, kE2m1);
+    static const std::uint8_t e4m3 = encode_on_grid(kE4m3.max_finite, kE4m3);
+    static const std::uint8_t e5m2 = encode_on_grid(kE5m2.max_finite, kE5m2);
+    return f.exponent_bits == 2 ? e2m1 : f.exponent_bits == 4 ? e4m3 : e5m2;
+}
+
 // Shared float → minifloat path. `overflow_bits` is what an out-of-range
 // magnitude becomes when not saturating (E4M3: NaN, E5M2: infinity).
 std::uint8_t encode(float value, const MiniFloat& f, Overflow overflow, std::uint8_t nan_bits,
                     std::uint8_t overflow_bits) {
     if (std::isnan(value)) return nan_bits;
     const std::uint8_t sign = std::signbit(value) ? sign_bit(f) : 0;
-    const std::uint8_t max_bits = encode_on_grid(f.max_finite, f);
-    if (std::isinf(value)) {
-        return sign | (overflow == Overflow::saturate ? max_bits : overflow_bits);
+    const std::uint8_t max_code = largest_finite_code(f);
+    const std::uint32_t code = nearest_code(std::fabs(value), f);
+    if (code > max_code) {
+        return sign | (overflow == Overflow::saturate ? max_code : overflow_bits);
     }
-    const double rounded = round_to_grid(std::fabs(static_cast<double>(value)), f);
-    if (rounded > f.max_finite) {
-        return sign | (overflow == Overflow::saturate ? max_bits : overflow_bits);
-    }
-    return sign | encode_on_grid(rounded, f);
+    return static_cast<std::uint8_t>(sign | code);
 }
 
 float signed_value(std::uint8_t bits, const MiniFloat& f, double magnitude) {
