@@ -79,6 +79,23 @@ struct alignas(64) LiveTable::Shard {
     }
 };
 
+LiveRecord LiveRecord::from(const Event& e) noexcept {
+    LiveRecord r;
+    r.address = e.address;
+    r.size = e.size;
+    r.seq = e.seq;
+    r.step = e.step;
+    r.stream = e.stream;
+    r.stack = e.stack;
+    r.layer = e.layer;
+    r.phase = e.phase;
+    r.tid = e.tid;
+    r.device = e.device;
+    r.memory = e.memory;
+    r.api = e.api;
+    return r;
+}
+
 LiveTable::LiveTable() : shards_(new Shard[size_t{1} << kShardBits]) {}
 LiveTable::~LiveTable() = default;
 
@@ -153,11 +170,21 @@ uint64_t LiveTable::sum(Field field) const noexcept {
     return total;
 }
 
-uint64_t LiveTable::live_bytes() const noexcept { return sum(&Shard::live_bytes); }
-uint64_t LiveTable::live_count() const noexcept { return sum(&Shard::live_count); }
-uint64_t LiveTable::unknown_frees() const noexcept { return sum(&Shard::unknown); }
-uint64_t LiveTable::double_frees() const noexcept { return sum(&Shard::doubles); }
-uint64_t LiveTable::replaced() const noexcept { return sum(&Shard::replaced); }
+uint64_t LiveTable::live_bytes() const noexcept {
+    return sum(&Shard::live_bytes);
+}
+uint64_t LiveTable::live_count() const noexcept {
+    return sum(&Shard::live_count);
+}
+uint64_t LiveTable::unknown_frees() const noexcept {
+    return sum(&Shard::unknown);
+}
+uint64_t LiveTable::double_frees() const noexcept {
+    return sum(&Shard::doubles);
+}
+uint64_t LiveTable::replaced() const noexcept {
+    return sum(&Shard::replaced);
+}
 
 std::vector<LiveRecord> LiveTable::snapshot() const {
     std::vector<LiveRecord> out;

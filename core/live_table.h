@@ -36,6 +36,9 @@ struct LiveRecord {
     int32_t device = -1;
     MemoryKind memory = MemoryKind::none;
     Api api = Api::none;
+
+    // The record an alloc event leaves in the table.
+    static LiveRecord from(const Event& alloc) noexcept;
 };
 
 enum class FreeOutcome {

@@ -31,19 +31,7 @@ FreeOutcome Replay::apply(const Event& e) {
     switch (e.kind) {
         case EventKind::alloc: {
             Pool pool = pool_of(e.level, e.memory);
-            LiveRecord rec;
-            rec.address = e.address;
-            rec.size = e.size;
-            rec.seq = e.seq;
-            rec.step = e.step;
-            rec.stream = e.stream;
-            rec.stack = e.stack;
-            rec.layer = e.layer;
-            rec.phase = e.phase;
-            rec.tid = e.tid;
-            rec.device = e.device;
-            rec.memory = e.memory;
-            rec.api = e.api;
+            const LiveRecord rec = LiveRecord::from(e);
             LiveTable& table = tables_[int(pool)];
             PoolTotals& t = totals_[int(pool)];
             LiveRecord old;

@@ -524,14 +524,8 @@ uint32_t capture_stack_id() noexcept {
     }
 }
 
-// Reserves a slot and fills the fields every event shares.
-EventRing::Slot* begin_event(EventKind kind) noexcept {
-    EventRing::Slot* slot = g->ring.reserve(kRingPatienceNs);
-    if (!slot) {
-        g->events_dropped.fetch_add(1, std::memory_order_relaxed);
-        return nullptr;
-    }
-    Event& e = slot->event;  // every field is written: slots are reused
+// The fields every event shares; `seq` is the ring's.
+void fill_common(Event& e, EventKind kind) noexcept {
     e.kind = kind;
     e.level = Level::none;
     e.memory = MemoryKind::none;
@@ -550,6 +544,16 @@ EventRing::Slot* begin_event(EventKind kind) noexcept {
     TagEntry tag = current_tag();
     e.layer = tag.layer;
     e.phase = tag.phase;
+}
+
+// Reserves a slot (every field is written: slots are reused).
+EventRing::Slot* begin_event(EventKind kind) noexcept {
+    EventRing::Slot* slot = g->ring.reserve(kRingPatienceNs);
+    if (!slot) {
+        g->events_dropped.fetch_add(1, std::memory_order_relaxed);
+        return nullptr;
+    }
+    fill_common(slot->event, kind);
     return slot;
 }
 
@@ -595,41 +599,30 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
     if (!ensure_started()) return;
     const bool ok = result == 0 && address != nullptr;
     const uint32_t stack = ok ? capture_stack_id() : 0;
-    EventRing::Slot* slot = begin_event(ok ? EventKind::alloc : EventKind::oom);
-    Event* e = slot ? &slot->event : nullptr;
+    const EventKind kind = ok ? EventKind::alloc : EventKind::oom;
+    EventRing::Slot* slot = begin_event(kind);
+    // A dropped event still leaves its allocation in the in-process table.
+    Event dropped;
+    if (!slot) fill_common(dropped, kind);
+    Event& e = slot ? slot->event : dropped;
+    e.address = ok ? reinterpret_cast<uint64_t>(address) : 0;
+    e.size = info.size;
+    e.stream = info.stream;
+    e.stack = stack;
+    e.device = info.device;
+    e.result = result;
+    e.level = info.level;
+    e.memory = info.memory;
+    e.api = info.api;
     if (ok) {
-        LiveRecord rec;
-        rec.address = reinterpret_cast<uint64_t>(address);
-        rec.size = info.size;
-        rec.seq = e ? e->seq : 0;
-        rec.step = g->step.load(std::memory_order_relaxed);
-        rec.stream = info.stream;
-        rec.stack = stack;
-        TagEntry tag = current_tag();
-        rec.layer = tag.layer;
-        rec.phase = tag.phase;
-        rec.tid = thread_id();
-        rec.device = info.device;
-        rec.memory = info.memory;
-        rec.api = info.api;
         try {
-            table_for(info.level).insert(rec);
+            table_for(info.level).insert(LiveRecord::from(e));
         } catch (...) {
             // Out of host memory while growing the table: the event is still
             // recorded; only the in-process view misses this allocation.
         }
     }
-    if (!e) return;
-    e->address = ok ? reinterpret_cast<uint64_t>(address) : 0;
-    e->size = info.size;
-    e->stream = info.stream;
-    e->stack = stack;
-    e->device = info.device;
-    e->result = result;
-    e->level = info.level;
-    e->memory = info.memory;
-    e->api = info.api;
-    EventRing::publish(slot);
+    if (slot) EventRing::publish(slot);
 }
 
 void begin_free(PendingFree& pending, Api api, Level level, void* address,
