@@ -1,0 +1,172 @@
+// allocscope-harness end to end: two rank processes under `allocscope run`
+// (LD_PRELOAD), their traces read back. Environment (tests/meson.build):
+//   E2E_CLI  build/tools/allocscope     HARNESS  build/harness/allocscope-harness
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "trace_reader.h"
+
+namespace fs = std::filesystem;
+using namespace allocscope;
+
+namespace {
+
+std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
+    return v;
+}
+
+struct Scratch {
+    fs::path dir;
+    Scratch() {
+        char tmpl[] = "/tmp/allocscope-harness-XXXXXX";
+        dir = mkdtemp(tmpl);
+    }
+    ~Scratch() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+};
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+int sh(const std::string& command, std::string* out = nullptr, std::string* err = nullptr) {
+    Scratch s;
+    int raw = std::system(
+        (command + " >" + (s.dir / "o").string() + " 2>" + (s.dir / "e").string()).c_str());
+    if (out) *out = slurp(s.dir / "o");
+    if (err) *err = slurp(s.dir / "e");
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+// (size, layer, phase) of every block allocation, in order.
+using BlockSequence = std::vector<std::tuple<uint64_t, std::string, std::string>>;
+
+BlockSequence blocks(const Trace& t) {
+    BlockSequence seq;
+    for (const Event& e : t.events) {
+        if (e.kind == EventKind::alloc && e.level == Level::block) {
+            seq.emplace_back(e.size, t.str(e.layer), t.str(e.phase));
+        }
+    }
+    return seq;
+}
+
+struct HarnessRun {
+    Scratch scratch;
+    int status = -1;
+    std::string out;
+    std::vector<Trace> traces;  // by rank
+
+    explicit HarnessRun(const std::string& args) {
+        fs::path dir = scratch.dir / "out";
+        status =
+            sh(env("E2E_CLI") + " run --out " + dir.string() + " -- " + env("HARNESS") + " " + args,
+               &out);
+        for (int r = 0; r < 2; ++r) {
+            fs::path p = dir / ("rank" + std::to_string(r) + ".trace");
+            if (fs::exists(p)) traces.push_back(load_trace(p.string()));
+        }
+    }
+};
+
+const HarnessRun& delayed_seed() {
+    static HarnessRun run("--ranks 2 --steps 2 --warmup 1 --recipe delayed --te seed");
+    return run;
+}
+
+}  // namespace
+
+TEST_CASE("two ranks each write a complete trace and rank 0 prints one line per step") {
+    const HarnessRun& r = delayed_seed();
+    CHECK(r.status == 0);
+    REQUIRE(r.traces.size() == 2);
+    for (int rank = 0; rank < 2; ++rank) {
+        const Trace& t = r.traces[size_t(rank)];
+        CHECK(t.header.rank == rank);
+        CHECK(t.header.world_size == 2);
+        CHECK(t.footer.has_value());
+        CHECK(t.footer->events_dropped == 0);
+    }
+    CHECK(r.out.find("step 0 loss ") != std::string::npos);
+    CHECK(r.out.find("step 1 loss ") != std::string::npos);
+    CHECK(r.out.find("forward increment per layer") != std::string::npos);
+}
+
+TEST_CASE("every parameter is registered once with its full and sharded size") {
+    const Trace& t = delayed_seed().traces.at(0);
+    REQUIRE(t.params.size() == 96);
+    std::set<std::string> names;
+    for (const ParamRecord& p : t.params) {
+        names.insert(t.str(p.layer) + "." + t.str(p.name));
+        CHECK(t.str(p.dtype) == "bf16");
+        CHECK(p.sharded_numel * 2 == p.numel);
+    }
+    CHECK(names.size() == 96);
+    const ParamRecord* qkv = nullptr;
+    for (const ParamRecord& p : t.params) {
+        if (t.str(p.layer) == "layers.3.attn.qkv" && t.str(p.name) == "weight") qkv = &p;
+    }
+    REQUIRE(qkv != nullptr);
+    CHECK(qkv->numel == 768 * 256);
+}
+
+TEST_CASE("block allocations carry the documented layers and phases") {
+    const Trace& t = delayed_seed().traces.at(0);
+    std::set<std::string> phases;
+    std::map<std::string, uint64_t> quantize_bytes;  // layers.3.* forward/quantize
+    for (const auto& [size, layer, phase] : blocks(t)) {
+        phases.insert(phase);
+        if (phase == "forward/quantize" && layer.rfind("layers.3.", 0) == 0) {
+            quantize_bytes[layer] += size;
+        }
+    }
+    for (const char* p : {"init", "forward", "forward/all_gather", "forward/quantize", "backward",
+                          "backward/all_gather", "backward/dgrad", "backward/wgrad",
+                          "backward/reduce_scatter", "optimizer"}) {
+        CAPTURE(p);
+        CHECK(phases.count(p) == 1);
+    }
+    // Delayed scaling on sm90: data + transpose + scale_inv per weight, both
+    // steps; layer 3's four copies total the TE doc's 1.502 MiB per step.
+    uint64_t total = 0;
+    for (const auto& [layer, bytes] : quantize_bytes)
+        total += bytes;
+    CHECK(quantize_bytes.size() == 4);
+    CHECK(total == 2 * 1574912);
+}
+
+TEST_CASE("the ranks allocate the same block sequence, and so does a second run") {
+    const HarnessRun& a = delayed_seed();
+    REQUIRE(a.traces.size() == 2);
+    CHECK(blocks(a.traces[0]) == blocks(a.traces[1]));
+    HarnessRun b("--ranks 2 --steps 2 --warmup 1 --recipe delayed --te seed");
+    REQUIRE(b.traces.size() == 2);
+    CHECK(blocks(a.traces[0]) == blocks(b.traces[0]));
+}
+
+TEST_CASE("an invalid option is one message and exit status 2") {
+    std::string err;
+    CHECK(sh(env("HARNESS") + " --recipe nvfp4 --quantized-init", nullptr, &err) == 2);
+    CHECK(err ==
+          "allocscope-harness: --recipe nvfp4 cannot be combined with --quantized-init (TE does "
+          "not support quantized NVFP4 parameters)\n");
+    CHECK(sh(env("HARNESS") + " --backend cuda", nullptr, &err) == 2);
+    CHECK(err.find("--backend cuda") != std::string::npos);
+}
