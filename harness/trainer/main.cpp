@@ -40,7 +40,8 @@ int run_rank(const trainer::Options& options, const collective::RankInfo& rank,
         trainer::StepResult r = trainer.step(step);
         const auto& layers = r.memory.after_layer_forward;
         if (step >= options.warmup && layers.size() > 1) {
-            increments += double(layers.back() - layers.front()) / double(layers.size() - 1);
+            increments +=
+                (double(layers.back()) - double(layers.front())) / double(layers.size() - 1);
             deltas += double(r.memory.after_backward) - double(r.memory.after_forward);
             ++measured;
         }

@@ -196,6 +196,12 @@ struct Trainer::State {
                     for (const fp8::BufferSpec& b : p.shard_layout)
                         p.shard.push_back(block(b.bytes));
                     requantize_shard(p);
+                    if (options.recipe == fp8::Recipe::delayed) {
+                        // TE computes the initial scale of quantized parameters
+                        // from their own amax, not the history's default of 1.
+                        p.history.update(fp8::fp8_max(fp8::Fp8Dtype::e4m3));
+                        requantize_shard(p);
+                    }
                     dtype = to_string(options.recipe);
                 } else {
                     p.shard.push_back(block(shard * sizeof(Bf16)));

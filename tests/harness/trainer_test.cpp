@@ -56,7 +56,7 @@ Options reference(fp8::Recipe recipe, TeBehaviour te = TeBehaviour::seed, int st
 // Mean of the per-layer forward increments of the last step.
 double mean_increment(const Run& r) {
     const auto& a = r.steps.back().memory.after_layer_forward;
-    return double(a.back() - a.front()) / double(a.size() - 1);
+    return (double(a.back()) - double(a.front())) / double(a.size() - 1);
 }
 
 constexpr double kMiB = 1024.0 * 1024.0;
