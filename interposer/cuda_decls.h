@@ -39,6 +39,8 @@ const char* cudaGetErrorString(cudaError_t error);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamCreate(cudaStream_t* pStream);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
 }
 #endif
 

@@ -202,6 +202,19 @@ SIM_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t) {
     return cudaSuccess;
 }
 
+// Streams are distinct opaque handles; work on them completes immediately.
+SIM_EXPORT cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+    if (!stream) return remember(cudaErrorInvalidValue);
+    *stream = reinterpret_cast<cudaStream_t>(new char);
+    return cudaSuccess;
+}
+
+SIM_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (!stream) return remember(cudaErrorInvalidValue);
+    delete reinterpret_cast<char*>(stream);
+    return cudaSuccess;
+}
+
 SIM_EXPORT cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
     static int default_pool;  // an opaque, stable handle
     if (!pool || device < 0 || device >= runtime().devices) return cudaErrorInvalidValue;

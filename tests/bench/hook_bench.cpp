@@ -2,9 +2,11 @@
 // caller. Run it plain and under LD_PRELOAD=liballocscope.so; the difference
 // is what allocscope adds (tools/bench-hooks does that and prints a table).
 //
-// usage: hook_bench [--pairs N] [--threads T] [--depth D] [--size BYTES]
+// usage: hook_bench [--pairs N] [--threads T] [--depth D] [--size BYTES] [--streams S]
 //   --depth D   make the calls from D nested frames, like a framework would
 //               (stack capture cost grows with the frames walked)
+//   --streams legacy|per-thread   all threads on the legacy default stream
+//               (default), or each on a stream of its own
 // Prints: "ns_per_pair <median over threads' runs>".
 #include <algorithm>
 #include <chrono>
@@ -23,6 +25,7 @@ long g_pairs = 200000;
 int g_threads = 1;
 int g_depth = 20;
 size_t g_size = 4096;
+bool g_stream_per_thread = false;
 
 __attribute__((noinline)) double run_loop(cudaStream_t stream) {
     std::vector<void*> ptrs(64, nullptr);
@@ -57,6 +60,8 @@ int main(int argc, char** argv) {
             g_depth = std::atoi(argv[i + 1]);
         else if (a == "--size")
             g_size = std::strtoull(argv[i + 1], nullptr, 10);
+        else if (a == "--streams")
+            g_stream_per_thread = std::string(argv[i + 1]) == "per-thread";
         else {
             std::fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -76,8 +81,12 @@ int main(int argc, char** argv) {
     std::vector<double> per_thread(static_cast<size_t>(g_threads));
     std::vector<std::thread> threads;
     for (int t = 0; t < g_threads; ++t) {
-        threads.emplace_back(
-            [t, &per_thread] { per_thread[static_cast<size_t>(t)] = nest(g_depth, nullptr); });
+        threads.emplace_back([t, &per_thread] {
+            cudaStream_t stream = nullptr;
+            if (g_stream_per_thread && cudaStreamCreate(&stream) != cudaSuccess) std::abort();
+            per_thread[static_cast<size_t>(t)] = nest(g_depth, stream);
+            if (stream) cudaStreamDestroy(stream);
+        });
     }
     for (auto& th : threads)
         th.join();
