@@ -105,21 +105,6 @@ float fp8_max(Fp8Dtype dtype) {
     return dtype == Fp8Dtype::e4m3 ? kE4m3Max : kE5m2Max;
 }
 
-std::uint16_t bf16_from_float(float value) {
-    const auto bits = std::bit_cast<std::uint32_t>(value);
-    if (std::isnan(value)) {
-        // Keep the sign, force a quiet NaN: truncating could drop every
-        // mantissa bit of a signalling NaN and produce infinity.
-        return static_cast<std::uint16_t>((bits >> 16) | 0x0040u);
-    }
-    const std::uint32_t tie_to_even = 0x7FFFu + ((bits >> 16) & 1u);
-    return static_cast<std::uint16_t>((bits + tie_to_even) >> 16);
-}
-
-float float_from_bf16(std::uint16_t bits) {
-    return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
-}
-
 std::uint8_t e4m3_from_float(float value, Overflow overflow) {
     const std::uint8_t sign = std::signbit(value) ? 0x80 : 0x00;
     return encode(value, kE4m3, overflow, static_cast<std::uint8_t>(sign | 0x7F),

@@ -1,7 +1,7 @@
 // Bit-exact conversions between float and the narrow number formats that
-// TransformerEngine's recipes store: bf16, FP8 E4M3 / E5M2, the E8M0 scale of
-// MXFP8 and FP4 E2M1 of NVFP4. All conversions from float round to nearest,
-// ties to even, except E8M0 which rounds up as TE's MXFP8 kernels do.
+// TransformerEngine's recipes store: FP8 E4M3 / E5M2, the E8M0 scale of
+// MXFP8 and FP4 E2M1 of NVFP4 (bf16 lives in model/bf16.h). All conversions from float round to
+// nearest, ties to even, except E8M0 which rounds up as TE's MXFP8 kernels do.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,6 @@ inline constexpr float kE5m2Max = 57344.0f;
 inline constexpr float kE2m1Max = 6.0f;
 
 float fp8_max(Fp8Dtype dtype);
-
-std::uint16_t bf16_from_float(float value);
-float float_from_bf16(std::uint16_t bits);
 
 // E4M3 "fn": bias 7, no infinities, NaN = S.1111.111 (0x7F / 0xFF).
 std::uint8_t e4m3_from_float(float value, Overflow overflow = Overflow::saturate);

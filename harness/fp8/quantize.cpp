@@ -1,5 +1,7 @@
 #include "fp8/quantize.h"
 
+#include "model/bf16.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -244,7 +246,7 @@ QuantizedTensor quantize_with(std::span<const float> values, Shape shape, const 
     if (spec.recipe == Recipe::bf16) {
         auto& data = t.buffers.front().bytes;
         for (std::size_t i = 0; i < values.size(); ++i) {
-            const std::uint16_t bits = bf16_from_float(values[i]);
+            const std::uint16_t bits = model::to_bf16(values[i]).bits;
             data[2 * i] = static_cast<std::uint8_t>(bits & 0xFF);
             data[2 * i + 1] = static_cast<std::uint8_t>(bits >> 8);
         }
@@ -297,7 +299,7 @@ std::vector<float> dequantize(const QuantizedTensor& t, Usage usage) {
             for (std::size_t k = 0; k < s.cols; ++k) {
                 const std::size_t i = m * s.cols + k;
                 const auto bits = static_cast<std::uint16_t>(data[2 * i] | (data[2 * i + 1] << 8));
-                out[out_index(m, k)] = float_from_bf16(bits);
+                out[out_index(m, k)] = model::to_float(model::Bf16{bits});
             }
         }
         return out;

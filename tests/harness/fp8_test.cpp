@@ -14,8 +14,19 @@
 #include "fp8/formats.h"
 #include "fp8/layout.h"
 #include "fp8/quantize.h"
+#include "model/bf16.h"
 
 using namespace allocscope::harness::fp8;
+
+namespace {
+// The bf16 recipe stores model::Bf16 bit patterns.
+std::uint16_t bits_of_bf16(float v) {
+    return allocscope::harness::model::to_bf16(v).bits;
+}
+float float_of_bf16(std::uint16_t bits) {
+    return allocscope::harness::model::to_float(allocscope::harness::model::Bf16{bits});
+}
+}  // namespace
 
 namespace {
 
@@ -209,18 +220,18 @@ TEST_CASE("every finite FP8 code round-trips, and midpoints round to the even ne
 }
 
 TEST_CASE("bf16 rounds to nearest even and keeps NaN a NaN") {
-    CHECK(bf16_from_float(1.0f) == 0x3F80);
-    CHECK(bf16_from_float(1.0f + 0x1p-8f) == 0x3F80);      // tie, even stays
-    CHECK(bf16_from_float(1.0f + 3 * 0x1p-8f) == 0x3F82);  // tie, odd rounds up
-    CHECK(bf16_from_float(1.0f + 0x1p-8f + 0x1p-20f) == 0x3F81);
-    CHECK(bf16_from_float(-2.0f) == 0xC000);
-    CHECK(bf16_from_float(std::numeric_limits<float>::max()) == 0x7F80);  // rounds to inf
-    CHECK(std::isnan(float_from_bf16(bf16_from_float(kNaN))));
-    CHECK(std::isnan(float_from_bf16(bf16_from_float(std::bit_cast<float>(0x7F800001u)))));
-    CHECK(float_from_bf16(0x3F80) == 1.0f);
+    CHECK(bits_of_bf16(1.0f) == 0x3F80);
+    CHECK(bits_of_bf16(1.0f + 0x1p-8f) == 0x3F80);      // tie, even stays
+    CHECK(bits_of_bf16(1.0f + 3 * 0x1p-8f) == 0x3F82);  // tie, odd rounds up
+    CHECK(bits_of_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3F81);
+    CHECK(bits_of_bf16(-2.0f) == 0xC000);
+    CHECK(bits_of_bf16(std::numeric_limits<float>::max()) == 0x7F80);  // rounds to inf
+    CHECK(std::isnan(float_of_bf16(bits_of_bf16(kNaN))));
+    CHECK(std::isnan(float_of_bf16(bits_of_bf16(std::bit_cast<float>(0x7F800001u)))));
+    CHECK(float_of_bf16(0x3F80) == 1.0f);
     std::size_t failures = 0;
     for (float x : normal_values(10000, 100.0f, 1)) {
-        if (std::fabs(float_from_bf16(bf16_from_float(x)) - x) > std::fabs(x) * 0x1p-8f) ++failures;
+        if (std::fabs(float_of_bf16(bits_of_bf16(x)) - x) > std::fabs(x) * 0x1p-8f) ++failures;
     }
     CHECK(failures == 0);
 }
