@@ -10,6 +10,7 @@
 //   exec         re-exec itself in `script` mode (RANK removed)
 //   exit N       allocate once, then exit with status N
 //   churn N      N alloc/free pairs (for quick load checks)
+//   deep-tags    a pop without push, then 70 nested tags around one allocation
 //
 // It checks every return code it gets against what the runtime must return
 // and exits 1 on a mismatch, so a changed result is caught with or without
@@ -245,6 +246,18 @@ int main(int argc, char** argv) {
     if (mode == "exit" && argc > 2) {
         checked_malloc(100);
         return std::atoi(argv[2]);
+    }
+    if (mode == "deep-tags") {
+        allocscope_dl_pop();  // nothing to pop: ignored
+        for (int depth = 1; depth <= 70; ++depth) {
+            allocscope_dl_push(("level." + std::to_string(depth)).c_str(), "forward");
+        }
+        checked_free(checked_malloc(7070));
+        for (int depth = 70; depth >= 1; --depth)
+            allocscope_dl_pop();
+        checked_free(checked_malloc(7171));  // untagged again
+        std::printf("deep-tags done\n");
+        return g_failures == 0 ? 0 : 1;
     }
     if (mode == "churn" && argc > 2) {
         long n = std::atol(argv[2]);

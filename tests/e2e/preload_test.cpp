@@ -420,6 +420,35 @@ TEST_CASE("the program's output and status are the same with and without allocsc
     CHECK(exit7.status == 7);
 }
 
+TEST_CASE("tags deeper than 64 are flagged and matched, and a stray pop is ignored") {
+    Scratch s;
+    fs::path out = s / "out";
+    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " deep-tags");
+    CHECK(r.status == 0);
+    auto files = traces_in(out);
+    REQUIRE(files.size() == 1);
+    Trace t = load_trace(files[0].string());
+    int pushes = 0, pops = 0, flagged_pushes = 0, flagged_pops = 0;
+    for (const Event& e : t.events) {
+        if (e.kind == EventKind::tag_push) {
+            ++pushes;
+            flagged_pushes += (e.flags & kFlagTagOverflow) != 0;
+        }
+        if (e.kind == EventKind::tag_pop) {
+            ++pops;
+            flagged_pops += (e.flags & kFlagTagOverflow) != 0;
+        }
+        if (e.kind == EventKind::alloc && e.size == 7070) {
+            CHECK(t.str(e.layer) == "level.64");  // the deepest tag that fits
+        }
+        if (e.kind == EventKind::alloc && e.size == 7171) CHECK(e.layer == 0);
+    }
+    CHECK(pushes == 70);
+    CHECK(pops == 70);  // the stray pop left no event
+    CHECK(flagged_pushes == 6);
+    CHECK(flagged_pops == 6);
+}
+
 TEST_CASE("ALLOCSCOPE_STACK_DEPTH=0 turns stack capture off") {
     ScriptRun r("ALLOCSCOPE_STACK_DEPTH=0");
     CHECK(r.trace.header.stack_depth == 0);
