@@ -21,8 +21,8 @@ constexpr const char* kReportHelp = R"(usage: allocscope report PATH... [--rank 
 
 Summarizes traces. PATH is a trace file or an output directory (all *.trace
 files in it). For each trace: events by kind and level, peak live bytes and
-when it was reached, live bytes at exit grouped by (layer, phase), and the top
-allocation sites by stack. A trace cut short (a killed process) is reported
+when it was reached, who held memory at the peak and at exit grouped by
+(layer, phase), and the top allocation sites by stack. A trace cut short (a killed process) is reported
 up to where it ends, with a warning.
 
 options:
@@ -77,6 +77,50 @@ std::string frame_name(const Trace& t, uint64_t pc) {
     }
     std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(pc - best->base));
     return fs::path(best->path).filename().string() + buf;
+}
+
+struct TagBytes {
+    uint64_t bytes = 0;
+    uint64_t count = 0;
+};
+using TagKey = std::tuple<std::string, std::string, int>;  // layer, phase, pool
+
+void add_by_tag(const Trace& t, const LiveRecord& r, int pool, std::map<TagKey, TagBytes>& out) {
+    TagBytes& v = out[{r.layer ? t.str(r.layer) : "(untagged)", t.str(r.phase), pool}];
+    v.bytes += r.size;
+    ++v.count;
+}
+
+// Largest first; at most `limit` rows, then a count of the rest.
+void print_by_tag(const std::map<TagKey, TagBytes>& by_tag, size_t limit) {
+    if (by_tag.empty()) return;
+    std::printf("  by (layer, phase):\n    %-28s %-24s %-12s %10s %8s\n", "layer", "phase", "pool",
+                "bytes", "count");
+    std::vector<std::pair<TagKey, TagBytes>> rows(by_tag.begin(), by_tag.end());
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+    for (size_t i = 0; i < rows.size() && i < limit; ++i) {
+        const auto& [key, v] = rows[i];
+        std::printf("    %-28s %-24s %-12s %10s %8llu\n", std::get<0>(key).c_str(),
+                    std::get<1>(key).empty() ? "-" : std::get<1>(key).c_str(),
+                    to_string(Pool(std::get<2>(key))), format_bytes(v.bytes).c_str(),
+                    static_cast<unsigned long long>(v.count));
+    }
+    if (rows.size() > limit) std::printf("    ... %zu more\n", rows.size() - limit);
+}
+
+// What was live in `pool` right after event `seq` (the one that reached the
+// peak): a second replay that stops there.
+std::map<TagKey, TagBytes> live_by_tag_at(const Trace& t, Pool pool, uint64_t seq) {
+    Replay replay;
+    for (const Event& e : t.events) {
+        replay.apply(e);
+        if (e.seq == seq) break;
+    }
+    std::map<TagKey, TagBytes> by_tag;
+    for (const LiveRecord& r : replay.table(pool).snapshot())
+        add_by_tag(t, r, int(pool), by_tag);
+    return by_tag;
 }
 
 struct Site {
@@ -151,9 +195,20 @@ void report_one(const Trace& t, size_t top) {
                     tag_name(t, e.layer, e.phase).c_str());
     }
 
+    // Caching allocators report blocks: their peak says who holds tensors.
+    // Without blocks, the segments are all there is.
+    const Pool owner_pool = replay.totals(Pool::device_block).allocations > 0
+                                ? Pool::device_block
+                                : Pool::device_segment;
+    const PoolTotals& owner_totals = replay.totals(owner_pool);
+    if (owner_totals.allocations > 0) {
+        std::printf("\nlive at the %s peak (%s):\n", to_string(owner_pool),
+                    format_bytes(owner_totals.peak_bytes).c_str());
+        print_by_tag(live_by_tag_at(t, owner_pool, owner_totals.peak_event.seq), 12);
+    }
+
     std::printf("\nlive at exit:\n");
-    using Key = std::tuple<std::string, std::string, int>;
-    std::map<Key, std::pair<uint64_t, uint64_t>> by_tag;
+    std::map<TagKey, TagBytes> by_tag;
     for (int p = 0; p < kPoolCount; ++p) {
         const PoolTotals& pt = replay.totals(static_cast<Pool>(p));
         if (pt.allocations == 0) continue;
@@ -161,29 +216,13 @@ void report_one(const Trace& t, size_t top) {
                     format_bytes(pt.live_bytes).c_str(),
                     static_cast<unsigned long long>(pt.live_count));
         for (const LiveRecord& r : replay.table(static_cast<Pool>(p)).snapshot()) {
-            auto& v = by_tag[{r.layer ? t.str(r.layer) : "(untagged)", t.str(r.phase), p}];
-            v.first += r.size;
-            ++v.second;
+            add_by_tag(t, r, p, by_tag);
             Site& s = sites[r.stack];
             s.live_bytes += r.size;
             ++s.live_count;
         }
     }
-    if (!by_tag.empty()) {
-        std::printf("  by (layer, phase):\n    %-28s %-16s %-12s %10s %8s\n", "layer", "phase",
-                    "pool", "bytes", "count");
-        std::vector<std::pair<Key, std::pair<uint64_t, uint64_t>>> rows(by_tag.begin(),
-                                                                        by_tag.end());
-        std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-            return a.second.first > b.second.first;
-        });
-        for (const auto& [key, v] : rows) {
-            std::printf("    %-28s %-16s %-12s %10s %8llu\n", std::get<0>(key).c_str(),
-                        std::get<1>(key).empty() ? "-" : std::get<1>(key).c_str(),
-                        to_string(Pool(std::get<2>(key))), format_bytes(v.first).c_str(),
-                        static_cast<unsigned long long>(v.second));
-        }
-    }
+    print_by_tag(by_tag, 24);
 
     std::vector<std::pair<uint32_t, Site>> ranked(sites.begin(), sites.end());
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
