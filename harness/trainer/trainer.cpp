@@ -395,6 +395,10 @@ struct Trainer::State {
         if (options.recipe == fp8::Recipe::delayed) {
             return fp8::quantize(values, shape, spec, p.history);
         }
+        // Current scaling computes the amax and scale into a two-float
+        // workspace that TE allocates per quantize call and frees after it.
+        Block workspace;
+        if (options.recipe == fp8::Recipe::current) workspace = block(2 * sizeof(float));
         return fp8::quantize(values, shape, spec);
     }
 
