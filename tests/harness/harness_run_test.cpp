@@ -161,6 +161,31 @@ TEST_CASE("the ranks allocate the same block sequence, and so does a second run"
     CHECK(blocks(a.traces[0]) == blocks(b.traces[0]));
 }
 
+TEST_CASE("quantized init: the transposes built in backward have the --retain preset's size") {
+    // Per layer and step: qkv, proj, fc1 and fc2 transposed, 786,432 B in
+    // all (full) or half of it on each of two ranks (sharded).
+    for (auto [preset, expected] :
+         {std::pair<const char*, uint64_t>{"full", 786432}, {"sharded", 393216}}) {
+        CAPTURE(preset);
+        HarnessRun r(std::string("--ranks 2 --steps 2 --warmup 1 --layers 2 --recipe delayed "
+                                 "--quantized-init --retain ") +
+                     preset);
+        CHECK(r.status == 0);
+        REQUIRE(r.traces.size() == 2);
+        uint64_t bytes = 0;
+        for (const auto& [size, layer, phase] : blocks(r.traces[1])) {
+            if (phase == "backward/transpose" && layer.rfind("layers.1.", 0) == 0) bytes += size;
+        }
+        CHECK(bytes == 2 * expected);
+    }
+}
+
+TEST_CASE("four ranks train together") {
+    HarnessRun r("--ranks 4 --steps 2 --warmup 1 --layers 2 --recipe mxfp8");
+    CHECK(r.status == 0);
+    CHECK(r.out.find("step 1 loss ") != std::string::npos);
+}
+
 TEST_CASE("an invalid option is one message and exit status 2") {
     std::string err;
     CHECK(sh(env("HARNESS") + " --recipe nvfp4 --quantized-init", nullptr, &err) == 2);
