@@ -92,7 +92,7 @@ std::string usage() {
            "\n"
            "  --backend " +
            choice_list(kBackends) +
-           "   (default auto: cuda when a GPU is present)\n"
+           "   (default auto; until the cuda backend is built, auto is sim)\n"
            "  --ranks N                 ranks to launch (default 2); RANK/WORLD_SIZE in the\n"
            "                            environment join an external launcher instead\n"
            "  --recipe " +
