@@ -11,6 +11,8 @@
 //   exit N       allocate once, then exit with status N
 //   churn N      N alloc/free pairs (for quick load checks)
 //   deep-tags    a pop without push, then 70 nested tags around one allocation
+//   fork-busy    fork 50 times while 4 threads allocate and tag without pause;
+//                each child uses the C API and exits (it must not hang)
 //
 // It checks every return code it gets against what the runtime must return
 // and exits 1 on a mismatch, so a changed result is caught with or without
@@ -22,12 +24,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cuda_decls.h"
 
@@ -246,6 +250,40 @@ int main(int argc, char** argv) {
     if (mode == "exit" && argc > 2) {
         checked_malloc(100);
         return std::atoi(argv[2]);
+    }
+    if (mode == "fork-busy") {
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> workers;
+        for (int t = 0; t < 4; ++t) {
+            workers.emplace_back([&stop, t] {
+                const std::string layer = "worker." + std::to_string(t);
+                while (!stop.load()) {
+                    allocscope_dl_push(layer.c_str(), "forward");
+                    void* p = nullptr;
+                    if (cudaMalloc(&p, 4096) == cudaSuccess) cudaFree(p);
+                    allocscope_dl_pop();
+                }
+            });
+        }
+        int ok_children = 0;
+        for (int i = 0; i < 50; ++i) {
+            pid_t child = fork();
+            if (child == 0) {
+                alarm(10);  // a deadlock in the child ends it with SIGALRM
+                allocscope_dl_push("child", "forward");
+                allocscope_dl_mark("in the child");
+                allocscope_dl_pop();
+                _exit(0);
+            }
+            int status = 0;
+            waitpid(child, &status, 0);
+            ok_children += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        }
+        stop = true;
+        for (auto& w : workers)
+            w.join();
+        std::printf("fork-busy done: %d of 50 children exited cleanly\n", ok_children);
+        return ok_children == 50 ? 0 : 1;
     }
     if (mode == "deep-tags") {
         allocscope_dl_pop();  // nothing to pop: ignored

@@ -510,6 +510,21 @@ TEST_CASE("a forked child stops recording; the parent's trace stays whole") {
                         [](const Event& e) { return e.kind == EventKind::mark; }) == 1);
 }
 
+TEST_CASE("children forked while other threads are inside hooks never hang") {
+    Scratch s;
+    fs::path out = s / "out";
+    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " fork-busy");
+    CHECK(r.status == 0);
+    CHECK(r.out == "fork-busy done: 50 of 50 children exited cleanly\n");
+    auto files = traces_in(out);
+    REQUIRE(files.size() == 1);  // the children recorded nothing
+    Trace t = load_trace(files[0].string());
+    CHECK(t.footer.has_value());
+    for (const Event& e : t.events) {
+        if (e.kind == EventKind::mark) FAIL("a forked child's mark reached the parent's trace");
+    }
+}
+
 TEST_CASE("an exec'd child with the preload records into its own file") {
     Scratch s;
     fs::path out = s / "out";
