@@ -85,7 +85,6 @@ Config parse_config(const EnvLookup& env) {
         }
     }
     if (const char* v = env("ALLOCSCOPE_PLUGINS")) {
-        c.plugins_set = true;
         std::string_view s(v);
         std::vector<std::string> entries;
         bool ok = true;
@@ -100,7 +99,6 @@ Config parse_config(const EnvLookup& env) {
         if (ok) {
             c.plugins = std::move(entries);
         } else {
-            c.plugins_set = false;
             c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGINS='") + v +
                                  "': expected a comma-separated list of plugin names or paths "
                                  "(no empty entries); using the default plugins");

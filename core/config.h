@@ -21,7 +21,6 @@ struct Config {
     std::string out_dir = "./allocscope-out";   // ALLOCSCOPE_OUT
     uint32_t stack_depth = kDefaultStackDepth;  // ALLOCSCOPE_STACK_DEPTH, 0 = off
     std::vector<std::string> plugins;           // ALLOCSCOPE_PLUGINS (empty = default set)
-    bool plugins_set = false;                   // the variable was present
     LogLevel log = LogLevel::info;              // ALLOCSCOPE_LOG
     bool disabled = false;                      // ALLOCSCOPE_DISABLE
     int32_t rank = -1;        // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID

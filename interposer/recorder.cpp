@@ -18,6 +18,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -90,7 +91,6 @@ struct State {
     StackTable stacks;
     std::atomic<uint64_t> step{0};
     std::atomic<uint64_t> events_dropped{0};
-    std::atomic<uint64_t> unmatched_pops{0};
     uint64_t self_start = 0;  // text of liballocscope.so, see capture_stack_id
     uint64_t self_end = 0;
 
@@ -601,10 +601,11 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
     const uint32_t stack = ok ? capture_stack_id() : 0;
     const EventKind kind = ok ? EventKind::alloc : EventKind::oom;
     EventRing::Slot* slot = begin_event(kind);
-    // A dropped event still leaves its allocation in the in-process table.
-    Event dropped;
-    if (!slot) fill_common(dropped, kind);
-    Event& e = slot ? slot->event : dropped;
+    // A dropped event still leaves its allocation in the in-process table;
+    // only then is a local event built.
+    std::optional<Event> dropped;
+    if (!slot) fill_common(dropped.emplace(), kind);
+    Event& e = slot ? slot->event : *dropped;
     e.address = ok ? reinterpret_cast<uint64_t>(address) : 0;
     e.size = info.size;
     e.stream = info.stream;
@@ -687,10 +688,7 @@ void push_tag(const char* layer, const char* phase) noexcept {
 void pop_tag() noexcept {
     ApiScope scope;
     if (!scope.active()) return;
-    if (t_thread.depth == 0) {
-        g->unmatched_pops.fetch_add(1, std::memory_order_relaxed);
-        return;
-    }
+    if (t_thread.depth == 0) return;  // a pop without push is ignored (allocscope.h)
     TagEntry tag = current_tag();
     uint32_t flags = t_thread.depth > kMaxTagDepth ? uint32_t{kFlagTagOverflow} : 0u;
     --t_thread.depth;

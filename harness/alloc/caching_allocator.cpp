@@ -38,11 +38,6 @@ void reset_peak(Stat& stat) {
 
 }  // namespace
 
-size_t round_size(size_t bytes) {
-    if (bytes < kMinBlockSize) return kMinBlockSize;
-    return kMinBlockSize * ((bytes + kMinBlockSize - 1) / kMinBlockSize);
-}
-
 size_t segment_size_for(size_t rounded) {
     if (rounded <= kSmallSize) return kSmallBuffer;
     if (rounded < kMinLargeAlloc) return kLargeBuffer;

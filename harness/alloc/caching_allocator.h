@@ -60,8 +60,12 @@ inline constexpr size_t kMinLargeAlloc = size_t{10} << 20;
 inline constexpr size_t kRoundLarge = size_t{2} << 20;
 
 // The size of the block serving a request of `bytes` (before any unsplit
-// remainder is added).
-size_t round_size(size_t bytes);
+// remainder is added). The one 512-byte rounding of the harness: the FP8
+// layouts and the parameter sizes use it too.
+inline constexpr size_t round_size(size_t bytes) {
+    return bytes < kMinBlockSize ? kMinBlockSize
+                                 : kMinBlockSize * ((bytes + kMinBlockSize - 1) / kMinBlockSize);
+}
 // The size of the segment allocated for a block of `rounded` bytes.
 size_t segment_size_for(size_t rounded);
 

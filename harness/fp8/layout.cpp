@@ -1,5 +1,7 @@
 #include "fp8/layout.h"
 
+#include "alloc/caching_allocator.h"
+
 #include <stdexcept>
 
 namespace allocscope::harness::fp8 {
@@ -136,9 +138,7 @@ std::vector<BufferSpec> layout(Shape shape, const QuantSpec& spec) {
 }
 
 std::size_t caching_allocator_size(std::size_t bytes) {
-    constexpr std::size_t kMinBlock = 512;
-    if (bytes == 0) return 0;
-    return round_up(bytes, kMinBlock);
+    return bytes == 0 ? 0 : alloc::round_size(bytes);
 }
 
 std::size_t requested_bytes(const std::vector<BufferSpec>& buffers) {

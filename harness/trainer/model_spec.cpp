@@ -1,5 +1,7 @@
 #include "trainer/model_spec.h"
 
+#include "alloc/caching_allocator.h"
+
 namespace allocscope::harness::trainer {
 
 std::vector<ParamSpec> layer_params(const ModelShape& s) {
@@ -25,8 +27,8 @@ LayerBytes layer_bytes(const ModelShape& shape, int world, uint64_t elem_bytes) 
     LayerBytes b;
     uint64_t flat_shard_elems = 0;
     for (const ParamSpec& p : layer_params(shape)) {
-        b.unsharded += round_block(static_cast<uint64_t>(p.numel()) * elem_bytes);
-        b.shard += round_block(static_cast<uint64_t>(p.shard_numel(world)) * elem_bytes);
+        b.unsharded += alloc::round_size(static_cast<uint64_t>(p.numel()) * elem_bytes);
+        b.shard += alloc::round_size(static_cast<uint64_t>(p.shard_numel(world)) * elem_bytes);
         flat_shard_elems += static_cast<uint64_t>(p.shard_numel(world));
     }
     b.all_gather = static_cast<uint64_t>(world) * flat_shard_elems * elem_bytes;

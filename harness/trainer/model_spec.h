@@ -45,14 +45,9 @@ struct ParamSpec {
 // The twelve parameters of one layer, in registration (and all-gather) order.
 std::vector<ParamSpec> layer_params(const ModelShape& shape);
 
-// The caching allocator's rounding (PyTorch: multiples of 512 bytes).
-inline constexpr uint64_t round_block(uint64_t bytes) noexcept {
-    return bytes == 0 ? 512 : (bytes + 511) / 512 * 512;
-}
-
 struct LayerBytes {
-    uint64_t unsharded = 0;   // sum of round_block(numel * elem) over params
-    uint64_t shard = 0;       // sum of round_block(shard_numel * elem) on one rank
+    uint64_t unsharded = 0;   // sum of alloc::round_size(numel * elem) over params
+    uint64_t shard = 0;       // sum of alloc::round_size(shard_numel * elem) on one rank
     uint64_t all_gather = 0;  // the flat all-gather buffer: world * sum(shard_numel) * elem
 };
 

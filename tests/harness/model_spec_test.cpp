@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "alloc/caching_allocator.h"
 #include "trainer/model_spec.h"
 
 using namespace allocscope::harness::trainer;
@@ -35,8 +36,8 @@ TEST_CASE("dim 0 is padded to a multiple of the world size before sharding") {
 }
 
 TEST_CASE("blocks are rounded like PyTorch's caching allocator") {
-    CHECK(round_block(0) == 512);
-    CHECK(round_block(1) == 512);
-    CHECK(round_block(512) == 512);
-    CHECK(round_block(513) == 1024);
+    CHECK(allocscope::harness::alloc::round_size(0) == 512);
+    CHECK(allocscope::harness::alloc::round_size(1) == 512);
+    CHECK(allocscope::harness::alloc::round_size(512) == 512);
+    CHECK(allocscope::harness::alloc::round_size(513) == 1024);
 }

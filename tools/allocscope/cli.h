@@ -20,4 +20,7 @@ int fail(const std::string& message);
 // "1.5 MiB" style sizes for humans.
 std::string format_bytes(uint64_t bytes);
 
+// The *.trace files directly in `dir`, sorted; empty if it cannot be read.
+std::vector<std::string> trace_files_in(const std::string& dir);
+
 }  // namespace allocscope::cli

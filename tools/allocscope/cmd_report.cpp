@@ -38,12 +38,8 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
     for (const std::string& p : paths) {
         std::error_code ec;
         if (fs::is_directory(p, ec)) {
-            std::vector<std::string> found;
-            for (const auto& entry : fs::directory_iterator(p, ec)) {
-                if (entry.path().extension() == ".trace") found.push_back(entry.path().string());
-            }
+            const std::vector<std::string> found = trace_files_in(p);
             if (found.empty()) throw std::runtime_error(p + ": no .trace files in this directory");
-            std::sort(found.begin(), found.end());
             files.insert(files.end(), found.begin(), found.end());
         } else if (fs::exists(p, ec)) {
             files.push_back(p);

@@ -85,17 +85,14 @@ void prepare_out_dir(const fs::path& dir, bool force) {
         if (!fs::is_directory(dir, ec)) {
             throw std::runtime_error("output path " + dir.string() + " is not a directory");
         }
-        std::vector<fs::path> old;
-        for (const auto& entry : fs::directory_iterator(dir, ec)) {
-            if (entry.path().extension() == ".trace") old.push_back(entry.path());
-        }
+        const std::vector<std::string> old = trace_files_in(dir);
         if (!old.empty() && !force) {
             throw std::runtime_error("output directory " + dir.string() + " already holds " +
                                      std::to_string(old.size()) +
                                      " trace(s) from an earlier run; pass --force to replace "
                                      "them or choose another --out");
         }
-        for (const fs::path& p : old)
+        for (const std::string& p : old)
             fs::remove(p, ec);
         return;
     }
@@ -105,15 +102,6 @@ void prepare_out_dir(const fs::path& dir, bool force) {
                                  ec.message());
     }
     fs::permissions(dir, fs::perms::owner_all, ec);
-}
-
-size_t count_traces(const fs::path& dir) {
-    size_t n = 0;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-        if (entry.path().extension() == ".trace") ++n;
-    }
-    return n;
 }
 
 }  // namespace
@@ -195,7 +183,7 @@ int run_command(const std::vector<std::string>& args) {
     }
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::fprintf(stderr, "allocscope: %zu trace file(s) in %s (allocscope report %s)\n",
-                 count_traces(out_dir), out_dir.c_str(), out_dir.c_str());
+                 trace_files_in(out_dir).size(), out_dir.c_str(), out_dir.c_str());
     return code;
 }
 
