@@ -2,62 +2,50 @@
 // process per rank. Without RANK/WORLD_SIZE in the environment it launches
 // --ranks processes of itself, like torchrun; with them it is one rank of an
 // external launcher.
+//
+// This executable is the sim backend. `--backend cuda`, and `auto` on a
+// machine with a GPU, exec allocscope-harness-cuda from the same directory
+// with the same arguments: that one links the real CUDA runtime, while this
+// one links the host-memory runtime of harness/sim_cudart (both are
+// libcudart.so.13, so one process cannot hold both).
+#include <dlfcn.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
+#include <cstring>
 #include <string>
 #include <vector>
 
-#include "alloc/caching_allocator.h"
-#include "collective/communicator.h"
-#include "collective/launcher.h"
-#include "collective/rank_info.h"
 #include "trainer/options.h"
-#include "trainer/trainer.h"
+#include "trainer/run.h"
 
 namespace {
 
 using namespace allocscope::harness;
 
-std::string mib(uint64_t bytes) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / (1024.0 * 1024.0));
-    return buf;
+std::string cuda_executable() {
+    char self[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return {};
+    std::string path(self, size_t(n));
+    return path.substr(0, path.rfind('/') + 1) + "allocscope-harness-cuda";
 }
 
-int run_rank(const trainer::Options& options, const collective::RankInfo& rank,
-             const std::string& rendezvous) {
-    const fp8::Arch arch = options.arch.value_or(fp8::Arch::sm90);
-    collective::Communicator comm(rank, rendezvous);
-    alloc::CachingAllocator allocator(0, alloc::cuda_runtime_segments(0),
-                                      alloc::allocscope_block_events());
-    trainer::Trainer trainer(options, arch, allocator, comm);
-    double increments = 0, deltas = 0;
-    int measured = 0;
-    for (int step = 0; step < options.steps; ++step) {
-        trainer::StepResult r = trainer.step(step);
-        const auto& layers = r.memory.after_layer_forward;
-        if (step >= options.warmup && layers.size() > 1) {
-            increments +=
-                (double(layers.back()) - double(layers.front())) / double(layers.size() - 1);
-            deltas += double(r.memory.after_backward) - double(r.memory.after_forward);
-            ++measured;
-        }
-        if (rank.rank == 0) {
-            std::printf("step %d loss %.6f allocated %s reserved %s step %.1f ms\n", step, r.loss,
-                        mib(r.allocated).c_str(), mib(r.reserved).c_str(), r.milliseconds);
-            std::fflush(stdout);
-        }
-    }
-    if (rank.rank == 0 && measured > 0) {
-        std::printf(
-            "memory (rank 0, mean over steps %d..%d): forward increment per layer %.0f B, "
-            "post-backward minus post-forward %.0f B\n",
-            options.warmup, options.steps - 1, increments / measured, deltas / measured);
-    }
-    return 0;
+// Whether the driver sees a GPU, asked without the runtime (this process's
+// libcudart is the simulated one).
+bool gpu_present() {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!driver) return false;
+    using Init = int (*)(unsigned);
+    using Count = int (*)(int*);
+    auto init = reinterpret_cast<Init>(dlsym(driver, "cuInit"));
+    auto count = reinterpret_cast<Count>(dlsym(driver, "cuDeviceGetCount"));
+    int devices = 0;
+    const bool present = init && count && init(0) == 0 && count(&devices) == 0 && devices > 0;
+    dlclose(driver);
+    return present;
 }
 
 }  // namespace
@@ -74,27 +62,30 @@ int main(int argc, char** argv) {
         return 2;
     }
     const trainer::Options& options = parsed.options;
-    if (options.backend == trainer::Backend::cuda) {
-        std::fprintf(stderr,
-                     "allocscope-harness: --backend cuda is not available in this build yet; "
-                     "use --backend sim (the CPU simulation)\n");
-        return 2;
-    }
-    auto env = [](const char* name) { return std::getenv(name); };
-    try {
-        std::optional<collective::RankInfo> rank = collective::rank_info_from_env(env);
-        if (!rank) {
-            if (options.ranks == 1) {
-                return run_rank(options, {0, 1, 0}, "harness-" + std::to_string(getpid()));
-            }
-            collective::LaunchOptions launch;
-            launch.world_size = options.ranks;
-            launch.argv.assign(argv, argv + argc);
-            return collective::launch_ranks(launch);
+    if (options.backend != trainer::Backend::sim) {
+        const std::string cuda = cuda_executable();
+        const bool built = !cuda.empty() && access(cuda.c_str(), X_OK) == 0;
+        if (options.backend == trainer::Backend::cuda && !built) {
+            std::fprintf(stderr,
+                         "allocscope-harness: --backend cuda: this build has no cuda backend "
+                         "(allocscope-harness-cuda is built where nvcc, cuBLASLt and NCCL are "
+                         "found); use --backend sim\n");
+            return 2;
         }
-        return run_rank(options, *rank, collective::rendezvous_from_env(env));
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "allocscope-harness: %s\n", e.what());
-        return 1;
+        if (built && (options.backend == trainer::Backend::cuda || gpu_present())) {
+            execv(cuda.c_str(), argv);
+            std::fprintf(stderr, "allocscope-harness: cannot start %s: %s\n", cuda.c_str(),
+                         std::strerror(errno));
+            return 2;
+        }
     }
+    trainer::RankBackend sim;
+    sim.check = [](const trainer::Options&) { return std::string(); };
+    sim.device = [](const collective::RankInfo&) { return 0; };
+    sim.arch = [](const trainer::Options& o, int) { return o.arch.value_or(fp8::Arch::sm90); };
+    sim.make_compute = [](const collective::RankInfo&, int, collective::Communicator& comm,
+                          const trainer::Options& o) {
+        return trainer::make_host_compute(comm, trainer::layer_config(o.shape));
+    };
+    return trainer::run_harness(options, argc, argv, sim);
 }

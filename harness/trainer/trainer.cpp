@@ -2,6 +2,7 @@
 
 #include <allocscope/allocscope_dl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -12,7 +13,6 @@
 
 #include "fp8/quantize.h"
 #include "model/adam.h"
-#include "model/kernels.h"
 #include "model/transformer_layer.h"
 
 namespace allocscope::harness::trainer {
@@ -63,22 +63,26 @@ std::string layer_name(int i) {
     return "layers." + std::to_string(i);
 }
 
-void to_float(const Bf16* src, size_t n, float* dst) {
-    model::to_float(std::span<const Bf16>(src, n), std::span<float>(dst, n));
-}
-void to_bf16(const float* src, size_t n, Bf16* dst) {
-    model::to_bf16(std::span<const float>(src, n), std::span<Bf16>(dst, n));
-}
+// A quantized tensor held in allocator blocks, one per fp8::layout entry.
+struct QuantizedBlocks {
+    fp8::QuantSpec spec;
+    fp8::Shape shape;
+    std::vector<fp8::BufferSpec> layout;
+    std::vector<Block> blocks;
 
-// [rows × cols] row-major → [cols × rows] row-major.
-std::vector<float> transpose(const std::vector<float>& m, size_t rows, size_t cols) {
-    std::vector<float> t(m.size());
-    for (size_t r = 0; r < rows; ++r) {
-        for (size_t c = 0; c < cols; ++c)
-            t[c * rows + r] = m[r * cols + c];
+    std::vector<void*> pointers() const {
+        std::vector<void*> out;
+        for (const Block& b : blocks)
+            out.push_back(b.as<void>());
+        return out;
     }
-    return t;
-}
+    const Block* find(fp8::BufferKind kind) const {
+        for (size_t b = 0; b < layout.size(); ++b) {
+            if (layout[b].kind == kind) return &blocks[b];
+        }
+        return nullptr;
+    }
+};
 
 struct Param {
     ParamSpec spec;
@@ -97,11 +101,11 @@ struct Param {
     Block exp_avg;  // fp32 moments, created by the first optimizer step
     Block exp_avg_sq;
     fp8::AmaxHistory history;  // delayed scaling of this weight
-    // The forward's quantized copy (its blocks) and its values, kept for
-    // backward under --te seed.
-    std::vector<Block> fp8_copy;
-    std::optional<fp8::QuantizedTensor> fp8_values;
-    std::vector<float> weight;  // fp32 GEMM operand of the current pass (scratch)
+    // The forward's quantized copy, kept for backward under --te seed.
+    std::optional<QuantizedBlocks> fp8_copy;
+    Scratch weight;  // fp32 GEMM operand of the current pass, [rows × cols]
+    Scratch grad;    // fp32 gradient of the current backward, [rows × cols]
+    WeightOperand operand;
 };
 
 struct Layer {
@@ -121,6 +125,7 @@ struct Trainer::State {
     fp8::Arch arch;
     alloc::CachingAllocator& allocator;
     collective::Communicator& comm;
+    Compute& compute;
     model::LayerConfig config;
     size_t chunk = 0;         // bf16 gradient elements of one rank's reduce-scatter chunk
     size_t gather_chunk = 0;  // bytes of one rank's all-gather chunk
@@ -132,16 +137,17 @@ struct Trainer::State {
     int gathered_layer = -1;
     Block input;   // bf16 [T × H]
     Block target;  // bf16 [T × H]
-    std::vector<float> forward_workspace;
-    std::vector<float> backward_workspace;
+    // fp32 scratch shared by all parameters: a gathered tensor dequantized
+    // rank by rank (world × shard elements), and a column-wise form before
+    // its transpose.
+    Scratch gather_scratch;
+    Scratch transpose_scratch;
     int64_t optimizer_steps = 0;
 
-    State(const Options& o, fp8::Arch a, alloc::CachingAllocator& al, collective::Communicator& c)
-        : options(o), arch(a), allocator(al), comm(c) {
-        const ModelShape& s = o.shape;
-        config = {size_t(s.hidden), size_t(s.heads), size_t(s.ffn), size_t(s.seq), size_t(s.batch)};
-        forward_workspace.resize(model::layer_forward_workspace_bytes(config) / sizeof(float));
-        backward_workspace.resize(model::layer_backward_workspace_bytes(config) / sizeof(float));
+    State(const Options& o, fp8::Arch a, alloc::CachingAllocator& al, collective::Communicator& c,
+          Compute& co)
+        : options(o), arch(a), allocator(al), comm(c), compute(co) {
+        config = layer_config(o.shape);
         init();
     }
 
@@ -149,6 +155,11 @@ struct Trainer::State {
     uint64_t allocated() const { return allocator.stats().allocated_bytes.current; }
     int world() const { return comm.world_size(); }
     bool fp8() const { return options.recipe != fp8::Recipe::bf16; }
+    // Recipes with one scale per tensor: a backend's FP8 GEMM can consume
+    // their bytes directly.
+    bool per_tensor() const {
+        return options.recipe == fp8::Recipe::delayed || options.recipe == fp8::Recipe::current;
+    }
 
     // Every rank draws the same full weights and keeps its rows, so the
     // model does not depend on the world size.
@@ -158,6 +169,7 @@ struct Trainer::State {
         std::mt19937 rng(options.seed);
         std::normal_distribution<float> normal(0.0f, 0.02f);
         layers.resize(size_t(options.shape.layers));
+        size_t largest = 0, largest_gathered = 0;
         for (int i = 0; i < options.shape.layers; ++i) {
             Layer& layer = layers[size_t(i)];
             size_t offset = 0, gather_offset = 0;
@@ -169,6 +181,10 @@ struct Trainer::State {
                 p.gather_offset = gather_offset;
                 const size_t shard = size_t(spec.shard_numel(w));
                 offset += shard;
+                largest = std::max(largest, size_t(spec.numel()));
+                largest_gathered = std::max(largest_gathered, shard * size_t(w));
+                p.weight = compute.scratch(size_t(spec.numel()) * sizeof(float));
+                p.grad = compute.scratch(size_t(spec.numel()) * sizeof(float));
                 std::vector<float> full(size_t(spec.numel()));
                 for (float& v : full) {
                     v = spec.role == ParamRole::gemm_weight                     ? normal(rng)
@@ -177,11 +193,11 @@ struct Trainer::State {
                 }
                 allocscope::ScopedTag tag(p.module.c_str(), "init");
                 p.master = block(shard * sizeof(float));
-                auto* master = p.master.as<float>();
+                std::vector<float> mine(shard, 0.0f);
                 const size_t begin = size_t(r) * shard;
-                for (size_t k = 0; k < shard; ++k) {
-                    master[k] = begin + k < full.size() ? full[begin + k] : 0.0f;
-                }
+                for (size_t k = 0; k < shard && begin + k < full.size(); ++k)
+                    mine[k] = full[begin + k];
+                compute.upload(p.master.as<void>(), mine.data(), shard * sizeof(float));
                 std::string dtype = "bf16";
                 if (options.quantized_init && spec.role == ParamRole::gemm_weight) {
                     fp8::QuantSpec q;
@@ -205,7 +221,7 @@ struct Trainer::State {
                     dtype = to_string(options.recipe);
                 } else {
                     p.shard.push_back(block(shard * sizeof(Bf16)));
-                    to_bf16(master, shard, p.shard[0].as<Bf16>());
+                    compute.to_bf16(p.master.as<float>(), shard, p.shard[0].as<Bf16>());
                 }
                 for (const Block& b : p.shard)
                     gather_offset += b.bytes();
@@ -216,19 +232,24 @@ struct Trainer::State {
             chunk = offset;
             gather_chunk = gather_offset;
         }
+        gather_scratch = compute.scratch(largest_gathered * sizeof(float));
+        transpose_scratch = compute.scratch(largest * sizeof(float));
         const size_t th = config.tokens() * config.hidden;
         std::mt19937 data_rng(options.seed + 7919u * unsigned(r + 1));
         std::normal_distribution<float> unit(0.0f, 1.0f);
         std::vector<float> values(th);
+        std::vector<Bf16> bf16(th);
         allocscope::ScopedTag tag("data", "init");
         input = block(th * sizeof(Bf16));
         for (float& v : values)
             v = unit(data_rng);
-        to_bf16(values.data(), th, input.as<Bf16>());
+        model::to_bf16(values, bf16);
+        compute.upload(input.as<void>(), bf16.data(), th * sizeof(Bf16));
         target = block(th * sizeof(Bf16));
         for (float& v : values)
             v = 0.5f * unit(data_rng);
-        to_bf16(values.data(), th, target.as<Bf16>());
+        model::to_bf16(values, bf16);
+        compute.upload(target.as<void>(), bf16.data(), th * sizeof(Bf16));
     }
 
     fp8::Shape shard_shape(const Param& p) const {
@@ -238,45 +259,36 @@ struct Trainer::State {
     // Quantized-init shards follow their fp32 master (TE casts the master
     // weights back into the FP8 parameters after each optimizer step).
     void requantize_shard(Param& p) {
-        const size_t n = size_t(p.spec.shard_numel(world()));
-        std::span<const float> values(p.master.as<float>(), n);
-        fp8::QuantizedTensor q =
-            options.recipe == fp8::Recipe::delayed
-                ? fp8::quantize(values, shard_shape(p), *p.quantized, p.history)
-                : fp8::quantize(values, shard_shape(p), *p.quantized);
-        for (size_t b = 0; b < q.buffers.size(); ++b) {
-            std::memcpy(p.shard[b].as<uint8_t>(), q.buffers[b].bytes.data(),
-                        q.buffers[b].spec.bytes);
-        }
+        std::vector<void*> buffers;
+        for (const Block& b : p.shard)
+            buffers.push_back(b.as<void>());
+        compute.quantize(p.master.as<float>(), shard_shape(p), *p.quantized,
+                         options.recipe == fp8::Recipe::delayed ? &p.history : nullptr, buffers);
     }
 
-    // fp32 values of the gathered parameter k of layer i: bf16 widened, or
-    // each rank's quantized shard dequantized row-wise.
-    void gathered_values(int i, size_t k, std::vector<float>& out) {
+    // fp32 values of the gathered parameter k of layer i into p.weight: bf16
+    // widened, or each rank's quantized shard dequantized row-wise.
+    void gathered_values(int i, size_t k) {
         Layer& layer = layers[size_t(i)];
         Param& p = layer.params[k];
         const size_t n = size_t(p.spec.numel());
-        out.resize(n);
         if (!p.quantized) {
-            to_float(layer.unsharded[k][0].as<Bf16>(), n, out.data());
+            compute.to_float(layer.unsharded[k][0].as<Bf16>(), n, p.weight.floats());
             return;
         }
         const int w = world();
         const size_t shard_elems = size_t(p.spec.shard_numel(w));
         for (int r = 0; r < w; ++r) {
-            fp8::QuantizedTensor q;
-            q.shape = shard_shape(p);
-            q.spec = *p.quantized;
+            std::vector<const void*> buffers;
             for (size_t b = 0; b < p.shard_layout.size(); ++b) {
-                const size_t bytes = p.shard_layout[b].bytes;
-                const auto* src = layer.unsharded[k][b].as<uint8_t>() + size_t(r) * bytes;
-                q.buffers.push_back({p.shard_layout[b], std::vector<uint8_t>(src, src + bytes)});
+                buffers.push_back(layer.unsharded[k][b].as<uint8_t>() +
+                                  size_t(r) * p.shard_layout[b].bytes);
             }
-            std::vector<float> v = fp8::dequantize(q, fp8::Usage::rowwise);
-            const size_t begin = size_t(r) * shard_elems;
-            for (size_t e = 0; e < shard_elems && begin + e < n; ++e)
-                out[begin + e] = v[e];
+            compute.dequantize(buffers, shard_shape(p), *p.quantized, fp8::Usage::rowwise,
+                               gather_scratch.floats() + size_t(r) * shard_elems);
         }
+        // The last rank's padding rows are not part of the parameter.
+        compute.copy(p.weight.data(), gather_scratch.data(), n * sizeof(float));
     }
 
     // Problem 2's column-wise form: per-tensor recipes where the GEMM needs TN
@@ -323,11 +335,11 @@ struct Trainer::State {
         for (const Param& p : layer.params) {
             size_t at = p.gather_offset;
             for (const Block& b : p.shard) {
-                std::memcpy(mine + at, b.as<uint8_t>(), b.bytes());
+                compute.copy(mine + at, b.as<void>(), b.bytes());
                 at += b.bytes();
             }
         }
-        comm.all_gather(mine, gather_chunk, flat.as<uint8_t>());
+        compute.all_gather(mine, gather_chunk, flat.as<void>());
         gathered = std::move(flat);
         gathered_layer = i;
     }
@@ -342,8 +354,8 @@ struct Trainer::State {
             for (const Block& b : p.shard) {
                 Block full = block(b.bytes() * w);
                 for (size_t r = 0; r < w; ++r) {
-                    std::memcpy(full.as<uint8_t>() + r * b.bytes(),
-                                gathered.as<uint8_t>() + r * gather_chunk + at, b.bytes());
+                    compute.copy(full.as<uint8_t>() + r * b.bytes(),
+                                 gathered.as<uint8_t>() + r * gather_chunk + at, b.bytes());
                 }
                 at += b.bytes();
                 unsharded.push_back(std::move(full));
@@ -382,43 +394,68 @@ struct Trainer::State {
 
     // --- weights for the GEMMs -----------------------------------------------
 
-    fp8::QuantizedTensor quantize_weight(Param& p, const std::vector<float>& values, bool rowwise,
-                                         bool columnwise) {
-        fp8::QuantSpec spec;
-        spec.recipe = options.recipe;
-        spec.dtype = fp8::Fp8Dtype::e4m3;
-        spec.rowwise = rowwise;
-        spec.columnwise = columnwise;
-        spec.role = fp8::TensorRole::weight;
-        spec.arch = arch;
-        fp8::Shape shape{size_t(p.spec.rows), size_t(p.spec.cols)};
-        if (options.recipe == fp8::Recipe::delayed) {
-            return fp8::quantize(values, shape, spec, p.history);
-        }
-        // Current scaling computes the amax and scale into a two-float
-        // workspace that TE allocates per quantize call and frees after it.
+    // Quantizes p.weight into new blocks, in TE's allocation order; current
+    // scaling's two-float amax/scale workspace is allocated per call and
+    // freed after it, as TE does.
+    QuantizedBlocks quantize_weight(Param& p, bool rowwise, bool columnwise) {
+        QuantizedBlocks q;
+        q.spec.recipe = options.recipe;
+        q.spec.dtype = fp8::Fp8Dtype::e4m3;
+        q.spec.rowwise = rowwise;
+        q.spec.columnwise = columnwise;
+        q.spec.role = fp8::TensorRole::weight;
+        q.spec.arch = arch;
+        q.shape = {size_t(p.spec.rows), size_t(p.spec.cols)};
+        q.layout = fp8::layout(q.shape, q.spec);
+        for (const fp8::BufferSpec& b : q.layout)
+            q.blocks.push_back(block(b.bytes));
         Block workspace;
         if (options.recipe == fp8::Recipe::current) workspace = block(2 * sizeof(float));
-        return fp8::quantize(values, shape, spec);
+        compute.quantize(p.weight.floats(), q.shape, q.spec,
+                         options.recipe == fp8::Recipe::delayed ? &p.history : nullptr,
+                         q.pointers());
+        return q;
     }
 
-    // The quantized tensor's buffers as blocks, in TE's allocation order.
-    std::vector<Block> materialize(const fp8::QuantizedTensor& q) {
-        std::vector<Block> blocks;
-        for (const fp8::QuantizedBuffer& b : q.buffers) {
-            Block blk = block(b.spec.bytes);
-            std::memcpy(blk.as<uint8_t>(), b.bytes.data(), b.spec.bytes);
-            blocks.push_back(std::move(blk));
+    std::vector<const void*> const_pointers(const QuantizedBlocks& q) {
+        std::vector<const void*> out;
+        for (const Block& b : q.blocks)
+            out.push_back(b.as<void>());
+        return out;
+    }
+
+    // The FP8 bytes a backend's FP8 GEMM may use instead of p.weight.
+    void set_fp8_operand(Param& p, const QuantizedBlocks& q) {
+        if (!per_tensor()) return;
+        const Block* scale = q.find(fp8::BufferKind::rowwise_scale_inv);
+        if (!scale) return;
+        if (const Block* data = q.find(fp8::BufferKind::rowwise_data); data && q.spec.rowwise) {
+            p.operand.rowwise = data->as<uint8_t>();
+            p.operand.rowwise_scale_inv = scale->as<float>();
         }
-        return blocks;
+        if (const Block* t = q.find(fp8::BufferKind::columnwise_data); t && q.spec.columnwise) {
+            p.operand.columnwise = t->as<uint8_t>();
+            p.operand.columnwise_scale_inv = scale->as<float>();
+        }
     }
 
-    // Fills p.weight with the fp32 operand of this layer's forward GEMMs.
-    void forward_weights(int i, std::vector<std::vector<Block>>& transient) {
+    // p.weight ← the [rows × cols] form of q's column-wise usage.
+    void columnwise_values(Param& p, const QuantizedBlocks& q) {
+        compute.dequantize(const_pointers(q), q.shape, q.spec, fp8::Usage::columnwise,
+                           transpose_scratch.floats());
+        compute.transpose(transpose_scratch.floats(), size_t(p.spec.cols), size_t(p.spec.rows),
+                          p.weight.floats());
+    }
+
+    // Sets p.weight (and the FP8 operands) for this layer's forward GEMMs;
+    // quantized copies that do not outlive the forward go to `transient`.
+    void forward_weights(int i, std::vector<QuantizedBlocks>& transient) {
         Layer& layer = layers[size_t(i)];
         for (size_t k = 0; k < layer.params.size(); ++k) {
             Param& p = layer.params[k];
-            gathered_values(i, k, p.weight);
+            p.operand = {};
+            p.operand.values = p.weight.floats();
+            gathered_values(i, k);
             // The forward asks for row-wise usage: a retained column-wise
             // form goes only now.
             p.retained.clear();
@@ -427,52 +464,58 @@ struct Trainer::State {
             allocscope::ScopedTag tag(p.module.c_str(), "forward/quantize");
             // Seed: a new copy with both usages, saved for backward (it is
             // not FSDP2's, so reshard does not free it). Fixed: row-wise only.
-            fp8::QuantizedTensor q = quantize_weight(p, p.weight, true, seed);
-            p.weight = fp8::dequantize(q, fp8::Usage::rowwise);
+            QuantizedBlocks q = quantize_weight(p, true, seed);
+            compute.dequantize(const_pointers(q), q.shape, q.spec, fp8::Usage::rowwise,
+                               p.weight.floats());
+            set_fp8_operand(p, q);
             if (seed) {
-                p.fp8_copy = materialize(q);
-                p.fp8_values = std::move(q);
+                p.fp8_copy = std::move(q);
             } else {
-                transient.push_back(materialize(q));
+                transient.push_back(std::move(q));
             }
         }
     }
 
-    // Fills p.weight with the fp32 operand of dgrad; blocks of a column-wise
-    // re-quantization or transpose that do not outlive dgrad go to
-    // `transient`.
-    void backward_weights(int i, std::vector<std::vector<Block>>& transient) {
+    // Sets p.weight (and the FP8 operands) for dgrad; blocks of a
+    // column-wise re-quantization or transpose that do not outlive dgrad go
+    // to `transient`.
+    void backward_weights(int i, std::vector<QuantizedBlocks>& transient) {
         Layer& layer = layers[size_t(i)];
         const bool seed = options.te == TeBehaviour::seed;
         for (size_t k = 0; k < layer.params.size(); ++k) {
             Param& p = layer.params[k];
-            gathered_values(i, k, p.weight);
+            p.operand = {};
+            p.operand.values = p.weight.floats();
+            gathered_values(i, k);
             if (!fp8() || p.spec.role != ParamRole::gemm_weight) continue;
-            const size_t rows = size_t(p.spec.rows), cols = size_t(p.spec.cols);
             if (p.quantized) {
                 if (!builds_columnwise(p)) continue;
                 allocscope::ScopedTag tag(p.module.c_str(), "backward/transpose");
+                QuantizedBlocks q;
+                q.blocks = build_columnwise(p);
                 if (seed) {
-                    p.retained = build_columnwise(p);
+                    p.retained = std::move(q.blocks);
                 } else {
-                    transient.push_back(build_columnwise(p));
+                    transient.push_back(std::move(q));
                 }
-            } else if (p.fp8_values) {
-                p.weight =
-                    transpose(fp8::dequantize(*p.fp8_values, fp8::Usage::columnwise), cols, rows);
+            } else if (p.fp8_copy) {
+                columnwise_values(p, *p.fp8_copy);
+                set_fp8_operand(p, *p.fp8_copy);
+                p.operand.rowwise = nullptr;
             } else {
                 allocscope::ScopedTag tag(p.module.c_str(), "backward/quantize");
-                fp8::QuantizedTensor q = quantize_weight(p, p.weight, false, true);
-                p.weight = transpose(fp8::dequantize(q, fp8::Usage::columnwise), cols, rows);
-                transient.push_back(materialize(q));
+                QuantizedBlocks q = quantize_weight(p, false, true);
+                columnwise_values(p, q);
+                set_fp8_operand(p, q);
+                transient.push_back(std::move(q));
             }
         }
     }
 
-    model::LayerWeights weight_pointers(int i) {
-        model::LayerWeights w{};
+    LayerOperands operands(int i) {
+        LayerOperands w{};
         for (size_t k = 0; k < w.size(); ++k)
-            w[k] = layers[size_t(i)].params[k].weight.data();
+            w[k] = layers[size_t(i)].params[k].operand;
         return w;
     }
 
@@ -494,15 +537,14 @@ struct Trainer::State {
             Layer& layer = layers[size_t(i)];
             allocscope::ScopedTag tag(layer_name(i).c_str(), "forward");
             unshard_forward(i);
-            std::vector<std::vector<Block>> transient;
+            std::vector<QuantizedBlocks> transient;
             forward_weights(i, transient);
             for (const model::SavedSpec& spec : model::layer_saved_specs(config)) {
                 layer.saved.push_back(block(spec.bytes(sizeof(Bf16))));
             }
             layer.output = block(th * sizeof(Bf16));
-            model::layer_forward<Bf16>(config, weight_pointers(i), layer_input(i),
-                                       layer.output.as<Bf16>(), saved_pointers(layer),
-                                       forward_workspace.data());
+            compute.layer_forward(config, operands(i), layer_input(i), layer.output.as<Bf16>(),
+                                  saved_pointers(layer));
             transient.clear();
             reshard(i);
             memory.after_layer_forward.push_back(allocated());
@@ -511,14 +553,10 @@ struct Trainer::State {
 
     double loss_and_gradient(Block& dy) {
         const size_t th = config.tokens() * config.hidden;
-        std::vector<float> y(th), t(th), g(th);
-        to_float(layers.back().output.as<Bf16>(), th, y.data());
-        to_float(target.as<Bf16>(), th, t.data());
-        float loss = model::mse_loss_forward(th, y.data(), t.data());
-        model::mse_loss_backward(th, y.data(), t.data(), 1.0f, g.data());
         allocscope::ScopedTag tag("loss", "backward");
         dy = block(th * sizeof(Bf16));
-        to_bf16(g.data(), th, dy.as<Bf16>());
+        float loss = compute.mse(layers.back().output.as<Bf16>(), target.as<Bf16>(), th,
+                                 dy.as<Bf16>());
         comm.all_reduce(&loss, &loss, 1, collective::Op::avg);
         return loss;
     }
@@ -531,39 +569,33 @@ struct Trainer::State {
             Layer& layer = layers[size_t(i)];
             allocscope::ScopedTag tag(layer_name(i).c_str(), "backward");
             unshard_backward(i);
-            std::vector<std::vector<Block>> transient;
+            std::vector<QuantizedBlocks> transient;
             backward_weights(i, transient);
-            std::vector<std::vector<float>> grads(layer.params.size());
             model::LayerGrads grad_ptrs{};
-            for (size_t k = 0; k < grads.size(); ++k) {
-                grads[k].resize(size_t(layer.params[k].spec.numel()));
-                grad_ptrs[k] = grads[k].data();
-            }
+            for (size_t k = 0; k < grad_ptrs.size(); ++k)
+                grad_ptrs[k] = layer.params[k].grad.floats();
             Block dx;
             {
                 allocscope::ScopedTag dgrad(nullptr, "backward/dgrad");
                 dx = block(th * sizeof(Bf16));
             }
-            model::layer_backward<Bf16>(config, weight_pointers(i), layer_input(i),
-                                        saved_pointers(layer), dy.as<Bf16>(), dx.as<Bf16>(),
-                                        grad_ptrs, backward_workspace.data());
+            compute.layer_backward(config, operands(i), layer_input(i), saved_pointers(layer),
+                                   dy.as<Bf16>(), dx.as<Bf16>(), grad_ptrs);
             // Column-wise caches and the forward's copies go after dgrad.
             transient.clear();
-            for (Param& p : layer.params) {
-                p.fp8_copy.clear();
-                p.fp8_values.reset();
-            }
+            for (Param& p : layer.params)
+                p.fp8_copy.reset();
             layer.saved.clear();
             dy = std::move(dx);
             if (i > 0) layers[size_t(i) - 1].output.reset();
             std::vector<Block> unsharded_grads;
             {
                 allocscope::ScopedTag wgrad(nullptr, "backward/wgrad");
-                for (size_t k = 0; k < grads.size(); ++k) {
-                    const size_t padded = size_t(layer.params[k].spec.shard_numel(w)) * size_t(w);
+                for (const Param& p : layer.params) {
+                    const size_t padded = size_t(p.spec.shard_numel(w)) * size_t(w);
                     Block g = block(padded * sizeof(Bf16));
-                    std::memset(g.as<Bf16>(), 0, padded * sizeof(Bf16));
-                    to_bf16(grads[k].data(), grads[k].size(), g.as<Bf16>());
+                    compute.zero(g.as<void>(), padded * sizeof(Bf16));
+                    compute.to_bf16(p.grad.floats(), size_t(p.spec.numel()), g.as<Bf16>());
                     unsharded_grads.push_back(std::move(g));
                 }
             }
@@ -574,19 +606,17 @@ struct Trainer::State {
                     const Param& p = layer.params[k];
                     const size_t shard = size_t(p.spec.shard_numel(w));
                     for (int r = 0; r < w; ++r) {
-                        std::memcpy(layer.rs_input.as<Bf16>() + size_t(r) * chunk + p.offset,
-                                    unsharded_grads[k].as<Bf16>() + size_t(r) * shard,
-                                    shard * sizeof(Bf16));
+                        compute.copy(layer.rs_input.as<Bf16>() + size_t(r) * chunk + p.offset,
+                                     unsharded_grads[k].as<Bf16>() + size_t(r) * shard,
+                                     shard * sizeof(Bf16));
                     }
                 }
                 unsharded_grads.clear();
                 // The previous layer's reduce-scatter input lives until now.
                 if (previous_rs_input) previous_rs_input->reset();
                 layer.sharded_grads = block(chunk * sizeof(Bf16));
-                comm.reduce_scatter_bf16(
-                    reinterpret_cast<const uint16_t*>(layer.rs_input.as<Bf16>()), chunk,
-                    reinterpret_cast<uint16_t*>(layer.sharded_grads.as<Bf16>()),
-                    collective::Op::avg);
+                compute.reduce_scatter_avg(layer.rs_input.as<Bf16>(), chunk,
+                                           layer.sharded_grads.as<Bf16>());
                 previous_rs_input = &layer.rs_input;
             }
             reshard(i);
@@ -606,16 +636,13 @@ struct Trainer::State {
                     allocscope::ScopedTag state(p.module.c_str(), nullptr);
                     p.exp_avg = block(shard * sizeof(float));
                     p.exp_avg_sq = block(shard * sizeof(float));
-                    std::memset(p.exp_avg.as<float>(), 0, shard * sizeof(float));
-                    std::memset(p.exp_avg_sq.as<float>(), 0, shard * sizeof(float));
+                    compute.zero(p.exp_avg.as<void>(), shard * sizeof(float));
+                    compute.zero(p.exp_avg_sq.as<void>(), shard * sizeof(float));
                 }
-                std::vector<float> grad(shard);
-                to_float(layer.sharded_grads.as<Bf16>() + p.offset, shard, grad.data());
-                std::span<Bf16> model_weights;
-                if (!p.quantized) model_weights = {p.shard[0].as<Bf16>(), shard};
-                model::adam_step(adam, optimizer_steps, {p.master.as<float>(), shard}, grad,
-                                 {p.exp_avg.as<float>(), shard}, {p.exp_avg_sq.as<float>(), shard},
-                                 model_weights);
+                compute.adam(adam, optimizer_steps, p.master.as<float>(),
+                             layer.sharded_grads.as<Bf16>() + p.offset, p.exp_avg.as<float>(),
+                             p.exp_avg_sq.as<float>(), p.quantized ? nullptr : p.shard[0].as<Bf16>(),
+                             shard);
                 if (options.recipe == fp8::Recipe::delayed) {
                     p.history.update(fp8::fp8_max(fp8::Fp8Dtype::e4m3));
                 }
@@ -627,8 +654,8 @@ struct Trainer::State {
 };
 
 Trainer::Trainer(const Options& options, fp8::Arch arch, alloc::CachingAllocator& allocator,
-                 collective::Communicator& comm)
-    : state_(std::make_unique<State>(options, arch, allocator, comm)) {}
+                 collective::Communicator& comm, Compute& compute)
+    : state_(std::make_unique<State>(options, arch, allocator, comm, compute)) {}
 
 Trainer::~Trainer() = default;
 
@@ -645,6 +672,7 @@ StepResult Trainer::step(int step) {
     result.memory.after_backward = s.allocated();
     s.optimizer();
     result.memory.after_optimizer = s.allocated();
+    s.compute.synchronize();
     auto stats = s.allocator.stats();
     result.allocated = stats.allocated_bytes.current;
     result.reserved = stats.reserved_bytes.current;

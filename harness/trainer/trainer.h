@@ -1,12 +1,12 @@
-// One rank of the FSDP2-style FP8 trainer on the CPU simulation backend.
+// One rank of the FSDP2-style FP8 trainer, on either backend (compute.h).
 //
 // Every tensor a PyTorch + TransformerEngine rank would hold on the GPU is a
 // block of the caching allocator (so allocscope sees block events and, via
 // cudaMalloc, segments) and is made under a tag: layer (`layers.<i>`, or the
 // sub-module for weight-derived tensors) and phase (`forward`,
 // `forward/all_gather`, `forward/quantize`, `backward`, ...). The math runs
-// in fp32 scratch memory outside the allocator: on a GPU it would happen in
-// registers and the GEMM's own workspace.
+// in the Compute's fp32 scratch outside the allocator (on the GPU: kernel
+// registers, GEMM workspaces).
 //
 // Lifecycle per layer i, as TE-FSDP2-FP8-MEMORY.md's "Healthy FSDP2
 // lifecycle" describes it:
@@ -29,6 +29,7 @@
 
 #include "alloc/caching_allocator.h"
 #include "collective/communicator.h"
+#include "trainer/compute.h"
 #include "trainer/options.h"
 
 namespace allocscope::harness::trainer {
@@ -51,10 +52,11 @@ struct StepResult {
 
 class Trainer {
   public:
-    // `arch` is the resolved --arch. The allocator and communicator outlive
-    // the trainer.
+    // `arch` is the resolved --arch. The allocator, communicator and compute
+    // outlive the trainer; the allocator's segments and the compute's memory
+    // are of the same domain (host for sim, the rank's GPU for cuda).
     Trainer(const Options& options, fp8::Arch arch, alloc::CachingAllocator& allocator,
-            collective::Communicator& comm);
+            collective::Communicator& comm, Compute& compute);
     ~Trainer();
     Trainer(const Trainer&) = delete;
     Trainer& operator=(const Trainer&) = delete;

@@ -37,7 +37,8 @@ Run run(const Options& options, fp8::Arch arch = fp8::Arch::sm90) {
                                }};
     alloc::CachingAllocator allocator(0, alloc::cuda_runtime_segments(0), sink);
     {
-        Trainer trainer(options, arch, allocator, comm);
+        std::unique_ptr<Compute> compute = make_host_compute(comm, layer_config(options.shape));
+        Trainer trainer(options, arch, allocator, comm, *compute);
         for (int s = 0; s < options.steps; ++s)
             out.steps.push_back(trainer.step(s));
     }
