@@ -55,8 +55,8 @@ class HostCompute final : public Compute {
     void quantize(const float* values, fp8::Shape shape, const fp8::QuantSpec& spec,
                   fp8::AmaxHistory* history, std::span<void* const> buffers) override {
         std::span<const float> in(values, shape.rows * shape.cols);
-        fp8::QuantizedTensor q = history ? fp8::quantize(in, shape, spec, *history)
-                                         : fp8::quantize(in, shape, spec);
+        fp8::QuantizedTensor q =
+            history ? fp8::quantize(in, shape, spec, *history) : fp8::quantize(in, shape, spec);
         if (q.buffers.size() != buffers.size()) {
             throw std::invalid_argument("quantize: " + std::to_string(buffers.size()) +
                                         " buffers given, the layout has " +
@@ -87,8 +87,7 @@ class HostCompute final : public Compute {
 
     void layer_forward(const model::LayerConfig& config, const LayerOperands& weights,
                        const Bf16* x, Bf16* y, const model::LayerSaved<Bf16>& saved) override {
-        model::layer_forward<Bf16>(config, values(weights), x, y, saved,
-                                   forward_workspace_.data());
+        model::layer_forward<Bf16>(config, values(weights), x, y, saved, forward_workspace_.data());
     }
     void layer_backward(const model::LayerConfig& config, const LayerOperands& weights,
                         const Bf16* x, const model::LayerSaved<Bf16>& saved, const Bf16* dy,

@@ -92,7 +92,8 @@ std::string usage() {
            "\n"
            "  --backend " +
            choice_list(kBackends) +
-           "   (default auto; until the cuda backend is built, auto is sim)\n"
+           "   (default auto: cuda where a GPU is present and\n"
+           "                            the cuda backend is built, else sim)\n"
            "  --ranks N                 ranks to launch (default 2); RANK/WORLD_SIZE in the\n"
            "                            environment join an external launcher instead\n"
            "  --recipe " +

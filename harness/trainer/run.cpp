@@ -79,8 +79,7 @@ int run_harness(const Options& options, int argc, char** argv, const RankBackend
         }
         if (!rank) {
             if (options.ranks == 1) {
-                return run_rank(options, {0, 1, 0}, "harness-" + std::to_string(getpid()),
-                                backend);
+                return run_rank(options, {0, 1, 0}, "harness-" + std::to_string(getpid()), backend);
             }
             collective::LaunchOptions launch;
             launch.world_size = options.ranks;

@@ -555,8 +555,8 @@ struct Trainer::State {
         const size_t th = config.tokens() * config.hidden;
         allocscope::ScopedTag tag("loss", "backward");
         dy = block(th * sizeof(Bf16));
-        float loss = compute.mse(layers.back().output.as<Bf16>(), target.as<Bf16>(), th,
-                                 dy.as<Bf16>());
+        float loss =
+            compute.mse(layers.back().output.as<Bf16>(), target.as<Bf16>(), th, dy.as<Bf16>());
         comm.all_reduce(&loss, &loss, 1, collective::Op::avg);
         return loss;
     }
@@ -641,8 +641,8 @@ struct Trainer::State {
                 }
                 compute.adam(adam, optimizer_steps, p.master.as<float>(),
                              layer.sharded_grads.as<Bf16>() + p.offset, p.exp_avg.as<float>(),
-                             p.exp_avg_sq.as<float>(), p.quantized ? nullptr : p.shard[0].as<Bf16>(),
-                             shard);
+                             p.exp_avg_sq.as<float>(),
+                             p.quantized ? nullptr : p.shard[0].as<Bf16>(), shard);
                 if (options.recipe == fp8::Recipe::delayed) {
                     p.history.update(fp8::fp8_max(fp8::Fp8Dtype::e4m3));
                 }
