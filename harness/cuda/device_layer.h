@@ -5,7 +5,8 @@
 // GEMM on the weight's E4M3 bytes with the activation (forward) or gradient
 // (dgrad) quantized with current scaling to E4M3 / E5M2 (TE's HYBRID format).
 // Every pointer is device memory; nothing here allocates from the caching
-// allocator (scratch comes from the caller's workspace).
+// allocator (scratch comes from the caller's workspace; Blas owns one
+// cudaMalloc'd cuBLASLt workspace for its lifetime).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,7 +20,9 @@
 
 namespace allocscope::harness::cuda {
 
-// A cuBLASLt handle, its workspace and the stream everything runs on.
+// A cuBLASLt handle, its workspace (32 MiB) and the stream everything runs
+// on. GEMMs are queued on that stream and not waited for. A cuBLASLt error
+// throws std::runtime_error; arguments it cannot take, std::invalid_argument.
 class Blas {
   public:
     explicit Blas(cudaStream_t stream);
@@ -31,7 +34,8 @@ class Blas {
 
     // Row-major fp32, as model::gemm: C[m × n] = op(A)[m × k] · op(B)[k × n]
     // + beta · C. lda/ldb/ldc are row-major leading dimensions of the stored
-    // matrices.
+    // matrices. fp32 compute without TF32; beta == 0 does not read C; k == 0
+    // leaves beta · C.
     void gemm_f32(std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
                   bool trans_a, const float* b, std::size_t ldb, bool trans_b, float beta, float* c,
                   std::size_t ldc);
@@ -66,10 +70,17 @@ struct DeviceParam {
 };
 using DeviceLayerWeights = std::array<DeviceParam, model::kLayerParamCount>;
 
-// Device workspace of each pass, in bytes.
+// Device workspace of each pass, in bytes. The passes take it 256-byte
+// aligned (as cudaMalloc returns it) and throw std::invalid_argument for a
+// config whose hidden size the heads do not divide, or — with FP8 weights —
+// token, in and out sizes that are not multiples of 16.
 std::size_t layer_forward_workspace_bytes(const model::LayerConfig& config);
 std::size_t layer_backward_workspace_bytes(const model::LayerConfig& config);
 
+// Both passes run on blas.stream() and return without waiting for it, except
+// that each FP8 GEMM's input quantization (cuda::quantize) synchronizes the
+// stream once to read the amax back.
+//
 // As model::layer_forward<Bf16>: x, y [T × H] bf16; fills every saved field.
 void layer_forward(Blas& blas, const model::LayerConfig& config, const DeviceLayerWeights& weights,
                    const model::Bf16* x, model::Bf16* y,

@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,25 @@ bool gpu_present() {
     return present;
 }
 
+// The cuda executable must bind the real libcudart.so.13. This
+// executable's directory holds the simulated one, and test runners put it
+// on LD_LIBRARY_PATH, which the loader searches before the real runtime's
+// location: drop that directory before exec.
+void drop_own_directory_from_library_path(const std::string& cuda_executable) {
+    const char* path = std::getenv("LD_LIBRARY_PATH");
+    if (!path) return;
+    const std::string own = cuda_executable.substr(0, cuda_executable.rfind('/'));
+    std::string kept, entry;
+    std::stringstream entries(path);
+    while (std::getline(entries, entry, ':')) {
+        char resolved[PATH_MAX];
+        const std::string dir = realpath(entry.c_str(), resolved) ? resolved : entry;
+        if (dir == own) continue;
+        kept += (kept.empty() ? "" : ":") + entry;
+    }
+    setenv("LD_LIBRARY_PATH", kept.c_str(), 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,6 +94,7 @@ int main(int argc, char** argv) {
             return 2;
         }
         if (built && (options.backend == trainer::Backend::cuda || gpu_present())) {
+            drop_own_directory_from_library_path(cuda);
             execv(cuda.c_str(), argv);
             std::fprintf(stderr, "allocscope-harness: cannot start %s: %s\n", cuda.c_str(),
                          std::strerror(errno));
