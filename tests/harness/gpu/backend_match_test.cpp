@@ -159,6 +159,18 @@ TEST_CASE("every FP8 recipe, seed and fixed, with and without quantized init: sa
     }
 }
 
+TEST_CASE("the loss decreases over 20 steps for every recipe on the cuda backend") {
+    for (const char* recipe : {"bf16", "delayed", "current", "block", "mxfp8", "nvfp4"}) {
+        CAPTURE(recipe);
+        Run cuda("cuda", std::string("--ranks 2 --steps 20 --warmup 2 --recipe ") + recipe);
+        INFO(cuda.out);
+        REQUIRE(cuda.status == 0);
+        REQUIRE(cuda.losses.size() == 20);
+        CHECK(cuda.losses.back() < 0.5 * cuda.losses.front());
+        CHECK(cuda.losses.back() < cuda.losses[9]);
+    }
+}
+
 int main(int argc, char** argv) {
     if (gpu_count() < 2) {
         std::fprintf(stderr, "skipped: needs two CUDA devices\n");
