@@ -1,6 +1,8 @@
 #include <nccl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -127,18 +129,32 @@ class CudaCompute final : public trainer::Compute {
         loss_.reset();
         quantize_scratch_.reset();
         blas_.reset();
+        for (void* arena : arenas_)
+            (void)cudaFree(arena);
         (void)cudaStreamDestroy(stream_);
     }
 
     const char* name() const override { return "cuda"; }
 
-    // The math's own device memory (cudaMalloc, outside the caching
-    // allocator), taken before the first step.
+    // The math's own device memory, outside the caching allocator: carved
+    // from a few large cudaMalloc arenas so that it adds a handful of
+    // segments to a trace, not one per buffer. Released with the Compute.
     trainer::Scratch scratch(std::size_t bytes) override {
-        void* p = nullptr;
-        ALLOCSCOPE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
-        ALLOCSCOPE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes ? bytes : 1, stream_));
-        return trainer::Scratch(p, bytes, [](void* q) { (void)cudaFree(q); });
+        constexpr std::size_t kAlignment = 256;
+        constexpr std::size_t kArenaBytes = std::size_t{64} << 20;
+        const std::size_t need =
+            (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+        if (arenas_.empty() || arena_used_ + need > arena_size_) {
+            void* p = nullptr;
+            arena_size_ = std::max(need, kArenaBytes);
+            ALLOCSCOPE_CUDA_CHECK(cudaMalloc(&p, arena_size_));
+            arenas_.push_back(p);
+            arena_used_ = 0;
+        }
+        auto* p = static_cast<std::byte*>(arenas_.back()) + arena_used_;
+        arena_used_ += need;
+        ALLOCSCOPE_CUDA_CHECK(cudaMemsetAsync(p, 0, need, stream_));
+        return trainer::Scratch(p, bytes, nullptr);
     }
 
     void upload(void* dst, const void* src, std::size_t bytes) override {
@@ -179,8 +195,8 @@ class CudaCompute final : public trainer::Compute {
                   fp8::AmaxHistory* history, std::span<void* const> buffers) override {
         const std::size_t need = quantize_scratch_bytes(shape, spec);
         if (quantize_scratch_.bytes() < need) {
-            // Grows to the largest tensor once, during the first step.
-            ALLOCSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            // Grows to the largest tensor's need during the first step (the
+            // arena keeps the smaller one until the end).
             quantize_scratch_ = scratch(need);
         }
         const float scale = history ? history->scale() : 1.0f;
@@ -257,6 +273,9 @@ class CudaCompute final : public trainer::Compute {
     trainer::Scratch backward_workspace_;
     trainer::Scratch loss_;
     trainer::Scratch quantize_scratch_;
+    std::vector<void*> arenas_;
+    std::size_t arena_size_ = 0;
+    std::size_t arena_used_ = 0;
 };
 
 }  // namespace

@@ -103,8 +103,11 @@ struct Param {
     fp8::AmaxHistory history;  // delayed scaling of this weight
     // The forward's quantized copy, kept for backward under --te seed.
     std::optional<QuantizedBlocks> fp8_copy;
-    Scratch weight;  // fp32 GEMM operand of the current pass, [rows × cols]
-    Scratch grad;    // fp32 gradient of the current backward, [rows × cols]
+    // fp32 scratch of the layer being run, shared by parameter index across
+    // layers (State::weight_scratch): the GEMM operand of the current pass
+    // and the gradient of the current backward, both [rows × cols].
+    float* weight = nullptr;
+    float* grad = nullptr;
     WeightOperand operand;
 };
 
@@ -142,6 +145,10 @@ struct Trainer::State {
     // its transpose.
     Scratch gather_scratch;
     Scratch transpose_scratch;
+    // One layer runs at a time: per parameter index, its fp32 GEMM operand
+    // and gradient (Param::weight, Param::grad).
+    std::vector<Scratch> weight_scratch;
+    std::vector<Scratch> grad_scratch;
     int64_t optimizer_steps = 0;
 
     State(const Options& o, fp8::Arch a, alloc::CachingAllocator& al, collective::Communicator& c,
@@ -183,8 +190,13 @@ struct Trainer::State {
                 offset += shard;
                 largest = std::max(largest, size_t(spec.numel()));
                 largest_gathered = std::max(largest_gathered, shard * size_t(w));
-                p.weight = compute.scratch(size_t(spec.numel()) * sizeof(float));
-                p.grad = compute.scratch(size_t(spec.numel()) * sizeof(float));
+                if (i == 0) {
+                    weight_scratch.push_back(compute.scratch(size_t(spec.numel()) * sizeof(float)));
+                    grad_scratch.push_back(compute.scratch(size_t(spec.numel()) * sizeof(float)));
+                }
+                const size_t index = layer.params.size();
+                p.weight = weight_scratch.at(index).floats();
+                p.grad = grad_scratch.at(index).floats();
                 std::vector<float> full(size_t(spec.numel()));
                 for (float& v : full) {
                     v = spec.role == ParamRole::gemm_weight                     ? normal(rng)
@@ -273,7 +285,7 @@ struct Trainer::State {
         Param& p = layer.params[k];
         const size_t n = size_t(p.spec.numel());
         if (!p.quantized) {
-            compute.to_float(layer.unsharded[k][0].as<Bf16>(), n, p.weight.floats());
+            compute.to_float(layer.unsharded[k][0].as<Bf16>(), n, p.weight);
             return;
         }
         const int w = world();
@@ -288,7 +300,7 @@ struct Trainer::State {
                                gather_scratch.floats() + size_t(r) * shard_elems);
         }
         // The last rank's padding rows are not part of the parameter.
-        compute.copy(p.weight.data(), gather_scratch.data(), n * sizeof(float));
+        compute.copy(p.weight, gather_scratch.data(), n * sizeof(float));
     }
 
     // Problem 2's column-wise form: per-tensor recipes where the GEMM needs TN
@@ -411,7 +423,7 @@ struct Trainer::State {
             q.blocks.push_back(block(b.bytes));
         Block workspace;
         if (options.recipe == fp8::Recipe::current) workspace = block(2 * sizeof(float));
-        compute.quantize(p.weight.floats(), q.shape, q.spec,
+        compute.quantize(p.weight, q.shape, q.spec,
                          options.recipe == fp8::Recipe::delayed ? &p.history : nullptr,
                          q.pointers());
         return q;
@@ -444,7 +456,7 @@ struct Trainer::State {
         compute.dequantize(const_pointers(q), q.shape, q.spec, fp8::Usage::columnwise,
                            transpose_scratch.floats());
         compute.transpose(transpose_scratch.floats(), size_t(p.spec.cols), size_t(p.spec.rows),
-                          p.weight.floats());
+                          p.weight);
     }
 
     // Sets p.weight (and the FP8 operands) for this layer's forward GEMMs;
@@ -454,7 +466,7 @@ struct Trainer::State {
         for (size_t k = 0; k < layer.params.size(); ++k) {
             Param& p = layer.params[k];
             p.operand = {};
-            p.operand.values = p.weight.floats();
+            p.operand.values = p.weight;
             gathered_values(i, k);
             // The forward asks for row-wise usage: a retained column-wise
             // form goes only now.
@@ -465,8 +477,7 @@ struct Trainer::State {
             // Seed: a new copy with both usages, saved for backward (it is
             // not FSDP2's, so reshard does not free it). Fixed: row-wise only.
             QuantizedBlocks q = quantize_weight(p, true, seed);
-            compute.dequantize(const_pointers(q), q.shape, q.spec, fp8::Usage::rowwise,
-                               p.weight.floats());
+            compute.dequantize(const_pointers(q), q.shape, q.spec, fp8::Usage::rowwise, p.weight);
             set_fp8_operand(p, q);
             if (seed) {
                 p.fp8_copy = std::move(q);
@@ -485,7 +496,7 @@ struct Trainer::State {
         for (size_t k = 0; k < layer.params.size(); ++k) {
             Param& p = layer.params[k];
             p.operand = {};
-            p.operand.values = p.weight.floats();
+            p.operand.values = p.weight;
             gathered_values(i, k);
             if (!fp8() || p.spec.role != ParamRole::gemm_weight) continue;
             if (p.quantized) {
@@ -573,7 +584,7 @@ struct Trainer::State {
             backward_weights(i, transient);
             model::LayerGrads grad_ptrs{};
             for (size_t k = 0; k < grad_ptrs.size(); ++k)
-                grad_ptrs[k] = layer.params[k].grad.floats();
+                grad_ptrs[k] = layer.params[k].grad;
             Block dx;
             {
                 allocscope::ScopedTag dgrad(nullptr, "backward/dgrad");
@@ -595,7 +606,7 @@ struct Trainer::State {
                     const size_t padded = size_t(p.spec.shard_numel(w)) * size_t(w);
                     Block g = block(padded * sizeof(Bf16));
                     compute.zero(g.as<void>(), padded * sizeof(Bf16));
-                    compute.to_bf16(p.grad.floats(), size_t(p.spec.numel()), g.as<Bf16>());
+                    compute.to_bf16(p.grad, size_t(p.spec.numel()), g.as<Bf16>());
                     unsharded_grads.push_back(std::move(g));
                 }
             }
