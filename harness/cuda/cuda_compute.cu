@@ -12,6 +12,7 @@
 #include "cuda_compute.h"
 #include "device_layer.h"
 #include "device_quantize.h"
+#include "quant/device_formats.cuh"
 
 namespace allocscope::harness::cuda {
 
@@ -31,27 +32,19 @@ unsigned blocks_for(std::size_t n) {
     return unsigned(b < 65535 ? (b ? b : 1) : 65535);
 }
 
-// model::to_bf16 bit for bit: round to nearest even, NaN kept quiet.
-__device__ std::uint16_t bf16_bits(float value) {
-    const std::uint32_t u = __float_as_uint(value);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x0040u);
-    const std::uint32_t lsb = (u >> 16) & 1u;
-    return std::uint16_t((u + 0x7fffu + lsb) >> 16);
-}
-__device__ float bf16_value(std::uint16_t bits) {
-    return __uint_as_float(std::uint32_t(bits) << 16);
-}
+using quant::bf16_from_float;
+using quant::float_from_bf16;
 
 __global__ void to_bf16_kernel(const float* src, std::size_t n, std::uint16_t* dst) {
     for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
          i += std::size_t(gridDim.x) * blockDim.x)
-        dst[i] = bf16_bits(src[i]);
+        dst[i] = bf16_from_float(src[i]);
 }
 
 __global__ void to_float_kernel(const std::uint16_t* src, std::size_t n, float* dst) {
     for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
          i += std::size_t(gridDim.x) * blockDim.x)
-        dst[i] = bf16_value(src[i]);
+        dst[i] = float_from_bf16(src[i]);
 }
 
 __global__ void transpose_kernel(const float* src, std::size_t rows, std::size_t cols, float* dst) {
@@ -71,10 +64,10 @@ __global__ void mse_kernel(const std::uint16_t* y, const std::uint16_t* target, 
     double sum = 0.0;
     const float scale = 2.0f / static_cast<float>(n);
     for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float yi = bf16_value(y[i]), ti = bf16_value(target[i]);
+        const float yi = float_from_bf16(y[i]), ti = float_from_bf16(target[i]);
         const double d = double(yi) - double(ti);
         sum += d * d;
-        dy[i] = bf16_bits(scale * (yi - ti));
+        dy[i] = bf16_from_float(scale * (yi - ti));
     }
     partial[threadIdx.x] = sum;
     __syncthreads();
@@ -91,7 +84,7 @@ __global__ void adam_kernel(model::AdamConfig c, float correction1, float correc
                             float* exp_avg_sq, std::uint16_t* weights, std::size_t n) {
     for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
          i += std::size_t(gridDim.x) * blockDim.x) {
-        const float g = bf16_value(grad[i]);
+        const float g = float_from_bf16(grad[i]);
         const float m = c.beta1 * exp_avg[i] + (1.0f - c.beta1) * g;
         const float v = c.beta2 * exp_avg_sq[i] + (1.0f - c.beta2) * g * g;
         exp_avg[i] = m;
@@ -99,7 +92,7 @@ __global__ void adam_kernel(model::AdamConfig c, float correction1, float correc
         const float denom = sqrtf(v / correction2) + c.eps;
         const float update = (m / correction1) / denom + c.weight_decay * master[i];
         master[i] -= c.lr * update;
-        if (weights) weights[i] = bf16_bits(master[i]);
+        if (weights) weights[i] = bf16_from_float(master[i]);
     }
 }
 

@@ -24,6 +24,7 @@
 #include "device_quantize.h"
 #include "fp8/layout.h"
 #include "model/kernels.h"
+#include "quant/device_formats.cuh"
 
 namespace allocscope::harness::cuda {
 namespace {
@@ -62,16 +63,11 @@ __device__ std::size_t thread_stride() {
 // ---- bf16 storage, bit for bit model::to_bf16 / model::to_float ----------
 
 __device__ Bf16 bf16_from_float(float value) {
-    const std::uint32_t u = __float_as_uint(value);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return Bf16{static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
-    }
-    const std::uint32_t lsb = (u >> 16) & 1u;
-    return Bf16{static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16)};
+    return Bf16{quant::bf16_from_float(value)};
 }
 
 __device__ float float_from_bf16(Bf16 value) {
-    return __uint_as_float(static_cast<std::uint32_t>(value.bits) << 16);
+    return quant::float_from_bf16(value.bits);
 }
 
 __global__ void load_kernel(std::size_t n, const Bf16* src, float* dst) {
