@@ -406,8 +406,8 @@ __global__ void dequantize_kernel(DequantizeArgs a, float* out) {
     }
 }
 
-__global__ void dequantize_bf16_kernel(const std::uint8_t* data, std::size_t rows,
-                                       std::size_t cols, bool columnwise_out, float* out) {
+__global__ void dequantize_bf16_kernel(const std::uint8_t* data, std::size_t rows, std::size_t cols,
+                                       bool columnwise_out, float* out) {
     const std::size_t n = rows * cols;
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
          i += std::size_t{gridDim.x} * blockDim.x) {
@@ -418,8 +418,8 @@ __global__ void dequantize_bf16_kernel(const std::uint8_t* data, std::size_t row
 }
 
 // fp8::layout first (it throws for bad shapes), then the buffer count.
-std::vector<BufferSpec> checked_layout(Shape shape, const QuantSpec& spec,
-                                       std::size_t buffer_count, const char* what) {
+std::vector<BufferSpec> checked_layout(Shape shape, const QuantSpec& spec, std::size_t buffer_count,
+                                       const char* what) {
     std::vector<BufferSpec> layout = fp8::layout(shape, spec);
     if (buffer_count != layout.size()) {
         throw std::invalid_argument(std::string(what) + ": " + std::to_string(buffer_count) +
@@ -464,8 +464,8 @@ float quantize(const float* values, fp8::Shape shape, const fp8::QuantSpec& spec
     // The per-tensor and NVFP4 scales derive from the amax on the host, as
     // the CPU derives them, so they are the same floats.
     unsigned host_bits = 0;
-    ALLOCSCOPE_CUDA_CHECK(cudaMemcpyAsync(&host_bits, amax_bits, sizeof host_bits,
-                                          cudaMemcpyDeviceToHost, stream));
+    ALLOCSCOPE_CUDA_CHECK(
+        cudaMemcpyAsync(&host_bits, amax_bits, sizeof host_bits, cudaMemcpyDeviceToHost, stream));
     ALLOCSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const float amax = std::bit_cast<float>(host_bits);
 
@@ -521,8 +521,8 @@ float quantize(const float* values, fp8::Shape shape, const fp8::QuantSpec& spec
     return amax;
 }
 
-void dequantize(std::span<const void* const> buffers, fp8::Shape shape,
-                const fp8::QuantSpec& spec, fp8::Usage usage, float* out, cudaStream_t stream) {
+void dequantize(std::span<const void* const> buffers, fp8::Shape shape, const fp8::QuantSpec& spec,
+                fp8::Usage usage, float* out, cudaStream_t stream) {
     const std::vector<BufferSpec> layout =
         checked_layout(shape, spec, buffers.size(), "cuda::dequantize");
     require_non_null(buffers, "cuda::dequantize");

@@ -15,7 +15,8 @@
 
 namespace allocscope::harness::cuda {
 
-// Device scratch quantize() needs (a few floats for reductions).
+// Device scratch quantize() needs (the amax reduction's word; 4-byte
+// aligned). Throws std::invalid_argument where fp8::layout throws.
 std::size_t quantize_scratch_bytes(fp8::Shape shape, const fp8::QuantSpec& spec);
 
 // values: device fp32 [rows × cols], row-major. buffers: device pointers, one
@@ -24,7 +25,9 @@ std::size_t quantize_scratch_bytes(fp8::Shape shape, const fp8::QuantSpec& spec)
 // others; the caller records the returned amax into its history). scratch:
 // device memory of quantize_scratch_bytes. Returns the tensor's amax (max |x|,
 // NaN ignored), as fp8::QuantizedTensor::amax; synchronizes `stream` to read
-// it. Throws std::invalid_argument where fp8::layout throws, and
+// it, then enqueues the writes of the buffers on `stream` and returns without
+// waiting for them. Throws std::invalid_argument where fp8::layout throws,
+// when buffers.size() differs from the layout's, or for a null pointer, and
 // std::runtime_error on a CUDA error.
 float quantize(const float* values, fp8::Shape shape, const fp8::QuantSpec& spec,
                float delayed_scale, std::span<void* const> buffers, void* scratch,
@@ -32,7 +35,9 @@ float quantize(const float* values, fp8::Shape shape, const fp8::QuantSpec& spec
 
 // The inverse, as fp8::dequantize: Usage::rowwise writes [rows × cols],
 // Usage::columnwise the transpose [cols × rows] (row-major). out: device fp32.
-// Throws std::invalid_argument if the tensor was not quantized for `usage`.
+// Asynchronous on `stream`. Throws std::invalid_argument where quantize()
+// does, or if the tensor was not quantized for `usage` (bf16's one buffer
+// serves both). NaN elements dequantize to a NaN, not to the CPU's payload.
 void dequantize(std::span<const void* const> buffers, fp8::Shape shape, const fp8::QuantSpec& spec,
                 fp8::Usage usage, float* out, cudaStream_t stream);
 

@@ -54,6 +54,9 @@ class DeviceBuffer {
     explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
         ALLOCSCOPE_CUDA_CHECK(cudaMalloc(&base_, bytes + 2 * kGuard));
         ALLOCSCOPE_CUDA_CHECK(cudaMemset(base_, kFill, bytes + 2 * kGuard));
+        // cudaMemset may still be running, and the non-blocking streams the
+        // tests use do not wait for the legacy default stream.
+        ALLOCSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
     }
     ~DeviceBuffer() { cudaFree(base_); }
     DeviceBuffer(const DeviceBuffer&) = delete;
@@ -144,15 +147,14 @@ DeviceTensor quantize_on_gpu(const std::vector<float>& values, Shape shape,
     const DeviceBuffer x = upload(values);
     const DeviceBuffer scratch(gpu::quantize_scratch_bytes(shape, spec));
     const std::vector<void*> pointers = t.pointers();
-    t.amax = gpu::quantize(static_cast<const float*>(x.get()), shape, spec, delayed_scale,
-                           pointers, scratch.get(), stream.get());
+    t.amax = gpu::quantize(static_cast<const float*>(x.get()), shape, spec, delayed_scale, pointers,
+                           scratch.get(), stream.get());
     stream.sync();
     return t;
 }
 
-std::vector<float> dequantize_on_gpu(const DeviceTensor& t, Shape shape,
-                                     const fp8::QuantSpec& spec, Usage usage,
-                                     const Stream& stream, bool& guards_intact) {
+std::vector<float> dequantize_on_gpu(const DeviceTensor& t, Shape shape, const fp8::QuantSpec& spec,
+                                     Usage usage, const Stream& stream, bool& guards_intact) {
     const DeviceBuffer out(shape.rows * shape.cols * sizeof(float));
     const std::vector<const void*> pointers = t.const_pointers();
     gpu::dequantize(pointers, shape, spec, usage, static_cast<float*>(out.get()), stream.get());
@@ -215,7 +217,8 @@ std::vector<float> wide_range(std::size_t n, std::uint32_t seed) {
 // of zeros long enough to fill whole blocks.
 std::vector<float> specials(std::size_t n, std::uint32_t seed) {
     std::vector<float> v = wide_range(n, seed);
-    const float special[] = {kNan, -kNan, 1.0e38f, -kFloatMax, 1.0e6f, -7.0e4f, 1.0e-40f, -1.0e-44f};
+    const float special[] = {kNan,   -kNan,   1.0e38f,  -kFloatMax,
+                             1.0e6f, -7.0e4f, 1.0e-40f, -1.0e-44f};
     for (std::size_t i = 0; i < std::size(special) && i < n; ++i)
         v[(i * 7919 + n / 3) % n] = special[i];
     for (std::size_t i = n / 2; i < n / 2 + 300 && i < n; ++i)
@@ -251,7 +254,7 @@ std::vector<float> zeros(std::size_t n, std::uint32_t) {
 }
 
 const Dataset kDatasets[] = {
-    {"wide range", wide_range}, {"zeros", zeros},   {"specials", specials},
+    {"wide range", wide_range}, {"zeros", zeros}, {"specials", specials},
     {"infinities", infinities}, {"tiny", tiny},
 };
 
@@ -301,8 +304,8 @@ void check_matches_cpu(const std::vector<float>& values, Shape shape, const fp8:
     ++totals.tensors;
 
     for (const Usage usage : {Usage::rowwise, Usage::columnwise}) {
-        const bool quantized_for =
-            spec.recipe == Recipe::bf16 || (usage == Usage::rowwise ? spec.rowwise : spec.columnwise);
+        const bool quantized_for = spec.recipe == Recipe::bf16 ||
+                                   (usage == Usage::rowwise ? spec.rowwise : spec.columnwise);
         if (!quantized_for) continue;
         bool guards_intact = false;
         const std::vector<float> got =
@@ -404,20 +407,19 @@ TEST_CASE("NVFP4 on the GPU matches the CPU: packed nibbles, E4M3 block scales, 
 TEST_CASE("the amax is max |x| with NaN ignored") {
     const Stream stream;
     const Shape shape{1, 5};
-    const fp8::QuantSpec spec{Recipe::current, fp8::Fp8Dtype::e4m3, true, false,
-                              fp8::TensorRole::activation, fp8::Arch::sm90};
+    const fp8::QuantSpec spec{Recipe::current, fp8::Fp8Dtype::e4m3,         true,
+                              false,           fp8::TensorRole::activation, fp8::Arch::sm90};
     CHECK(quantize_on_gpu({1.0f, kNan, -3.0f, 2.0f, -kNan}, shape, spec, 1.0f, stream).amax ==
           3.0f);
     CHECK(quantize_on_gpu({kNan, kNan, kNan, kNan, kNan}, shape, spec, 1.0f, stream).amax == 0.0f);
-    CHECK(quantize_on_gpu({1.0f, -kInf, 0.0f, 2.0f, kNan}, shape, spec, 1.0f, stream).amax ==
-          kInf);
+    CHECK(quantize_on_gpu({1.0f, -kInf, 0.0f, 2.0f, kNan}, shape, spec, 1.0f, stream).amax == kInf);
 }
 
 TEST_CASE("delayed scaling multiplies by the given scale and stores its inverse") {
     const Stream stream;
     const Shape shape{1, 4};
-    const fp8::QuantSpec spec{Recipe::delayed, fp8::Fp8Dtype::e4m3, true, false,
-                              fp8::TensorRole::activation, fp8::Arch::sm90};
+    const fp8::QuantSpec spec{Recipe::delayed, fp8::Fp8Dtype::e4m3,         true,
+                              false,           fp8::TensorRole::activation, fp8::Arch::sm90};
     const std::vector<float> values = {1.0f, 2.0f, -4.0f, 0.3f};
     for (const float scale : {1.0f, 2.0f, 1000.0f}) {
         CAPTURE(scale);
@@ -438,8 +440,8 @@ TEST_CASE("delayed scaling multiplies by the given scale and stores its inverse"
 TEST_CASE("a negative NaN keeps its sign in FP8 and becomes +6 in E2M1, as on the CPU") {
     const Stream stream;
     const std::vector<float> values = {-kNan, kNan, 1.0f, -2.0f};
-    const fp8::QuantSpec e5m2{Recipe::current, fp8::Fp8Dtype::e5m2, true, false,
-                              fp8::TensorRole::activation, fp8::Arch::sm90};
+    const fp8::QuantSpec e5m2{Recipe::current, fp8::Fp8Dtype::e5m2,         true,
+                              false,           fp8::TensorRole::activation, fp8::Arch::sm90};
     const std::vector<std::uint8_t> fp8_data =
         quantize_on_gpu(values, {1, 4}, e5m2, 1.0f, stream).buffers[0].contents();
     CHECK(fp8_data[0] == 0xFF);
@@ -447,8 +449,8 @@ TEST_CASE("a negative NaN keeps its sign in FP8 and becomes +6 in E2M1, as on th
 
     std::vector<float> block(16 * 16, 0.5f);
     block[0] = -kNan;
-    const fp8::QuantSpec nvfp4{Recipe::nvfp4, fp8::Fp8Dtype::e4m3, true, false,
-                               fp8::TensorRole::activation, fp8::Arch::sm90};
+    const fp8::QuantSpec nvfp4{Recipe::nvfp4, fp8::Fp8Dtype::e4m3,         true,
+                               false,         fp8::TensorRole::activation, fp8::Arch::sm90};
     const std::vector<std::uint8_t> fp4_data =
         quantize_on_gpu(block, {16, 16}, nvfp4, 1.0f, stream).buffers[0].contents();
     CHECK((fp4_data[0] & 0xF) == 0x7);
@@ -460,8 +462,8 @@ TEST_CASE("invalid shapes, usages and buffer counts throw std::invalid_argument"
     const DeviceBuffer scratch(64);
     const DeviceBuffer any(64 * 64 * 4);
     const auto* values = static_cast<const float*>(x.get());
-    const fp8::QuantSpec mxfp8{Recipe::mxfp8, fp8::Fp8Dtype::e4m3, true, true,
-                               fp8::TensorRole::activation, fp8::Arch::sm90};
+    const fp8::QuantSpec mxfp8{Recipe::mxfp8, fp8::Fp8Dtype::e4m3,         true,
+                               true,          fp8::TensorRole::activation, fp8::Arch::sm90};
     const std::vector<void*> four(4, any.get());
     const std::vector<void*> three(3, any.get());
 
@@ -492,13 +494,12 @@ TEST_CASE("invalid shapes, usages and buffer counts throw std::invalid_argument"
     const std::vector<const void*> two(2, any.get());
     fp8::QuantSpec rowwise_only = mxfp8;
     rowwise_only.columnwise = false;
-    CHECK_THROWS_AS(gpu::dequantize(two, {32, 32}, rowwise_only, Usage::columnwise, out,
-                                    stream.get()),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        gpu::dequantize(two, {32, 32}, rowwise_only, Usage::columnwise, out, stream.get()),
+        std::invalid_argument);
     CHECK_THROWS_AS(gpu::dequantize(two, {32, 32}, mxfp8, Usage::rowwise, out, stream.get()),
                     std::invalid_argument);
-    CHECK_THROWS_AS(gpu::dequantize(two, {32, 48}, rowwise_only, Usage::rowwise, out,
-                                    stream.get()),
+    CHECK_THROWS_AS(gpu::dequantize(two, {32, 48}, rowwise_only, Usage::rowwise, out, stream.get()),
                     std::invalid_argument);
     // Nothing above reached a kernel: the stream is still clean.
     stream.sync();
