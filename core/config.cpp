@@ -21,6 +21,10 @@ bool valid_plugin_entry(std::string_view entry) {
     return true;
 }
 
+bool plugin_name_char(char c) noexcept {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+}
+
 // Reads the first variable of `names` that is set; a malformed value is
 // reported and the next source is tried.
 int32_t first_int(const EnvLookup& env, std::initializer_list<const char*> names, int64_t min_value,
@@ -85,29 +89,108 @@ Config parse_config(const EnvLookup& env) {
         }
     }
     if (const char* v = env("ALLOCSCOPE_PLUGINS")) {
-        std::string_view s(v);
         std::vector<std::string> entries;
-        bool ok = true;
-        while (ok) {
+        bool off = false;
+        std::string problem;
+        if (parse_plugin_list(v, entries, off, problem)) {
+            c.plugins = std::move(entries);
+            c.plugins_off = off;
+        } else {
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGINS='") + v +
+                                 "': " + problem + "; using the default plugins");
+        }
+    }
+    if (const char* v = env("ALLOCSCOPE_PLUGIN_OPTIONS"); v && *v) {
+        std::string_view s(v);
+        PluginOptions options;
+        std::string problem;
+        while (problem.empty()) {
             size_t comma = s.find(',');
-            std::string_view entry = s.substr(0, comma);
-            if (!valid_plugin_entry(entry)) ok = false;
-            entries.emplace_back(entry);
+            std::string key, value;
+            if (parse_plugin_option(s.substr(0, comma), key, value, problem)) {
+                options[key] = value;
+            }
             if (comma == std::string_view::npos) break;
             s.remove_prefix(comma + 1);
         }
-        if (ok) {
-            c.plugins = std::move(entries);
+        if (problem.empty()) {
+            c.plugin_options = std::move(options);
         } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGINS='") + v +
-                                 "': expected a comma-separated list of plugin names or paths "
-                                 "(no empty entries); using the default plugins");
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGIN_OPTIONS='") +
+                                 v + "': " + problem +
+                                 "; expected a comma-separated list of <plugin>.<key>=<value>; "
+                                 "using no options");
         }
     }
+    if (const char* v = env("ALLOCSCOPE_PLUGIN_DIR"); v && *v) c.plugin_dir = v;
     c.rank = first_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, c.warnings);
     c.world_size =
         first_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, c.warnings);
     return c;
+}
+
+bool parse_plugin_list(std::string_view text, std::vector<std::string>& entries, bool& off,
+                       std::string& problem) {
+    std::vector<std::string> out;
+    for (;;) {
+        size_t comma = text.find(',');
+        std::string_view entry = text.substr(0, comma);
+        if (!valid_plugin_entry(entry)) {
+            problem = "expected a comma-separated list of plugin names or paths (no empty entries)";
+            return false;
+        }
+        out.emplace_back(entry);
+        if (comma == std::string_view::npos) break;
+        text.remove_prefix(comma + 1);
+    }
+    bool none = false;
+    for (const std::string& e : out)
+        none = none || e == "none";
+    if (none && out.size() > 1) {
+        problem = "'none' turns plugins off and cannot be combined with other entries";
+        return false;
+    }
+    off = none;
+    entries.clear();
+    if (!none) entries = std::move(out);
+    return true;
+}
+
+bool parse_plugin_option(std::string_view entry, std::string& key, std::string& value,
+                         std::string& error) {
+    const size_t eq = entry.find('=');
+    const size_t dot = entry.substr(0, eq).find('.');
+    if (eq == std::string_view::npos || dot == std::string_view::npos) {
+        error = "'" + std::string(entry) + "' is not <plugin>.<key>=<value>";
+        return false;
+    }
+    const std::string_view name = entry.substr(0, dot);
+    const std::string_view k = entry.substr(dot + 1, eq - dot - 1);
+    const std::string_view val = entry.substr(eq + 1);
+    bool name_ok = !name.empty();
+    for (char c : name)
+        name_ok = name_ok && plugin_name_char(c);
+    if (!name_ok) {
+        error = "'" + std::string(entry) + "': plugin names are made of a-z, 0-9 and '-'";
+        return false;
+    }
+    if (k.empty()) {
+        error = "'" + std::string(entry) + "' has an empty key";
+        return false;
+    }
+    for (std::string_view part : {k, val}) {
+        for (char c : part) {
+            if (c == ',' || static_cast<unsigned char>(c) < 0x20) {
+                error = "'" + std::string(entry) +
+                        "': keys and values cannot hold ',' or "
+                        "control characters";
+                return false;
+            }
+        }
+    }
+    key = std::string(name) + "." + std::string(k);
+    value = std::string(val);
+    return true;
 }
 
 std::string trace_file_name(const Config& config, uint32_t pid) {

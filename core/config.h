@@ -7,12 +7,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace allocscope {
 
 enum class LogLevel { quiet, info, debug };
+
+// Plugin options, "<plugin>.<key>" -> value.
+using PluginOptions = std::map<std::string, std::string>;
 
 struct Config {
     static constexpr uint32_t kDefaultStackDepth = 24;
@@ -21,6 +26,9 @@ struct Config {
     std::string out_dir = "./allocscope-out";   // ALLOCSCOPE_OUT
     uint32_t stack_depth = kDefaultStackDepth;  // ALLOCSCOPE_STACK_DEPTH, 0 = off
     std::vector<std::string> plugins;           // ALLOCSCOPE_PLUGINS (empty = default set)
+    bool plugins_off = false;                   // ALLOCSCOPE_PLUGINS=none
+    PluginOptions plugin_options;               // ALLOCSCOPE_PLUGIN_OPTIONS
+    std::string plugin_dir;                     // ALLOCSCOPE_PLUGIN_DIR ("" = found by the host)
     LogLevel log = LogLevel::info;              // ALLOCSCOPE_LOG
     bool disabled = false;                      // ALLOCSCOPE_DISABLE
     int32_t rank = -1;        // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
@@ -32,6 +40,19 @@ struct Config {
 using EnvLookup = std::function<const char*(const char*)>;
 
 Config parse_config(const EnvLookup& getenv_fn);
+
+// Parses a plugin list (ALLOCSCOPE_PLUGINS, --plugins): comma-separated
+// names or paths, no empty entries; "none" alone sets `off`. On failure
+// returns false and sets `problem`.
+bool parse_plugin_list(std::string_view text, std::vector<std::string>& entries, bool& off,
+                       std::string& problem);
+
+// Parses one "<plugin>.<key>=<value>" (plugin [a-z0-9-]+; key non-empty,
+// without '=' or ','; value without ',', may be empty) into key
+// "<plugin>.<key>" and value. On failure returns false and sets `error` to
+// what is wrong with it.
+bool parse_plugin_option(std::string_view entry, std::string& key, std::string& value,
+                         std::string& error);
 
 // "rank<R>.trace" when the rank is known, else "pid<PID>.trace".
 std::string trace_file_name(const Config& config, uint32_t pid);

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -27,6 +28,8 @@
 #include "config.h"
 #include "cuda_decls.h"
 #include "event_ring.h"
+#include "findings.h"
+#include "plugin_host.h"
 #include "real_cuda.h"
 #include "stack_table.h"
 #include "string_table.h"
@@ -49,6 +52,8 @@ constexpr size_t kWriterBatch = 4096;
 constexpr uint64_t kRingPatienceNs = 2'000'000'000ull;
 // How long exit waits for the writer to drain before giving up.
 constexpr int kExitDrainMs = 5000;
+// How long exit then waits for the plugins' finish and the findings file.
+constexpr int kExitPluginsMs = 10000;
 
 struct TagEntry {
     uint32_t layer;
@@ -107,7 +112,15 @@ struct State {
     std::set<std::pair<uint64_t, std::string>> modules_written;
     pthread_t writer_thread{};
     std::atomic<bool> stop{false};
+    std::atomic<bool> trace_done{false};  // footer written
     std::atomic<bool> writer_done{false};
+
+    // Live plugins (writer thread only). The writer keeps its own copy of
+    // the definitions it writes, so events are resolved exactly as a reader
+    // of the trace resolves them.
+    std::unique_ptr<PluginHost> plugins;
+    std::vector<std::string> written_strings{std::string()};  // index = string id
+    std::vector<ParamRecord> written_params;                  // index = param index
 };
 
 std::atomic<int> g_state{kUninitialized};
@@ -248,6 +261,99 @@ void cover_modules(const std::vector<uint64_t>& frames) {
     }
 }
 
+// --- live plugins (writer thread) ----------------------------------------------
+
+void keep_definition(const Definition& d) {
+    if (d.type == RecordType::string) {
+        if (g->written_strings.size() <= d.id) g->written_strings.resize(d.id + 1);
+        g->written_strings[d.id] = d.text;
+    } else if (d.type == RecordType::param) {
+        if (g->written_params.size() <= d.param.index) g->written_params.resize(d.param.index + 1);
+        g->written_params[d.param.index] = d.param;
+    }
+}
+
+// <ALLOCSCOPE_PLUGIN_DIR>, else relative to liballocscope.so: installed,
+// <libdir>/liballocscope.so -> <libdir>/allocscope/plugins; in the build
+// tree, <build>/interposer/liballocscope.so -> <build>/plugins.
+std::string plugin_dir() {
+    if (!g->config.plugin_dir.empty()) return g->config.plugin_dir;
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(&plugin_dir), &info) || !info.dli_fname) return {};
+    std::string lib = info.dli_fname;
+    const size_t slash = lib.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : lib.substr(0, slash);
+    std::vector<std::string> candidates{dir + "/allocscope/plugins"};
+    if (dir.size() >= 11 && dir.compare(dir.size() - 11, 11, "/interposer") == 0) {
+        candidates.push_back(dir + "/../plugins");
+    }
+    return first_directory(candidates);
+}
+
+void start_plugins() {
+    if (g->config.plugins_off) return;
+    try {
+        HostSettings settings;
+        settings.rank = g->config.rank;
+        settings.world_size = g->config.world_size > 0 ? g->config.world_size : 0;
+        settings.options = g->config.plugin_options;
+        settings.warn = [](const std::string& line) { log_line(LogLevel::quiet, line); };
+        settings.info = [](const std::string& line) { log_line(LogLevel::info, line); };
+        auto host = std::make_unique<PluginHost>(std::move(settings));
+        const std::string dir = plugin_dir();
+        if (dir.empty() && g->config.plugins.empty()) {
+            log_line(LogLevel::debug,
+                     "allocscope: no plugin directory found (set ALLOCSCOPE_PLUGIN_DIR); no "
+                     "plugins run");
+        }
+        host->load(g->config.plugins, dir);
+        g->plugins = std::move(host);
+    } catch (const std::exception& e) {
+        log_line(LogLevel::quiet, std::string("allocscope: plugins off: ") + e.what());
+    } catch (...) {
+        log_line(LogLevel::quiet, "allocscope: plugins off: unexpected exception");
+    }
+}
+
+void feed_plugins(const std::vector<Event>& batch) {
+    if (!g->plugins) return;
+    try {
+        for (const Event& e : batch)
+            g->plugins->feed(e, g->written_strings, g->written_params);
+    } catch (const std::exception& e) {
+        // Only the host's own bookkeeping throws (out of memory); plugin
+        // failures are contained by the host.
+        log_line(LogLevel::quiet,
+                 std::string("allocscope: plugins stopped, no findings written: ") + e.what());
+        g->plugins.reset();
+    } catch (...) {
+        log_line(LogLevel::quiet, "allocscope: plugins stopped, no findings written");
+        g->plugins.reset();
+    }
+}
+
+// findings.<stem>.json next to <stem>.trace: the trace's name is unique in
+// the directory, so is this one.
+void finish_plugins() {
+    if (!g->plugins) return;
+    const std::string& trace = g->writer.path();
+    const size_t slash = trace.rfind('/');
+    std::string name = slash == std::string::npos ? trace : trace.substr(slash + 1);
+    std::string stem = name.size() > 6 ? name.substr(0, name.size() - 6) : name;
+    const std::string path = g->config.out_dir + "/findings." + stem + ".json";
+    try {
+        g->plugins->finish();
+        FindingsFile file = g->plugins->findings_file(name);
+        write_findings_file(path, file);
+        log_line(LogLevel::info, "allocscope: wrote " + path + " (" +
+                                     std::to_string(file.findings.size()) + " finding(s))");
+    } catch (const std::exception& e) {
+        log_line(LogLevel::quiet, std::string("allocscope: findings not written: ") + e.what());
+    } catch (...) {
+        log_line(LogLevel::quiet, "allocscope: findings not written");
+    }
+}
+
 // --- writer thread ------------------------------------------------------------
 
 void write_pending_definitions() {
@@ -257,6 +363,15 @@ void write_pending_definitions() {
         defs.swap(g->pending_defs);
     }
     for (const Definition& d : defs) {
+        if (g->plugins) {
+            try {
+                keep_definition(d);
+            } catch (...) {
+                log_line(LogLevel::quiet,
+                         "allocscope: plugins stopped, no findings written: out of memory");
+                g->plugins.reset();
+            }
+        }
         switch (d.type) {
             case RecordType::string:
                 g->writer.string(d.id, d.text);
@@ -288,6 +403,7 @@ uint64_t drain_once(std::vector<Event>& batch) {
     g->ring.release_until(first + n);
     for (const Event& e : batch)
         g->writer.event(e);
+    feed_plugins(batch);
     return n;
 }
 
@@ -306,6 +422,7 @@ void* writer_main(void*) {
     std::vector<Event> batch;
     batch.reserve(kWriterBatch);
     scan_modules();
+    start_plugins();
     long sleep_us = 1000;
     for (;;) {
         uint64_t n = drain_once(batch);
@@ -343,6 +460,10 @@ void* writer_main(void*) {
         log_line(LogLevel::info, "allocscope: wrote " + g->writer.path() + " (" +
                                      std::to_string(footer.events) + " events)");
     }
+    // The trace is complete before any plugin's finish runs: a plugin that
+    // takes too long at exit costs its findings, never the trace.
+    g->trace_done.store(true, std::memory_order_release);
+    finish_plugins();
     g->writer_done.store(true, std::memory_order_release);
     return nullptr;
 }
@@ -429,6 +550,10 @@ void initialize() {
     }
     g->start_mono_ns = mono_ns();
     g->owner_pid = getpid();
+    // Sequence numbers start at 1: the plugin ABI's alloc_seq 0 means "a
+    // free of an unknown address", so no allocation may have seq 0. No hook
+    // runs yet, so taking and retiring seq 0 here cannot race.
+    if (g->ring.reserve(0)) g->ring.release_until(1);
     std::string error;
     if (!make_dirs(g->config.out_dir, error) || !open_trace(error)) {
         log_line(LogLevel::quiet, "allocscope: recording disabled: " + error);
@@ -472,14 +597,25 @@ __attribute__((destructor)) void finish_recording() {
     if (g_state.load(std::memory_order_acquire) != kRecording || getpid() != g->owner_pid) return;
     g_state.store(kOff, std::memory_order_release);
     g->stop.store(true, std::memory_order_release);
-    for (int waited = 0; waited < kExitDrainMs; ++waited) {
-        if (g->writer_done.load(std::memory_order_acquire)) return;
-        timespec pause{0, 1000000};
-        nanosleep(&pause, nullptr);
+    auto wait_for = [](const std::atomic<bool>& flag, int ms) {
+        for (int waited = 0; waited < ms; ++waited) {
+            if (flag.load(std::memory_order_acquire)) return true;
+            timespec pause{0, 1000000};
+            nanosleep(&pause, nullptr);
+        }
+        return flag.load(std::memory_order_acquire);
+    };
+    if (!wait_for(g->trace_done, kExitDrainMs)) {
+        log_line(LogLevel::quiet, "allocscope: trace writer did not finish within " +
+                                      std::to_string(kExitDrainMs / 1000) +
+                                      " s at exit; the trace may lack its last events");
+        return;
     }
-    log_line(LogLevel::quiet, "allocscope: trace writer did not finish within " +
-                                  std::to_string(kExitDrainMs / 1000) +
-                                  " s at exit; the trace may lack its last events");
+    if (!wait_for(g->writer_done, kExitPluginsMs)) {
+        log_line(LogLevel::quiet, "allocscope: plugins did not finish within " +
+                                      std::to_string(kExitPluginsMs / 1000) +
+                                      " s at exit; findings not written");
+    }
 }
 
 // --- event helpers ---------------------------------------------------------------

@@ -46,6 +46,32 @@ bool parse_int(const std::string& text, int64_t min, int64_t max, int64_t& out) 
     return ec == std::errc() && ptr == text.data() + text.size() && out >= min && out <= max;
 }
 
+constexpr const char* kInjectForms = "retain-activation:LAYER|grow-optimizer|leak-rank:RANK";
+
+// One --inject value into o.inject; the error message otherwise. Layer and
+// rank are checked against --layers and --ranks once every flag is read.
+std::string parse_injection(const std::string& v, Injections& inject) {
+    const size_t colon = v.find(':');
+    const std::string kind = v.substr(0, colon);
+    const std::string arg = colon == std::string::npos ? std::string() : v.substr(colon + 1);
+    auto index = [&](int64_t max, std::optional<int>& out) -> std::string {
+        int64_t n = 0;
+        if (colon == std::string::npos || !parse_int(arg, 0, max, n)) {
+            return "--inject " + kind + " expects " + kind + ":N with N from 0 to " +
+                   std::to_string(max) + ", got '" + v + "'";
+        }
+        out = int(n);
+        return {};
+    };
+    if (kind == "retain-activation") return index(1023, inject.retain_activation);
+    if (kind == "leak-rank") return index(63, inject.leak_rank);
+    if (v == "grow-optimizer") {
+        inject.grow_optimizer = true;
+        return {};
+    }
+    return "unknown --inject value '" + v + "' (" + kInjectForms + ")";
+}
+
 // Block-scaled recipes quantize along rows and columns of every GEMM operand:
 // tokens, hidden and ffn must be whole blocks.
 std::string check_block_shapes(const Options& o) {
@@ -113,6 +139,14 @@ std::string usage() {
            "  --layers N --hidden N --ffn N --heads N --seq N --batch N\n"
            "                            model shape (default 8, 256, 1024, 8, 32, 2)\n"
            "  --steps N --warmup N --seed N   (default 10, 2, 1234)\n"
+           "  --inject WHAT             inject a memory problem, for testing detectors\n"
+           "                            (repeatable; each keeps what it adds until the run ends):\n"
+           "      retain-activation:LAYER  layer LAYER keeps its largest saved activation of\n"
+           "                               every step past its backward\n"
+           "      grow-optimizer           every optimizer step adds an fp32 state block per\n"
+           "                               layer (the layer's shard size)\n"
+           "      leak-rank:RANK           rank RANK (below --ranks) adds one activation-sized\n"
+           "                               block per step in layers.0's forward\n"
            "\n"
            "example: allocscope run -- allocscope-harness --recipe delayed --te seed --ranks 2\n";
 }
@@ -190,6 +224,8 @@ ParseResult parse_options(const std::vector<std::string>& args) {
             ok = number(0, 1 << 20, o.warmup);
         } else if (a == "--seed") {
             ok = number(0, UINT32_MAX, o.seed);
+        } else if (a == "--inject") {
+            if (std::string e = parse_injection(v, o.inject); !e.empty()) return fail(e);
         } else {
             return fail("unknown option '" + a + "' (see --help)");
         }
@@ -212,6 +248,14 @@ ParseResult parse_options(const std::vector<std::string>& args) {
                     std::to_string(o.steps));
     }
     if (std::string e = check_block_shapes(o); !e.empty()) return fail(e);
+    if (o.inject.retain_activation && *o.inject.retain_activation >= o.shape.layers) {
+        return fail("--inject retain-activation:" + std::to_string(*o.inject.retain_activation) +
+                    " names no layer of --layers " + std::to_string(o.shape.layers));
+    }
+    if (o.inject.leak_rank && *o.inject.leak_rank >= o.ranks) {
+        return fail("--inject leak-rank:" + std::to_string(*o.inject.leak_rank) +
+                    " names no rank of --ranks " + std::to_string(o.ranks));
+    }
     return r;
 }
 

@@ -23,6 +23,22 @@ enum class TeBehaviour {
 // TE doc leaves open whether it is the full or the sharded weight.
 enum class Retain { full, sharded };
 
+// Memory problems injected on purpose (--inject), so the detection plugins
+// are proven on the harness. Each keeps what it injects until the trainer is
+// destroyed (the end of the run); without injections the block allocation
+// sequence is the uninjected one, byte for byte.
+struct Injections {
+    // This layer keeps its largest saved activation of every step past its
+    // backward.
+    std::optional<int> retain_activation;
+    // Every optimizer step allocates one more fp32 state block per layer (the
+    // size of the layer's shard), tagged (layers.<i>, optimizer).
+    bool grow_optimizer = false;
+    // This rank allocates one more block per step in layers.0's forward.
+    std::optional<int> leak_rank;
+    bool any() const { return retain_activation || grow_optimizer || leak_rank; }
+};
+
 struct Options {
     Backend backend = Backend::auto_select;
     int ranks = 2;
@@ -35,6 +51,7 @@ struct Options {
     int steps = 10;
     int warmup = 2;
     unsigned seed = 1234;
+    Injections inject;
 };
 
 struct ParseResult {

@@ -150,6 +150,8 @@ struct Trainer::State {
     std::vector<Scratch> weight_scratch;
     std::vector<Scratch> grad_scratch;
     int64_t optimizer_steps = 0;
+    // What --inject keeps: freed when the trainer goes (the end of the run).
+    std::vector<Block> injected;
 
     State(const Options& o, fp8::Arch a, alloc::CachingAllocator& al, collective::Communicator& c,
           Compute& co)
@@ -554,6 +556,11 @@ struct Trainer::State {
                 layer.saved.push_back(block(spec.bytes(sizeof(Bf16))));
             }
             layer.output = block(th * sizeof(Bf16));
+            if (i == 0 && options.inject.leak_rank == comm.rank()) {
+                // --inject leak-rank: one activation-sized block a step, on
+                // one rank only.
+                injected.push_back(block(th * sizeof(Bf16)));
+            }
             compute.layer_forward(config, operands(i), layer_input(i), layer.output.as<Bf16>(),
                                   saved_pointers(layer));
             transient.clear();
@@ -596,6 +603,14 @@ struct Trainer::State {
             transient.clear();
             for (Param& p : layer.params)
                 p.fp8_copy.reset();
+            if (options.inject.retain_activation == i) {
+                // --inject retain-activation: the largest saved activation
+                // outlives the backward that consumed it.
+                auto largest = std::max_element(
+                    layer.saved.begin(), layer.saved.end(),
+                    [](const Block& a, const Block& b) { return a.bytes() < b.bytes(); });
+                injected.push_back(std::move(*largest));
+            }
             layer.saved.clear();
             dy = std::move(dx);
             if (i > 0) layers[size_t(i) - 1].output.reset();
@@ -640,7 +655,15 @@ struct Trainer::State {
         ++optimizer_steps;
         const int w = world();
         model::AdamConfig adam;
-        for (Layer& layer : layers) {
+        for (size_t i = 0; i < layers.size(); ++i) {
+            Layer& layer = layers[i];
+            if (options.inject.grow_optimizer) {
+                // --inject grow-optimizer: a state block per layer and step
+                // that nothing frees, as an optimizer that appends state.
+                allocscope::ScopedTag state(layer_name(int(i)).c_str(), nullptr);
+                injected.push_back(block(chunk * sizeof(float)));
+                compute.zero(injected.back().as<void>(), chunk * sizeof(float));
+            }
             for (Param& p : layer.params) {
                 const size_t shard = size_t(p.spec.shard_numel(w));
                 if (!p.exp_avg) {  // FusedAdam creates its state lazily

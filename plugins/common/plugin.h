@@ -6,10 +6,14 @@
 
 #include <allocscope/plugin_v1.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -217,6 +221,498 @@ struct Adapter {
         }
     }
 };
+
+// ---- Helpers shared by phase-retention, cross-step-leak and peak-owner ----
+
+// The well-known phase a (sub-)phase belongs to: "forward/quantize" →
+// "forward"; a phase without '/' is its own base.
+inline std::string_view base_phase(std::string_view phase) {
+    return phase.substr(0, phase.find('/'));
+}
+
+// Option `key` as a plain integer in [min, max], or `fallback` when unset.
+// Anything else throws std::invalid_argument naming the option (the plugin
+// is then disabled with that message).
+inline uint64_t option_count(const allocscope_host_v1& host, const char* key, uint64_t fallback,
+                             uint64_t min, uint64_t max) {
+    const char* text = host.option(host.ctx, key);
+    if (!text) return fallback;
+    std::string_view v(text);
+    uint64_t value = 0;
+    bool ok = !v.empty() && v.size() <= 19;
+    for (char c : v) {
+        if (c < '0' || c > '9') {
+            ok = false;
+            break;
+        }
+        value = value * 10 + uint64_t(c - '0');
+    }
+    if (!ok || value < min || value > max) {
+        throw std::invalid_argument(std::string("option ") + key + "=" + text +
+                                    ": expected an integer from " + std::to_string(min) + " to " +
+                                    std::to_string(max));
+    }
+    return value;
+}
+
+// "512 B", "48.0 KiB (49152 B)", "1.50 MiB (1574912 B)": readable, and
+// exact for whoever compares numbers.
+inline std::string format_bytes(uint64_t bytes) {
+    if (bytes < 1024) return std::to_string(bytes) + " B";
+    const char* unit = "KiB";
+    double value = double(bytes) / 1024.0;
+    if (bytes >= (1ull << 30)) {
+        unit = "GiB";
+        value = double(bytes) / double(1ull << 30);
+    } else if (bytes >= (1ull << 20)) {
+        unit = "MiB";
+        value = double(bytes) / double(1ull << 20);
+    }
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f %s (%llu B)", value < 10 ? 2 : 1, value, unit,
+                  static_cast<unsigned long long>(bytes));
+    return buf;
+}
+
+// Dense ids for strings (layers, phases): a plugin keys its maps by id and
+// turns ids back into text only when it emits. Id 0 is "".
+class Interner {
+  public:
+    Interner() { intern(""); }
+    uint32_t intern(std::string_view text) {
+        auto it = ids_.find(text);
+        if (it != ids_.end()) return it->second;
+        const auto id = uint32_t(texts_.size());
+        texts_.emplace_back(text);
+        ids_.emplace(texts_.back(), id);
+        return id;
+    }
+    uint32_t intern(const char* text) { return intern(std::string_view(text ? text : "")); }
+    const std::string& text(uint32_t id) const { return texts_.at(id); }
+
+  private:
+    // Transparent, so a lookup by string_view builds no std::string.
+    struct Hash {
+        using is_transparent = void;
+        std::size_t operator()(std::string_view s) const noexcept {
+            return std::hash<std::string_view>{}(s);
+        }
+    };
+    std::unordered_map<std::string, uint32_t, Hash, std::equal_to<>> ids_;
+    std::vector<std::string> texts_;
+};
+
+// The allocations a plugin holds as evidence for a finding it emits later
+// (at finish): follows their frees, so the emitted evidence says which were
+// freed since (free_seq) and which are still alive (0). Held seqs are
+// reference counted, so one allocation may prove several findings.
+class EvidenceWatch {
+  public:
+    void hold(uint64_t alloc_seq) { ++watched_[alloc_seq].refs; }
+    void release(uint64_t alloc_seq) {
+        auto it = watched_.find(alloc_seq);
+        if (it != watched_.end() && --it->second.refs == 0) watched_.erase(it);
+    }
+    void hold(const std::vector<Evidence>& evidence) {
+        for (const Evidence& e : evidence)
+            hold(e.alloc_seq);
+    }
+    void release(const std::vector<Evidence>& evidence) {
+        for (const Evidence& e : evidence)
+            release(e.alloc_seq);
+    }
+    // A FREE event of a known allocation.
+    void on_free(uint64_t alloc_seq, uint64_t free_seq) {
+        auto it = watched_.find(alloc_seq);
+        if (it != watched_.end()) it->second.free_seq = free_seq;
+    }
+    // Sets free_seq of each held entry from the frees seen since.
+    void fill(std::vector<Evidence>& evidence) const {
+        for (Evidence& e : evidence) {
+            auto it = watched_.find(e.alloc_seq);
+            if (it != watched_.end()) e.free_seq = it->second.free_seq;
+        }
+    }
+    std::size_t size() const { return watched_.size(); }
+
+  private:
+    struct Watched {
+        uint64_t refs = 0;
+        uint64_t free_seq = 0;
+    };
+    std::unordered_map<uint64_t, Watched> watched_;
+};
+
+// ---- Helpers shared by weight-copy-accumulation and transpose-cache-retention ----
+
+// PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, and
+// harness/alloc/caching_allocator.h): requests are rounded up to multiples of
+// 512 B (at least 512 B); blocks above 1 MiB come from the large pool, where
+// a free block is handed out unsplit when the remainder is at most 1 MiB.
+inline constexpr uint64_t kCachingMinBlock = 512;
+inline constexpr uint64_t kCachingSmallSize = uint64_t{1} << 20;
+
+inline constexpr uint64_t caching_round(uint64_t bytes) {
+    return bytes < kCachingMinBlock
+               ? kCachingMinBlock
+               : kCachingMinBlock * ((bytes + kCachingMinBlock - 1) / kCachingMinBlock);
+}
+
+// A set of byte counts, matched the way allocation events report them: the
+// raw request (cudaMallocAsync, an allocator that reports requests), the
+// caching allocator's rounded block, or a large-pool block handed out
+// unsplit (up to 1 MiB above the rounded request).
+class SizeSet {
+  public:
+    void add(uint64_t raw) {
+        if (raw == 0) return;
+        raw_.push_back(raw);
+        rounded_.push_back(caching_round(raw));
+        sealed_ = false;
+    }
+    void seal() {
+        for (std::vector<uint64_t>* v : {&raw_, &rounded_}) {
+            std::sort(v->begin(), v->end());
+            v->erase(std::unique(v->begin(), v->end()), v->end());
+        }
+        sealed_ = true;
+    }
+    bool contains(uint64_t size) const {
+        if (!sealed_) throw std::logic_error("SizeSet used before seal()");
+        if (std::binary_search(raw_.begin(), raw_.end(), size)) return true;
+        auto it = std::upper_bound(rounded_.begin(), rounded_.end(), size);
+        if (it == rounded_.begin()) return false;
+        const uint64_t r = *(it - 1);  // the largest rounded size <= size
+        return r == size || (r > kCachingSmallSize && size - r <= kCachingSmallSize);
+    }
+    std::size_t size() const { return raw_.size(); }
+
+  private:
+    std::vector<uint64_t> raw_;
+    std::vector<uint64_t> rounded_;
+    bool sealed_ = true;
+};
+
+// Which forms of a weight count as derived from it.
+struct WeightSizeRules {
+    // A bf16 copy (2·numel bytes). Off where an allocation of that size is
+    // as likely to be the weight's gradient (backward).
+    bool bf16_copy = true;
+    // Shard-sized forms too (a column-wise form built per shard: numel/world
+    // bytes and its scales divided by the world size), for the shard count
+    // numel / sharded_numel and for `world`.
+    bool sharded = false;
+    // The host's world size (0: unknown).
+    uint64_t world = 0;
+};
+
+// The byte counts of what a quantized (or copied) weight of `numel` elements
+// allocates, per TransformerEngine's quantizers (harness/fp8/layout.h):
+//   data   FP8 E4M3/E5M2 data or transpose, MXFP8 row-/column-wise data,
+//          Float8BlockScaling data: numel; NVFP4 data: numel/2 (two E2M1 per
+//          byte); a bf16 copy: 2·numel (rules.bf16_copy).
+//   scales per-tensor scale_inv and NVFP4 amax (4 B); MXFP8 E8M0 scales
+//          [round_up(R,128) × round_up(C/32,4)] and [round_up(R/32,4) ×
+//          round_up(C,128)]; NVFP4 E4M3 scales [round_up(R,128) ×
+//          round_up(C/16,4)] and the transposed form; Float8BlockScaling fp32
+//          scales, 2-D 128×128 blocks (weights) and 1-D 1×128 blocks.
+// A parameter event has no shape, so the scales are those of every shape
+// R × C = numel with R, C >= 16 that the recipe accepts (numels of real
+// weights have few divisors; above 2^44 elements only the 4-byte scales are
+// listed).
+struct WeightSizes {
+    SizeSet data;
+    SizeSet scales;
+};
+
+inline WeightSizes weight_derived_sizes(uint64_t numel, uint64_t sharded_numel,
+                                        const WeightSizeRules& rules) {
+    auto ceil_div = [](uint64_t a, uint64_t b) { return (a + b - 1) / b; };
+    auto round_up = [&](uint64_t a, uint64_t b) { return ceil_div(a, b) * b; };
+    // Shard counts: the registered shard's (HSDP shards over a subgroup) and
+    // the host's world size.
+    std::vector<uint64_t> shards;
+    if (rules.sharded) {
+        if (sharded_numel > 0 && sharded_numel < numel)
+            shards.push_back(ceil_div(numel, sharded_numel));
+        if (rules.world > 1) shards.push_back(rules.world);
+    }
+
+    WeightSizes out;
+    out.data.add(numel);
+    out.data.add(ceil_div(numel, 2));
+    if (rules.bf16_copy) out.data.add(2 * numel);
+    for (uint64_t w : shards) {
+        out.data.add(ceil_div(numel, w));
+        out.data.add(ceil_div(ceil_div(numel, 2), w));
+    }
+    if (!shards.empty() && sharded_numel > 0 && sharded_numel < numel) {
+        out.data.add(sharded_numel);
+        out.data.add(ceil_div(sharded_numel, 2));
+    }
+
+    auto scale = [&](uint64_t bytes) {
+        out.scales.add(bytes);
+        for (uint64_t w : shards)
+            out.scales.add(ceil_div(bytes, w));
+    };
+    scale(4);
+    auto shape = [&](uint64_t r, uint64_t c) {
+        // FP8 GEMMs want both dimensions to be multiples of 16; degenerate
+        // shapes ([n/2 × 2]) would give 1-D block scales the size of a bf16
+        // gradient (2·numel).
+        if (r < 16 || c < 16) return;
+        if (r % 32 == 0 && c % 32 == 0) {  // MXFP8, 1×32 / 32×1 blocks, E8M0
+            scale(round_up(r, 128) * round_up(c / 32, 4));
+            scale(round_up(r / 32, 4) * round_up(c, 128));
+        }
+        if (r % 16 == 0 && c % 16 == 0) {  // NVFP4, 16-element blocks, E4M3
+            scale(round_up(r, 128) * round_up(c / 16, 4));
+            scale(round_up(c, 128) * round_up(r / 16, 4));
+        }
+        // Float8BlockScaling, fp32: 2-D weight blocks, then 1-D blocks.
+        scale(ceil_div(r, 128) * round_up(ceil_div(c, 128), 4) * 4);
+        scale(ceil_div(c, 128) * round_up(ceil_div(r, 128), 4) * 4);
+        scale(ceil_div(c, 128) * round_up(r, 4) * 4);
+        scale(ceil_div(r, 128) * round_up(c, 4) * 4);
+    };
+    if (numel > 0 && numel <= (uint64_t{1} << 44)) {
+        for (uint64_t d = 1; d * d <= numel; ++d) {
+            if (numel % d != 0) continue;
+            shape(d, numel / d);
+            shape(numel / d, d);
+        }
+    }
+    out.data.seal();
+    out.scales.seal();
+    return out;
+}
+
+// The numbered layer a module belongs to: its shortest prefix whose last
+// component is a number ("model.layers.3.mlp.fc1" → "model.layers.3",
+// "layers.3" → "layers.3"), or "" when no component is a number.
+inline std::string_view numbered_layer(std::string_view module) {
+    std::size_t begin = 0;
+    while (begin < module.size()) {
+        std::size_t end = module.find('.', begin);
+        if (end == std::string_view::npos) end = module.size();
+        bool digits = end > begin;
+        for (std::size_t i = begin; i < end && digits; ++i)
+            digits = module[i] >= '0' && module[i] <= '9';
+        if (digits) return module.substr(0, end);
+        begin = end + 1;
+    }
+    return {};
+}
+
+// The innermost module enclosing both (layer_within both), "" when none.
+inline std::string_view common_module(std::string_view a, std::string_view b) {
+    while (!a.empty() && !layer_within(b, a)) {
+        const std::size_t dot = a.rfind('.');
+        a = dot == std::string_view::npos ? std::string_view{} : a.substr(0, dot);
+    }
+    return a;
+}
+
+// The registered parameters of at least `min_numel` elements, by module, with
+// their weight-derived sizes (computed when first needed).
+class WeightParams {
+  public:
+    WeightParams(Interner& strings, WeightSizeRules rules, uint64_t min_numel)
+        : strings_(strings), rules_(rules), min_numel_(min_numel) {}
+
+    // The parameters the host has registered so far.
+    void sync(const allocscope_host_v1& host) {
+        const std::size_t n = host.param_count(host.ctx);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (const allocscope_param_v1* p = host.param(host.ctx, i)) add(*p);
+        }
+    }
+    // A PARAM event's parameter; one registered again (the baseline's and
+    // the run's streams both register it) replaces the earlier entry.
+    void add(const allocscope_param_v1& p) {
+        const std::string layer = p.layer ? p.layer : "";
+        if (layer.empty() || p.numel < min_numel_) return;
+        const std::string key = layer + '\n' + (p.name ? p.name : "");
+        auto [it, inserted] = index_.try_emplace(key, uint32_t(params_.size()));
+        if (inserted) {
+            params_.push_back({});
+            by_module_[layer].push_back(it->second);
+        }
+        Param& q = params_[it->second];
+        q.module = strings_.intern(layer);
+        q.numbered = strings_.intern(numbered_layer(layer));
+        q.numel = p.numel;
+        q.sharded_numel = p.sharded_numel;
+        q.sizes.reset();
+        containing_.clear();
+    }
+
+    struct Match {
+        uint32_t param;
+        bool data;  // data-sized; false: scale-sized
+    };
+    // The parameter an allocation of `size` made under module `layer` is
+    // derived from, among those whose module is `layer` or encloses it: a
+    // data-sized match if any, else a scale-sized one.
+    std::optional<Match> match(uint32_t layer, uint64_t size) {
+        const std::vector<uint32_t>& candidates = containing(layer);
+        std::optional<Match> scale;
+        for (uint32_t i : candidates) {
+            const WeightSizes& s = sizes(i);
+            if (s.data.contains(size)) return Match{i, true};
+            if (!scale && s.scales.contains(size)) scale = Match{i, false};
+        }
+        return scale;
+    }
+    uint32_t module(uint32_t param) const { return params_.at(param).module; }
+    // Interned numbered_layer(module); 0 ("") when the module has none.
+    uint32_t numbered(uint32_t param) const { return params_.at(param).numbered; }
+    std::size_t size() const { return params_.size(); }
+
+  private:
+    struct Param {
+        uint32_t module = 0;
+        uint32_t numbered = 0;
+        uint64_t numel = 0;
+        uint64_t sharded_numel = 0;
+        std::unique_ptr<WeightSizes> sizes;
+    };
+    const WeightSizes& sizes(uint32_t i) {
+        Param& p = params_[i];
+        if (!p.sizes)
+            p.sizes = std::make_unique<WeightSizes>(
+                weight_derived_sizes(p.numel, p.sharded_numel, rules_));
+        return *p.sizes;
+    }
+    // Parameters whose module is the module `layer` or one enclosing it;
+    // cached per layer (a run has a few thousand distinct tags).
+    const std::vector<uint32_t>& containing(uint32_t layer) {
+        auto it = containing_.find(layer);
+        if (it != containing_.end()) return it->second;
+        std::vector<uint32_t> out;
+        std::string_view m = strings_.text(layer);
+        while (!m.empty()) {
+            auto found = by_module_.find(std::string(m));
+            if (found != by_module_.end())
+                out.insert(out.end(), found->second.begin(), found->second.end());
+            const std::size_t dot = m.rfind('.');
+            m = dot == std::string_view::npos ? std::string_view{} : m.substr(0, dot);
+        }
+        return containing_.emplace(layer, std::move(out)).first->second;
+    }
+
+    Interner& strings_;
+    WeightSizeRules rules_;
+    uint64_t min_numel_;
+    std::vector<Param> params_;
+    std::unordered_map<std::string, uint32_t> index_;
+    std::unordered_map<std::string, std::vector<uint32_t>> by_module_;
+    std::unordered_map<uint32_t, std::vector<uint32_t>> containing_;
+};
+
+// Which allocation level a detector follows. "block": a caching allocator's
+// tensors (~ memory_allocated); "segment": runtime-API allocations (under
+// PyTorch's cudaMallocAsync backend every tensor is one); "auto": blocks
+// once the stream has reported any, segments until then.
+enum class LevelMode { automatic, block, segment };
+
+inline LevelMode option_level(const allocscope_host_v1& host, const char* key) {
+    const char* text = host.option(host.ctx, key);
+    if (!text) return LevelMode::automatic;
+    const std::string_view v(text);
+    if (v == "auto") return LevelMode::automatic;
+    if (v == "block") return LevelMode::block;
+    if (v == "segment") return LevelMode::segment;
+    throw std::invalid_argument(std::string("option ") + key + "=" + text +
+                                ": expected auto, block or segment");
+}
+
+class LevelFilter {
+  public:
+    explicit LevelFilter(LevelMode mode) : mode_(mode) { reset(); }
+    // A new stream (the run after the baseline).
+    void reset() {
+        level_ = mode_ == LevelMode::segment ? ALLOCSCOPE_LEVEL_SEGMENT
+                 : mode_ == LevelMode::block ? ALLOCSCOPE_LEVEL_BLOCK
+                                             : ALLOCSCOPE_LEVEL_SEGMENT;
+    }
+    // Whether an ALLOC/FREE event is of the followed level. Returns true
+    // and sets *switched when auto mode moves to blocks on this event (the
+    // caller drops what it holds of segments).
+    bool follow(const allocscope_event_v1& e, bool* switched) {
+        *switched = false;
+        if (mode_ == LevelMode::automatic && level_ == ALLOCSCOPE_LEVEL_SEGMENT &&
+            e.level == ALLOCSCOPE_LEVEL_BLOCK && e.kind == ALLOCSCOPE_EVENT_ALLOC) {
+            level_ = ALLOCSCOPE_LEVEL_BLOCK;
+            *switched = true;
+        }
+        return e.level == level_;
+    }
+    uint32_t level() const { return level_; }
+
+  private:
+    LevelMode mode_;
+    uint32_t level_ = ALLOCSCOPE_LEVEL_SEGMENT;
+};
+
+// Per layer, the window (one forward or backward of it) that retained the
+// most bytes, with its evidence held in an EvidenceWatch; layers in the
+// order first seen.
+class RetentionByLayer {
+  public:
+    struct Entry {
+        uint32_t layer = 0;
+        uint64_t bytes = 0;
+        uint64_t count = 0;
+        uint64_t step = 0;
+        uint64_t windows = 0;  // windows in which the layer retained anything
+        std::vector<Evidence> evidence;
+    };
+    explicit RetentionByLayer(EvidenceWatch& watch) : watch_(watch) {}
+
+    // One window's retained allocations of `layer` (non-empty).
+    void record(uint32_t layer, uint64_t step, std::vector<Evidence> evidence) {
+        uint64_t bytes = 0;
+        for (const Evidence& e : evidence)
+            bytes += e.size;
+        auto [it, inserted] = index_.try_emplace(layer, entries_.size());
+        if (inserted) {
+            entries_.emplace_back();
+            entries_.back().layer = layer;
+        }
+        Entry& entry = entries_[it->second];
+        ++entry.windows;
+        if (bytes <= entry.bytes) return;  // ties keep the earliest window
+        watch_.release(entry.evidence);
+        entry.bytes = bytes;
+        entry.count = evidence.size();
+        entry.step = step;
+        entry.evidence = std::move(evidence);
+        watch_.hold(entry.evidence);
+    }
+    const std::vector<Entry>& entries() const { return entries_; }
+
+  private:
+    EvidenceWatch& watch_;
+    std::vector<Entry> entries_;
+    std::unordered_map<uint32_t, std::size_t> index_;
+};
+
+// A finding's evidence, capped (the count stays exact), in sequence order.
+inline constexpr std::size_t kMaxEvidence = 256;
+inline std::vector<Evidence> capped_evidence(std::vector<Evidence> evidence) {
+    std::sort(evidence.begin(), evidence.end(),
+              [](const Evidence& a, const Evidence& b) { return a.alloc_seq < b.alloc_seq; });
+    if (evidence.size() > kMaxEvidence) evidence.resize(kMaxEvidence);
+    return evidence;
+}
+
+// "-1.50 MiB" / "+512 B" for signed differences.
+inline std::string format_signed_bytes(double bytes) {
+    const double magnitude = bytes < 0 ? -bytes : bytes;
+    return std::string(bytes < 0 ? "-" : "+") + format_bytes(uint64_t(magnitude + 0.5));
+}
 
 }  // namespace allocscope::plugins
 

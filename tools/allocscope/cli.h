@@ -4,15 +4,43 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
+
+#include "findings.h"
 
 namespace allocscope::cli {
 
 inline constexpr int kExitUsage = 2;
+// check, run --check: a finding at or above the --fail-on severity.
+inline constexpr int kExitFindings = 3;
 
 int run_command(const std::vector<std::string>& args);
 int report_command(const std::vector<std::string>& args);
+int replay_command(const std::vector<std::string>& args);
+int check_command(const std::vector<std::string>& args);
+
+// --- findings helpers (findings_cli.cpp) ---
+
+// The directory the CLI looks for plugins in: $ALLOCSCOPE_PLUGIN_DIR, else
+// next to the executable (build tree: <build>/plugins; installed:
+// <prefix>/<libdir>/allocscope/plugins); "" when none exists.
+std::string cli_plugin_dir();
+
+// The per-process findings files (findings.<stem>.json, not findings.json)
+// directly in `dir`.
+std::vector<std::string> rank_findings_files_in(const std::string& dir);
+
+// Reads `files` and merges them (merge_findings' order). Throws
+// FindingsError.
+FindingsFile merge_findings_files(const std::vector<std::string>& files);
+
+// The one-line-per-finding summary, then a totals line.
+void print_findings(const FindingsFile& file, std::FILE* out);
+
+// Parses a --fail-on value; false (after printing nothing) when invalid.
+bool parse_fail_on(const std::string& text, Severity& severity);
 
 // Prints "allocscope: <message>" on stderr and returns kExitUsage.
 int fail(const std::string& message);

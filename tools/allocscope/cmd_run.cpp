@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "config.h"
 
 #ifndef ALLOCSCOPE_INSTALL_LIBDIR
 #define ALLOCSCOPE_INSTALL_LIBDIR "lib"
@@ -26,23 +27,39 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kRunHelp =
-    R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] -- CMD [ARGS...]
+    R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
+                     [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
+                     [--check] [--fail-on info|warning|error] -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
-(rank<R>.trace, or pid<PID>.trace without a rank) into DIR. Exits with CMD's
-exit status (128+N when it was killed by signal N).
+(rank<R>.trace, or pid<PID>.trace without a rank) into DIR. Detection plugins
+run inside each process and write findings.<rank<R>|pid<PID>>.json; at the end
+they are merged into DIR/findings.json and printed one line per finding.
+Exits with CMD's exit status (128+N when it was killed by signal N).
 
 options:
   --out DIR          output directory (default: $ALLOCSCOPE_OUT or ./allocscope-out)
-  --force            delete traces an earlier run left in DIR instead of refusing
+  --force            delete traces and findings an earlier run left in DIR
+                     instead of refusing
   --stack-depth N    frames captured per allocation, 0 turns stacks off (default 24)
+  --plugins LIST     comma list of plugin names or paths (default: every
+                     built-in plugin; `none` turns plugins off)
+  --plugin-dir DIR   where plugin names are looked up (ALLOCSCOPE_PLUGIN_DIR)
+  --plugin-option NAME.KEY=VALUE
+                     an option for plugin NAME (repeatable; added to
+                     ALLOCSCOPE_PLUGIN_OPTIONS)
+  --check            after CMD, exit 3 when a finding is at or above the
+                     --fail-on severity; CMD's own failure status wins, and
+                     no readable findings at all exits 2
+  --fail-on SEV      info, warning or error (default error); implies --check
 
 environment:
   ALLOCSCOPE_LIB     path of liballocscope.so to preload instead of the bundled one
 
 example:
   allocscope run --out /tmp/run1 -- torchrun --nproc_per_node 2 train.py
+  allocscope run --check --fail-on warning -- python train.py
 )";
 
 volatile sig_atomic_t g_child = 0;
@@ -85,12 +102,15 @@ void prepare_out_dir(const fs::path& dir, bool force) {
         if (!fs::is_directory(dir, ec)) {
             throw std::runtime_error("output path " + dir.string() + " is not a directory");
         }
-        const std::vector<std::string> old = trace_files_in(dir);
+        std::vector<std::string> old = trace_files_in(dir);
+        for (const std::string& f : rank_findings_files_in(dir))
+            old.push_back(f);
+        if (fs::exists(dir / "findings.json", ec)) old.push_back((dir / "findings.json").string());
         if (!old.empty() && !force) {
             throw std::runtime_error("output directory " + dir.string() + " already holds " +
                                      std::to_string(old.size()) +
-                                     " trace(s) from an earlier run; pass --force to replace "
-                                     "them or choose another --out");
+                                     " trace or findings file(s) from an earlier run; pass "
+                                     "--force to replace them or choose another --out");
         }
         for (const std::string& p : old)
             fs::remove(p, ec);
@@ -104,12 +124,44 @@ void prepare_out_dir(const fs::path& dir, bool force) {
     fs::permissions(dir, fs::perms::owner_all, ec);
 }
 
+// Merges the processes' findings into DIR/findings.json and prints them.
+// Returns the exit status --check asks for (when `check` is set), else 0.
+int merge_and_report(const fs::path& out_dir, bool check, Severity threshold) {
+    const std::vector<std::string> files = rank_findings_files_in(out_dir);
+    if (files.empty()) {
+        if (!check) return 0;
+        std::fprintf(stderr,
+                     "allocscope: --check: no findings files in %s (no process ran plugins, "
+                     "or none reached its exit)\n",
+                     out_dir.c_str());
+        return kExitUsage;
+    }
+    FindingsFile merged;
+    const std::string target = (out_dir / "findings.json").string();
+    try {
+        merged = merge_findings_files(files);
+        write_findings_file(target, merged);
+    } catch (const FindingsError& e) {
+        std::fprintf(stderr, "allocscope: %s\n", e.what());
+        return check ? kExitUsage : 0;
+    }
+    print_findings(merged, stderr);
+    std::fprintf(stderr, "allocscope: findings in %s\n", target.c_str());
+    if (check && count_at_least(merged, threshold) > 0) return kExitFindings;
+    return 0;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& args) {
     std::string out;
     bool force = false;
     std::string stack_depth;
+    std::string plugins;
+    std::string plugin_dir;
+    std::vector<std::string> plugin_options;
+    bool check = false;
+    Severity threshold = Severity::error;
     size_t i = 0;
     for (; i < args.size(); ++i) {
         const std::string& a = args[i];
@@ -121,11 +173,30 @@ int run_command(const std::vector<std::string>& args) {
             ++i;
             break;
         }
-        if (a == "--out" || a == "--stack-depth") {
+        if (a == "--out" || a == "--stack-depth" || a == "--plugins" || a == "--plugin-dir" ||
+            a == "--plugin-option" || a == "--fail-on") {
             if (i + 1 >= args.size()) return fail(a + " needs a value (see allocscope run --help)");
-            (a == "--out" ? out : stack_depth) = args[++i];
+            const std::string& v = args[++i];
+            if (a == "--out") {
+                out = v;
+            } else if (a == "--stack-depth") {
+                stack_depth = v;
+            } else if (a == "--plugins") {
+                plugins = v;
+            } else if (a == "--plugin-dir") {
+                plugin_dir = v;
+            } else if (a == "--plugin-option") {
+                plugin_options.push_back(v);
+            } else {
+                if (!parse_fail_on(v, threshold)) {
+                    return fail("--fail-on expects info, warning or error, got '" + v + "'");
+                }
+                check = true;
+            }
         } else if (a == "--force") {
             force = true;
+        } else if (a == "--check") {
+            check = true;
         } else if (a.rfind("--", 0) == 0) {
             return fail("unknown option '" + a + "' for run (see allocscope run --help)");
         } else {
@@ -140,6 +211,29 @@ int run_command(const std::vector<std::string>& args) {
             return fail("--stack-depth expects an integer from 0 to 128, got '" + stack_depth +
                         "'");
         }
+    }
+    if (!plugins.empty()) {
+        std::vector<std::string> entries;
+        bool off = false;
+        std::string problem;
+        if (!parse_plugin_list(plugins, entries, off, problem)) {
+            return fail("--plugins '" + plugins + "': " + problem);
+        }
+        if (off && check) return fail("--check needs plugins, but --plugins is none");
+    }
+    std::string options_env;
+    if (const char* env = std::getenv("ALLOCSCOPE_PLUGIN_OPTIONS"); env && *env) options_env = env;
+    for (const std::string& o : plugin_options) {
+        std::string key, value, problem;
+        if (!parse_plugin_option(o, key, value, problem)) return fail("--plugin-option " + problem);
+        options_env += (options_env.empty() ? "" : ",") + o;
+    }
+    if (!plugin_dir.empty()) {
+        std::error_code ec;
+        if (!fs::is_directory(plugin_dir, ec)) {
+            return fail("--plugin-dir " + plugin_dir + " is not a directory");
+        }
+        plugin_dir = fs::absolute(plugin_dir).string();
     }
     if (out.empty()) {
         const char* env = std::getenv("ALLOCSCOPE_OUT");
@@ -156,6 +250,9 @@ int run_command(const std::vector<std::string>& args) {
     setenv("LD_PRELOAD", preload.c_str(), 1);
     setenv("ALLOCSCOPE_OUT", out_dir.c_str(), 1);
     if (!stack_depth.empty()) setenv("ALLOCSCOPE_STACK_DEPTH", stack_depth.c_str(), 1);
+    if (!plugins.empty()) setenv("ALLOCSCOPE_PLUGINS", plugins.c_str(), 1);
+    if (!plugin_options.empty()) setenv("ALLOCSCOPE_PLUGIN_OPTIONS", options_env.c_str(), 1);
+    if (!plugin_dir.empty()) setenv("ALLOCSCOPE_PLUGIN_DIR", plugin_dir.c_str(), 1);
 
     std::vector<char*> argv;
     for (size_t k = i; k < args.size(); ++k)
@@ -184,7 +281,9 @@ int run_command(const std::vector<std::string>& args) {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::fprintf(stderr, "allocscope: %zu trace file(s) in %s (allocscope report %s)\n",
                  trace_files_in(out_dir).size(), out_dir.c_str(), out_dir.c_str());
-    return code;
+    const int checked = merge_and_report(out_dir, check, threshold);
+    if (code != 0 || !check) return code;
+    return checked;
 }
 
 }  // namespace allocscope::cli

@@ -18,10 +18,16 @@ constexpr const char* kUsage = R"(usage: allocscope <command> [options]
 Allocation attribution for CUDA training runs.
 
 commands:
-  run [--out DIR] [--force] [--stack-depth N] -- CMD [ARGS...]
+  run [--out DIR] [--force] [--stack-depth N] [--plugins LIST] [--check] -- CMD [ARGS...]
                     run CMD with the interposer preloaded, recording one trace
-                    per process into DIR (default ./allocscope-out)
+                    per process into DIR (default ./allocscope-out); detection
+                    plugins run live and their findings go to DIR/findings.json
   report PATH...    summarize traces (files or output directories)
+  replay PATH... [--plugins LIST] [--baseline PATH] [-o FILE]
+                    run detection plugins on recorded traces
+  check PATH [--fail-on info|warning|error]
+                    exit 3 when a findings file holds a finding at or above
+                    the severity (default error), 0 otherwise
 
   allocscope <command> --help   shows the options of a command
   allocscope --version          prints the version
@@ -40,18 +46,7 @@ int fail(const std::string& message) {
 }
 
 std::string format_bytes(uint64_t bytes) {
-    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (bytes < 1024) return std::to_string(bytes) + " B";
-    double v = static_cast<double>(bytes);
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        ++u;
-    }
-    char buf[32];
-    std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v,
-                  units[u]);
-    return buf;
+    return human_bytes(bytes);
 }
 
 std::vector<std::string> trace_files_in(const std::string& dir) {
@@ -85,6 +80,8 @@ int main(int argc, char** argv) {
     try {
         if (command == "run") return run_command(args);
         if (command == "report") return report_command(args);
+        if (command == "replay") return replay_command(args);
+        if (command == "check") return check_command(args);
     } catch (const std::exception& e) {
         return fail(e.what());
     }

@@ -1,0 +1,116 @@
+// Findings: what detection plugins report, and the findings JSON files
+// (docs/FINDINGS.md is the schema). The writer escapes every string so a
+// layer name taken from the traced program can never break the JSON or an
+// HTML page that embeds it; the reader is a strict parser for this schema
+// that reports the first problem with file, line and column.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace allocscope {
+
+// Values match allocscope_severity_v1.
+enum class Severity : uint8_t { info = 0, warning = 1, error = 2 };
+
+std::string_view to_string(Severity severity) noexcept;
+std::optional<Severity> parse_severity(std::string_view text) noexcept;
+
+// One allocation that proves a finding; free_seq 0 means still alive.
+struct Evidence {
+    uint64_t size = 0;
+    std::string layer;
+    std::string phase;
+    uint64_t step = 0;
+    uint64_t alloc_seq = 0;
+    uint64_t free_seq = 0;
+    uint32_t stack_id = 0;  // the rank's trace's stack id, 0: none
+
+    bool operator==(const Evidence&) const = default;
+};
+
+struct Finding {
+    std::string plugin;
+    Severity severity = Severity::info;
+    int32_t rank = -1;  // -1: the process had no rank
+    std::string layer;  // "" when not attributed to a layer
+    std::string phase;
+    uint64_t bytes = 0;
+    uint64_t count = 0;
+    std::string summary;
+    std::vector<Evidence> evidence;
+
+    bool operator==(const Finding&) const = default;
+};
+
+struct DisabledPlugin {
+    std::string plugin;  // the plugin's name, or the requested entry when it never loaded
+    std::string reason;
+
+    bool operator==(const DisabledPlugin&) const = default;
+};
+
+// What ran on one rank's (or process's) stream.
+struct RankRun {
+    int32_t rank = -1;
+    std::string trace;                 // the trace file the stream is recorded in
+    std::vector<std::string> plugins;  // ran to the end
+    std::vector<DisabledPlugin> disabled;
+
+    bool operator==(const RankRun&) const = default;
+};
+
+struct FindingsFile {
+    std::vector<Finding> findings;
+    std::vector<RankRun> ranks;
+
+    bool operator==(const FindingsFile&) const = default;
+};
+
+inline constexpr int kFindingsFormatVersion = 1;
+
+// A JSON string literal (quotes included). Control characters, quotes,
+// backslashes, '<', '>', '&', U+2028 and U+2029 are escaped; bytes that are
+// not valid UTF-8 become U+FFFD, so the output is always valid UTF-8 JSON.
+std::string json_quote(std::string_view text);
+
+// The whole file, pretty-printed (one finding per block), ending in '\n'.
+std::string to_json(const FindingsFile& file);
+
+class FindingsError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+// Parses a findings document. `origin` names it in error messages
+// ("<origin>: line L, column C: <problem>"). Throws FindingsError.
+FindingsFile parse_findings(std::string_view text, const std::string& origin);
+FindingsFile read_findings_file(const std::string& path);  // throws FindingsError
+
+// Writes `path` through a temporary file in the same directory and a rename,
+// so a reader never sees half a file; mode 0600. Throws FindingsError naming
+// the path and the reason.
+void write_findings_file(const std::string& path, const FindingsFile& file);
+
+// Concatenates the files ordered by their (first) ranks entry: by rank,
+// processes without a rank last, then by trace name; the order within a file
+// is kept. A run's merged findings.json and a replay of its traces therefore
+// list the same findings in the same order.
+FindingsFile merge_findings(std::vector<FindingsFile> files);
+
+// Findings whose severity is at least `threshold`.
+size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept;
+
+// One line for a terminal: severity, plugin, rank, layer/phase, bytes,
+// summary. Control characters in strings taken from the trace are replaced
+// so they cannot drive the terminal.
+std::string summary_line(const Finding& finding);
+
+// "1.5 MiB" style sizes.
+std::string human_bytes(uint64_t bytes);
+
+}  // namespace allocscope

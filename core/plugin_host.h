@@ -1,0 +1,175 @@
+// The host side of the detection plugin ABI (include/allocscope/plugin_v1.h):
+// loads plugins, drives them with one rank's event stream and collects their
+// findings. The same class runs live (the interposer's writer thread) and
+// offline (`allocscope replay`, tests), so both deliver exactly the same
+// calls for the same stream.
+//
+// A plugin that cannot be loaded (no library, no symbol, another ABI version
+// or struct size, an invalid name, a name already loaded), whose init,
+// on_event, on_step or finish returns an error or throws, or that emits an
+// invalid finding, is disabled with one warning naming it and why; the other
+// plugins go on and findings it emitted before stay. A disabled plugin gets
+// no further calls (not even finish).
+//
+// What the host does with each event (the ABI leaves it to the host):
+//   * the live table is updated before the event is delivered, so during
+//     on_event(ALLOC) the allocation is live and during on_event(FREE) it no
+//     longer is; every level is tracked, pinned host memory included (it is
+//     a segment-level allocation);
+//   * a FREE whose real call failed (Event::result != 0) freed nothing and is
+//     not delivered;
+//   * on_step(step) is called when a STEP event carries a step other than the
+//     current one, or any other event carries a larger one (its STEP event
+//     was dropped or raced it), before that event;
+//   * PARAM events add to the param registry; event->param_index is the
+//     registry index (baseline params stay registered when the run begins,
+//     so pointers from param() live until finish);
+//   * a change of `source` between feed() calls starts a new stream: the live
+//     table is emptied and the step restarts at 0.
+//
+// Not thread-safe: one thread drives one host.
+#pragma once
+
+#include <allocscope/plugin_v1.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+#include "event.h"
+#include "findings.h"
+#include "live_table.h"
+#include "string_table.h"
+#include "trace_format.h"
+
+namespace allocscope {
+
+struct Trace;
+
+// A registered parameter, resolved.
+struct ParamInfo {
+    std::string_view layer;
+    std::string_view name;
+    std::string_view dtype;
+    uint64_t numel = 0;
+    uint64_t sharded_numel = 0;
+};
+
+// The strings of one event, resolved from its ids.
+struct EventText {
+    std::string_view layer;  // the event's tag
+    std::string_view phase;
+    std::string_view text;             // MARK: the note
+    const ParamInfo* param = nullptr;  // PARAM: the parameter registered
+};
+
+struct PluginStatus {
+    std::string entry;  // as requested (a name or a path)
+    std::string name;   // the plugin's own name, "" if it never loaded
+    std::string path;   // the library, "" for add()
+    bool enabled = false;
+    std::string reason;  // why it was disabled
+};
+
+struct HostSettings {
+    int32_t rank = -1;       // -1: no rank
+    int32_t world_size = 0;  // 0: unknown
+    bool has_baseline = false;
+    PluginOptions options;  // "<plugin>.<key>" -> value
+    // One line each, without a trailing newline; default: stderr.
+    std::function<void(const std::string&)> warn;  // a plugin disabled, a bad option
+    std::function<void(const std::string&)> info;  // plugins' own log lines
+};
+
+// The file name of plugin `name` in a plugin directory.
+std::string plugin_file_name(std::string_view name);
+// [a-z0-9-]+, at most 64 characters.
+bool valid_plugin_name(std::string_view name) noexcept;
+// An entry of a plugin list is a path when it contains '/' or ends in ".so".
+bool is_plugin_path(std::string_view entry) noexcept;
+// Every allocscope-plugin-*.so in `dir` and its immediate subdirectories
+// (a build tree keeps each plugin in its own folder), sorted by file name.
+std::vector<std::string> discover_plugins(const std::string& dir);
+// The first of `candidates` that is a directory, "" when none is.
+std::string first_directory(const std::vector<std::string>& candidates);
+
+class PluginHost {
+  public:
+    explicit PluginHost(HostSettings settings);
+    ~PluginHost();  // calls finish() if it was not called
+    PluginHost(const PluginHost&) = delete;
+    PluginHost& operator=(const PluginHost&) = delete;
+
+    // Loads and initializes the plugins of `entries` (names looked up in
+    // `dir`, or paths); an empty list loads every plugin discover_plugins()
+    // finds in `dir` ("" = none). Warns about options that name no loaded
+    // plugin. Call before the first feed().
+    void load(const std::vector<std::string>& entries, const std::string& dir);
+    // A plugin descriptor already in memory (a plugin compiled into a test);
+    // checked and initialized like a loaded one.
+    void add(const allocscope_plugin_v1* plugin, const std::string& origin);
+
+    // Delivers one event with its strings resolved.
+    void feed(const Event& event, const EventText& text, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+    // Delivers one event whose ids index a trace's tables (string id ->
+    // text, param index -> record), as the trace and the interposer hold them.
+    void feed(const Event& event, std::span<const std::string> strings,
+              std::span<const ParamRecord> params, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+    // Every event of `trace`, in order.
+    void feed_trace(const Trace& trace, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+
+    // Calls finish on every enabled plugin; idempotent. No feed() after it.
+    void finish();
+
+    // Plugins still enabled (load failures and disabled ones excluded).
+    size_t enabled_count() const noexcept;
+    std::vector<PluginStatus> statuses() const;
+    const std::vector<Finding>& findings() const noexcept { return findings_; }
+    // This host's entry of a findings file.
+    RankRun rank_run(const std::string& trace) const;
+    // Both together: what a rank writes as findings.rank<R>.json.
+    FindingsFile findings_file(const std::string& trace) const;
+
+  private:
+    struct Instance;
+    struct StoredParam;
+
+    void warn(const std::string& line) const;
+    Instance& new_instance(const std::string& entry, const std::string& path);
+    void reject(Instance& in, const std::string& reason);
+    void install(Instance& in, const allocscope_plugin_v1* plugin);
+    void disable(Instance& in, const std::string& reason);
+    template <typename Call>
+    void invoke(Instance& in, const char* what, Call&& call);
+    void start_stream(uint32_t source);
+    LiveTable& table(Level level);
+
+    // allocscope_host_v1 callbacks; ctx is the Instance.
+    static size_t cb_param_count(void* ctx);
+    static const allocscope_param_v1* cb_param(void* ctx, size_t index);
+    static size_t cb_live_foreach(void* ctx, uint32_t level, allocscope_live_visitor_v1 visit,
+                                  void* user);
+    static uint64_t cb_live_bytes(void* ctx, uint32_t level);
+    static const char* cb_option(void* ctx, const char* key);
+    static void cb_emit(void* ctx, const allocscope_finding_v1* finding);
+    static void cb_log(void* ctx, const char* message);
+
+    HostSettings settings_;
+    std::vector<std::unique_ptr<Instance>> instances_;
+    std::vector<Finding> findings_;
+    std::deque<StoredParam> params_;  // a deque: param() pointers stay valid as it grows
+    StringTable strings_;             // tag strings seen; the live table holds their ids
+    std::unique_ptr<LiveTable> segments_;
+    std::unique_ptr<LiveTable> blocks_;
+    uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
+    uint64_t step_ = 0;
+    bool finished_ = false;
+};
+
+}  // namespace allocscope

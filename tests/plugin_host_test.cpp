@@ -1,0 +1,866 @@
+// The plugin host (core/plugin_host.h) driven with synthetic streams and the
+// test plugins of tests/plugins/, and end to end: plugins live inside a
+// traced program against `allocscope replay` on its trace.
+//
+// Environment (set by tests/meson.build):
+//   TEST_PLUGIN_DIR  where the test plugins are (allocscope-plugin-test-*.so)
+//   E2E_CLI          build/tools/allocscope
+//   E2E_PROGRAM      tests/e2e/preload_program.cpp built against the sim runtime
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "findings.h"
+#include "plugin_host.h"
+#include "trace_reader.h"
+#include "trace_writer.h"
+
+namespace fs = std::filesystem;
+using namespace allocscope;
+
+namespace {
+
+std::string env_or_empty(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+
+std::string plugin_dir() {
+    const std::string dir = env_or_empty("TEST_PLUGIN_DIR");
+    REQUIRE_MESSAGE(!dir.empty(), "TEST_PLUGIN_DIR must be set (see tests/meson.build)");
+    return dir;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+struct Captured {
+    std::vector<std::string> warnings;
+    std::vector<std::string> infos;
+};
+
+HostSettings settings_for(Captured& c, PluginOptions options = {}, int32_t rank = 0,
+                          bool baseline = false) {
+    HostSettings s;
+    s.rank = rank;
+    s.world_size = 8;
+    s.has_baseline = baseline;
+    s.options = std::move(options);
+    s.warn = [&c](const std::string& line) { c.warnings.push_back(line); };
+    s.info = [&c](const std::string& line) { c.infos.push_back(line); };
+    return s;
+}
+
+// A hand-made event stream with its string and param tables, fed to a host
+// directly or written as a trace file.
+struct Stream {
+    std::vector<Event> events;
+    std::vector<std::string> strings{std::string()};
+    std::vector<ParamRecord> params;
+    uint64_t seq = 0;
+    uint64_t step = 0;
+    uint32_t layer = 0, phase = 0;
+
+    uint32_t str(const std::string& s) {
+        if (s.empty()) return 0;
+        for (uint32_t i = 0; i < strings.size(); ++i) {
+            if (strings[i] == s) return i;
+        }
+        strings.push_back(s);
+        return static_cast<uint32_t>(strings.size() - 1);
+    }
+    Event& add(EventKind kind) {
+        Event e;
+        e.seq = ++seq;
+        e.t_ns = seq * 1000;
+        e.kind = kind;
+        e.step = step;
+        e.tid = 7;
+        e.layer = layer;
+        e.phase = phase;
+        events.push_back(e);
+        return events.back();
+    }
+    void set_step(uint64_t s) {
+        step = s;
+        add(EventKind::step).step = s;
+    }
+    void push(const std::string& l, const std::string& p) {
+        layer = str(l);
+        phase = str(p);
+        add(EventKind::tag_push);
+    }
+    void pop() {
+        add(EventKind::tag_pop);
+        layer = phase = 0;
+    }
+    void alloc(uint64_t address, uint64_t size, Level level, uint32_t stack = 0) {
+        Event& e = add(EventKind::alloc);
+        e.address = address;
+        e.size = size;
+        e.level = level;
+        e.stack = stack;
+        e.memory = MemoryKind::device;
+    }
+    void free(uint64_t address, uint64_t size, Level level, int32_t result = 0) {
+        Event& e = add(EventKind::free);
+        e.address = address;
+        e.size = size;
+        e.level = level;
+        e.result = result;
+    }
+    void param(const std::string& l, const std::string& name, uint64_t numel,
+               const std::string& dtype, uint64_t sharded) {
+        ParamRecord p;
+        p.index = static_cast<uint32_t>(params.size());
+        p.layer = str(l);
+        p.name = str(name);
+        p.dtype = str(dtype);
+        p.numel = numel;
+        p.sharded_numel = sharded;
+        params.push_back(p);
+        add(EventKind::param).aux = p.index;
+    }
+    void mark(const std::string& text) { add(EventKind::mark).aux = str(text); }
+
+    void feed(PluginHost& host, uint32_t source = ALLOCSCOPE_SOURCE_RUN) const {
+        for (const Event& e : events)
+            host.feed(e, strings, params, source);
+    }
+
+    void write(const std::string& path, int32_t rank) const {
+        TraceWriter w;
+        TraceHeader h;
+        h.tool_version = "test";
+        h.pid = 4242;
+        h.rank = rank;
+        h.world_size = 2;
+        std::string error;
+        REQUIRE_MESSAGE(w.open(path, h, error), error);
+        for (uint32_t i = 1; i < strings.size(); ++i)
+            w.string(i, strings[i]);
+        w.stack(1, std::vector<uint64_t>{0x1234, 0x5678});
+        for (const ParamRecord& p : params)
+            w.param(p);
+        for (const Event& e : events)
+            w.event(e);
+        w.close(FooterRecord{});
+    }
+};
+
+// The stream most cases use; the comments give what the host must make of it.
+Stream standard_stream() {
+    Stream s;
+    s.set_step(1);                                      // seq 1: on_step(1) first
+    s.push("layers.0", "forward");                      // seq 2
+    s.param("layers.0", "weight", 4096, "bf16", 2048);  // seq 3: param index 0
+    s.alloc(0x1000, 1000, Level::block, 1);             // seq 4
+    s.alloc(0x2000, 2000, Level::segment);              // seq 5
+    s.mark("hello");                                    // seq 6
+    s.free(0x1000, 1000, Level::block);                 // seq 7: alloc_seq 4
+    s.pop();                                            // seq 8
+    s.set_step(2);                                      // seq 9: on_step(2)
+    s.alloc(0x3000, 3000, Level::block);                // seq 10, untagged
+    s.free(0x9999, 0, Level::segment);                  // seq 11: unknown, alloc_seq 0
+    s.free(0x2000, 2000, Level::segment, 1);            // seq 12: failed, not delivered
+    Event& oom = s.add(EventKind::oom);                 // seq 13
+    oom.size = uint64_t{1} << 40;
+    oom.level = Level::segment;
+    return s;
+}
+
+const char* kStandardTranscript =
+    "s1 rS1 rP2 rR3:0=layers.0.weight/bf16/4096/2048 rA4@layers.0/forward:1000L1000 "
+    "rA5@layers.0/forward:2000L3000 rK6:hello rF7:4@layers.0/forward rp8 s2 rS9 "
+    "rA10@/:3000L5000 rF11:0@/ rO13";
+
+const Finding* find_finding(const std::vector<Finding>& all, const std::string& plugin,
+                            const std::string& layer_is = "*") {
+    for (const Finding& f : all) {
+        if (f.plugin == plugin && (layer_is == "*" || f.layer == layer_is)) return &f;
+    }
+    return nullptr;
+}
+
+// The count plugin's "key=value" summary as a map.
+std::map<std::string, std::string> fields(const std::string& summary) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(summary);
+    for (std::string word; in >> word;) {
+        size_t eq = word.find('=');
+        if (eq != std::string::npos) out[word.substr(0, eq)] = word.substr(eq + 1);
+    }
+    return out;
+}
+
+const PluginStatus* status_of(const std::vector<PluginStatus>& all, const std::string& entry) {
+    for (const PluginStatus& s : all) {
+        if (s.entry == entry) return &s;
+    }
+    return nullptr;
+}
+
+size_t lines_containing(const std::vector<std::string>& lines, const std::string& part) {
+    return static_cast<size_t>(std::count_if(
+        lines.begin(), lines.end(), [&](const std::string& l) { return contains(l, part); }));
+}
+
+}  // namespace
+
+TEST_CASE("the count plugin sees the stream with resolved strings, live table and steps") {
+    Captured c;
+    PluginHost host(settings_for(c, {{"test-count.transcript", "1"}}, 3));
+    host.load({"test-count"}, plugin_dir());
+    REQUIRE(host.enabled_count() == 1);
+    standard_stream().feed(host);
+    host.finish();
+    CHECK(c.warnings.empty());
+    // init logged through host->log, prefixed with the plugin's name.
+    REQUIRE(c.infos.size() == 1);
+    CHECK(c.infos[0] == "allocscope: plugin test-count: init rank 3 world 8 baseline 0");
+
+    REQUIRE(host.findings().size() == 2);
+    const Finding& f = host.findings()[0];
+    CHECK(f.plugin == "test-count");
+    CHECK(f.rank == 3);
+    CHECK(f.severity == Severity::info);
+    CHECK(f.count == 12);    // 13 events, the failed free not delivered
+    CHECK(f.bytes == 5000);  // 0x2000 (segment) and 0x3000 (block) still live
+    auto v = fields(f.summary);
+    CHECK(v["alloc"] == "3");
+    CHECK(v["free"] == "2");
+    CHECK(v["oom"] == "1");
+    CHECK(v["push"] == "1");
+    CHECK(v["pop"] == "1");
+    CHECK(v["step"] == "2");
+    CHECK(v["param"] == "1");
+    CHECK(v["mark"] == "1");
+    CHECK(v["alloc_bytes"] == "6000");
+    CHECK(v["freed_bytes"] == "1000");
+    CHECK(v["freed_alloc_seq_sum"] == "4");
+    CHECK(v["unknown_frees"] == "1");
+    CHECK(v["on_step"] == "2");
+    CHECK(v["step_sum"] == "3");
+    CHECK(v["last_step"] == "2");
+    CHECK(v["params"] == "1");
+    CHECK(v["live"] == "2");
+    CHECK(v["live_bytes"] == "5000");
+    CHECK(v["segment_bytes"] == "2000");
+    CHECK(v["block_bytes"] == "3000");
+    CHECK(v["stacks"] == "1");
+    CHECK(v["baseline"] == "0");
+    CHECK(v["run"] == "12");
+    // Evidence: the live allocations by alloc seq, with their tags.
+    REQUIRE(f.evidence.size() == 2);
+    CHECK(f.evidence[0] == Evidence{2000, "layers.0", "forward", 1, 5, 0, 0});
+    CHECK(f.evidence[1] == Evidence{3000, "", "", 2, 10, 0, 0});
+    CHECK(f.layer == "");  // the newest live allocation is untagged
+
+    const Finding& t = host.findings()[1];
+    CHECK(t.layer == "transcript");
+    CHECK(t.summary == kStandardTranscript);
+
+    RankRun r = host.rank_run("rank3.trace");
+    CHECK(r.rank == 3);
+    CHECK(r.trace == "rank3.trace");
+    CHECK(r.plugins == std::vector<std::string>{"test-count"});
+    CHECK(r.disabled.empty());
+}
+
+TEST_CASE("feeding resolved strings gives the same calls as feeding ids") {
+    Stream s = standard_stream();
+    Captured c1, c2;
+    PluginHost by_id(settings_for(c1, {{"test-count.transcript", "1"}}));
+    PluginHost by_text(settings_for(c2, {{"test-count.transcript", "1"}}));
+    by_id.load({"test-count"}, plugin_dir());
+    by_text.load({plugin_dir() + "/allocscope-plugin-test-count.so"}, "");
+    s.feed(by_id);
+    for (const Event& e : s.events) {
+        EventText text{s.strings[e.layer], s.strings[e.phase], "", nullptr};
+        ParamInfo p;
+        if (e.kind == EventKind::mark) text.text = s.strings[e.aux];
+        if (e.kind == EventKind::param) {
+            const ParamRecord& r = s.params[e.aux];
+            p = {s.strings[r.layer], s.strings[r.name], s.strings[r.dtype], r.numel,
+                 r.sharded_numel};
+            text.param = &p;
+        }
+        by_text.feed(e, text);
+    }
+    by_id.finish();
+    by_text.finish();
+    CHECK(by_id.findings() == by_text.findings());
+    REQUIRE(by_text.findings().size() == 2);
+    CHECK(by_text.findings()[1].summary == kStandardTranscript);
+}
+
+TEST_CASE("on_step fires before an event whose step moved ahead of a lost STEP event") {
+    Stream s;
+    s.set_step(1);
+    s.step = 3;  // the STEP event of 3 never made it into the stream
+    s.alloc(0x10, 16, Level::block);
+    s.set_step(3);  // no change: no second on_step
+    s.set_step(1);  // a step set back is a change too
+    Captured c;
+    PluginHost host(settings_for(c, {{"test-count.transcript", "1"}}));
+    host.load({"test-count"}, plugin_dir());
+    s.feed(host);
+    host.finish();
+    REQUIRE(host.findings().size() == 2);
+    CHECK(host.findings()[1].summary == "s1 rS1 s3 rA2@/:16L16 rS3 s1 rS4");
+}
+
+TEST_CASE("a baseline stream is delivered first, then the run's with a fresh live table") {
+    Stream base;
+    base.set_step(1);
+    base.alloc(0x1000, 500, Level::block);
+    base.set_step(2);
+    Stream run;
+    run.set_step(1);
+    run.alloc(0x1000, 700, Level::block);
+    Captured c;
+    PluginHost host(settings_for(c, {{"test-count.transcript", "1"}}, 0, true));
+    host.load({"test-count"}, plugin_dir());
+    base.feed(host, ALLOCSCOPE_SOURCE_BASELINE);
+    run.feed(host, ALLOCSCOPE_SOURCE_RUN);
+    host.finish();
+    REQUIRE(host.findings().size() == 2);
+    // Baseline steps are reported with source BASELINE (the plugin writes
+    // them as S); the run restarts at step 0 and with nothing live.
+    CHECK(host.findings()[1].summary == "S1 bS1 bA2@/:500L500 S2 bS3 s1 rS1 rA2@/:700L700");
+    auto v = fields(host.findings()[0].summary);
+    CHECK(v["baseline"] == "3");
+    CHECK(v["run"] == "2");
+    CHECK(v["order"] == "ok");
+    CHECK(v["live_bytes"] == "700");
+    CHECK(c.infos.at(0) == "allocscope: plugin test-count: init rank 0 world 8 baseline 1");
+}
+
+TEST_CASE("broken plugins are disabled with one message each; the good one's findings stay") {
+    Captured c;
+    PluginHost host(settings_for(c));
+    const std::vector<std::string> entries = {
+        "test-count", "test-error", "test-throw",   "test-abi2",         "test-badsize",
+        "test-nosym", "test-dup",   "test-missing", "/nonexistent/x.so", "Bad_Name"};
+    host.load(entries, plugin_dir());
+    // Load-time failures are known before any event.
+    CHECK(host.enabled_count() == 3);
+    standard_stream().feed(host);
+    host.finish();
+
+    const auto st = host.statuses();
+    REQUIRE(st.size() == entries.size());
+    auto reason = [&](const std::string& entry) {
+        const PluginStatus* s = status_of(st, entry);
+        REQUIRE(s != nullptr);
+        CHECK_FALSE(s->enabled);
+        return s->reason;
+    };
+    CHECK(status_of(st, "test-count")->enabled);
+    CHECK(reason("test-error") == "on_event returned an error");
+    CHECK(reason("test-throw") == "on_event threw: boom on event 2");
+    auto reason_has = [&](const std::string& entry, const std::string& part) {
+        const std::string r = reason(entry);
+        CHECK_MESSAGE(contains(r, part), entry << ": " << r);
+    };
+    reason_has("test-abi2", "plugin ABI version 2, this allocscope supports version 1");
+    reason_has("test-badsize",
+               "struct_size 24, expected " + std::to_string(sizeof(allocscope_plugin_v1)));
+    reason_has("test-nosym", "does not export 'allocscope_plugin'");
+    reason_has("test-dup", "a plugin named 'test-count' is already loaded");
+    reason_has("test-missing", "no allocscope-plugin-test-missing.so in");
+    reason_has("/nonexistent/x.so", "cannot load /nonexistent/x.so");
+    reason_has("Bad_Name", "neither a plugin name");
+
+    // One warning per disabled plugin, each naming it.
+    CHECK(c.warnings.size() == entries.size() - 1);
+    for (const std::string& w : c.warnings) {
+        CAPTURE(w);
+        CHECK(w.rfind("allocscope: plugin ", 0) == 0);
+        CHECK(w.find('\n') == std::string::npos);
+    }
+    CHECK(lines_containing(c.warnings, "plugin test-error disabled: on_event returned an error") ==
+          1);
+    CHECK(lines_containing(c.warnings, "plugin test-throw disabled: on_event threw") == 1);
+    CHECK(lines_containing(c.warnings, "plugin test-abi2 disabled") == 1);
+
+    // test-error's finding from before it failed stays; test-count ran to
+    // the end on the whole stream.
+    const Finding* early = find_finding(host.findings(), "test-error");
+    REQUIRE(early != nullptr);
+    CHECK(early->summary == "emitted before failing");
+    CHECK(early->severity == Severity::warning);
+    const Finding* count = find_finding(host.findings(), "test-count");
+    REQUIRE(count != nullptr);
+    CHECK(count->count == 12);
+    CHECK(fields(count->summary)["live_bytes"] == "5000");
+
+    RankRun r = host.rank_run("t");
+    CHECK(r.plugins == std::vector<std::string>{"test-count"});
+    REQUIRE(r.disabled.size() == entries.size() - 1);
+    CHECK(r.disabled[0].plugin == "test-error");
+    CHECK(r.disabled[0].reason == "on_event returned an error");
+    CHECK(r.disabled[6].plugin == "test-missing");  // never loaded: the entry names it
+}
+
+TEST_CASE("errors from init, on_step and finish disable the plugin at that call") {
+    for (const std::string where : {"init", "step", "finish"}) {
+        CAPTURE(where);
+        Captured c;
+        PluginHost host(
+            settings_for(c, {{"test-error.fail_in", where}, {"test-error.fail_at", "2"}}));
+        host.load({"test-error", "test-count"}, plugin_dir());
+        standard_stream().feed(host);
+        host.finish();
+        const std::vector<PluginStatus> statuses = host.statuses();
+        const PluginStatus* s = status_of(statuses, "test-error");
+        REQUIRE(s != nullptr);
+        CHECK_FALSE(s->enabled);
+        const std::string call = where == "step" ? "on_step" : where;
+        CHECK(s->reason == call + " returned an error");
+        REQUIRE(c.warnings.size() == 1);
+        CHECK(c.warnings[0] ==
+              "allocscope: plugin test-error disabled: " + call + " returned an error");
+        // The finding made on its first event exists unless init failed.
+        CHECK((find_finding(host.findings(), "test-error") != nullptr) == (where != "init"));
+        CHECK(find_finding(host.findings(), "test-count") != nullptr);
+    }
+}
+
+TEST_CASE("an invalid finding disables its plugin and is dropped") {
+    Captured c;
+    PluginHost host(settings_for(c, {{"test-throw.what", "bad-finding"}}));
+    host.load({"test-throw"}, plugin_dir());
+    standard_stream().feed(host);
+    host.finish();
+    CHECK(host.findings().empty());
+    REQUIRE(c.warnings.size() == 1);
+    CHECK(c.warnings[0] ==
+          "allocscope: plugin test-throw disabled: emitted a finding with invalid severity 7");
+}
+
+TEST_CASE("options reach the plugin by name; unknown plugin names and bad values are reported") {
+    Captured c;
+    PluginHost host(settings_for(
+        c, {{"test-count.severity", "error"}, {"test-count.evidence", "1"}, {"nobody.x", "1"}}));
+    host.load({"test-count"}, plugin_dir());
+    REQUIRE(c.warnings.size() == 1);
+    CHECK(c.warnings[0] ==
+          "allocscope: plugin option 'nobody.x' names no loaded plugin ('nobody')");
+    standard_stream().feed(host);
+    host.finish();
+    REQUIRE(host.findings().size() == 1);
+    CHECK(host.findings()[0].severity == Severity::error);
+    CHECK(host.findings()[0].evidence.size() == 1);
+
+    Captured bad;
+    PluginHost refused(settings_for(bad, {{"test-count.severity", "fatal"}}));
+    refused.load({"test-count"}, plugin_dir());
+    CHECK(refused.enabled_count() == 0);
+    CHECK(lines_containing(bad.infos, "option severity must be info, warning or error") == 1);
+    REQUIRE(bad.warnings.size() == 1);
+    CHECK(bad.warnings[0] == "allocscope: plugin test-count disabled: init returned an error");
+}
+
+TEST_CASE("an empty list loads every plugin in the directory") {
+    Captured c;
+    PluginHost host(settings_for(c));
+    host.load({}, plugin_dir());
+    std::vector<std::string> names;
+    for (const PluginStatus& s : host.statuses())
+        names.push_back(s.entry);
+    // Sorted by file name; entries are the names the files give.
+    CHECK(names == std::vector<std::string>{"test-abi2", "test-badsize", "test-count", "test-dup",
+                                            "test-error", "test-nosym", "test-throw"});
+    std::vector<std::string> enabled;
+    for (const PluginStatus& s : host.statuses()) {
+        if (s.enabled) enabled.push_back(s.name);
+    }
+    CHECK(enabled == std::vector<std::string>{"test-count", "test-error", "test-throw"});
+    CHECK(discover_plugins("").empty());
+    CHECK(discover_plugins("/nonexistent").empty());
+}
+
+namespace {
+
+struct InlineState {
+    const allocscope_host_v1* host;
+    uint64_t frees_with_alloc = 0;
+};
+
+allocscope_plugin_status inline_init(const allocscope_host_v1* host, void** state) {
+    *state = new InlineState{host};
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status inline_event(void* state, const allocscope_event_v1* e) {
+    auto* s = static_cast<InlineState*>(state);
+    // The event mask keeps everything but FREE away.
+    if (e->kind != ALLOCSCOPE_EVENT_FREE) return ALLOCSCOPE_PLUGIN_ERROR;
+    s->frees_with_alloc += e->alloc_seq != 0;
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status inline_finish(void* state) {
+    auto* s = static_cast<InlineState*>(state);
+    allocscope_finding_v1 f{};
+    f.struct_size = sizeof f;
+    f.severity = ALLOCSCOPE_SEVERITY_WARNING;
+    f.count = s->frees_with_alloc;
+    f.summary = "inline";
+    s->host->emit(s->host->ctx, &f);
+    delete s;
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+}  // namespace
+
+TEST_CASE("a descriptor in memory is checked and driven like a loaded one") {
+    allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
+                           ALLOCSCOPE_PLUGIN_ABI_VERSION,
+                           "inline-frees",
+                           "counts frees of known allocations",
+                           ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE),
+                           inline_init,
+                           inline_event,
+                           nullptr,
+                           inline_finish};
+    Captured c;
+    PluginHost host(settings_for(c, {}, 1));
+    host.add(&p, "inline");
+    allocscope_plugin_v1 bad = p;
+    bad.name = "Not Valid";
+    host.add(&bad, "bad");
+    standard_stream().feed(host);
+    host.finish();
+    REQUIRE(host.findings().size() == 1);
+    CHECK(host.findings()[0].plugin == "inline-frees");
+    CHECK(host.findings()[0].count == 1);  // seq 7; seq 11 is unknown, seq 12 failed
+    CHECK(host.findings()[0].rank == 1);
+    REQUIRE(c.warnings.size() == 1);
+    CHECK(contains(c.warnings[0], "invalid plugin name 'Not Valid'"));
+}
+
+// --- end to end -------------------------------------------------------------------
+
+namespace {
+
+struct Scratch {
+    fs::path dir;
+    Scratch() {
+        char tmpl[] = "/tmp/allocscope-plugins-XXXXXX";
+        dir = mkdtemp(tmpl);
+    }
+    ~Scratch() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+    fs::path operator/(const std::string& name) const { return dir / name; }
+};
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+struct Result {
+    int status;
+    std::string out;
+    std::string err;
+};
+
+Result sh(const Scratch& s, const std::string& command) {
+    std::string cmd = command + " >" + (s / "stdout").string() + " 2>" + (s / "stderr").string();
+    int raw = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    r.out = slurp(s / "stdout");
+    r.err = slurp(s / "stderr");
+    return r;
+}
+
+size_t count_lines(const std::string& text, const std::string& needle) {
+    size_t n = 0;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+        n += contains(line, needle);
+    return n;
+}
+
+std::vector<fs::path> files_matching(const fs::path& dir, const std::string& prefix,
+                                     const std::string& suffix) {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind(prefix, 0) == 0 && n.size() >= suffix.size() &&
+            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            out.push_back(e.path());
+        }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+std::string cli() {
+    const std::string c = env_or_empty("E2E_CLI");
+    REQUIRE_MESSAGE(!c.empty(), "E2E_CLI must be set (see tests/meson.build)");
+    return c;
+}
+
+std::string program() {
+    const std::string p = env_or_empty("E2E_PROGRAM");
+    REQUIRE_MESSAGE(!p.empty(), "E2E_PROGRAM must be set (see tests/meson.build)");
+    return p;
+}
+
+const std::string kPluginArgs =
+    " --plugins test-count,test-error,test-throw --plugin-option test-count.evidence=1000"
+    " --plugin-option test-count.severity=warning";
+
+}  // namespace
+
+TEST_CASE("live plugins in a traced program find what replay finds on its trace") {
+    Scratch s;
+    const fs::path out = s / "out";
+    Result run = sh(s, cli() + " run --out " + out.string() + " --plugin-dir " + plugin_dir() +
+                           kPluginArgs + " -- " + program() + " script");
+    INFO(run.err);
+    CHECK(run.status == 0);
+    CHECK(contains(run.out, "script done: 0 failure(s)\n"));
+    // One message per broken plugin; the program never noticed.
+    CHECK(count_lines(run.err, "plugin test-error disabled: on_event returned an error") == 1);
+    CHECK(count_lines(run.err, "plugin test-throw disabled: on_event threw: boom on event 2") == 1);
+    const auto traces = files_matching(out, "pid", ".trace");
+    REQUIRE(traces.size() == 1);
+    const auto rank_files = files_matching(out, "findings.pid", ".json");
+    REQUIRE(rank_files.size() == 1);
+    CHECK(rank_files[0].filename().string() == "findings." + traces[0].stem().string() + ".json");
+    REQUIRE(fs::exists(out / "findings.json"));
+    // The run's summary: one line per finding.
+    CHECK(count_lines(run.err, "warning test-count  no rank") == 1);
+    CHECK(count_lines(run.err, "test-error  no rank") == 1);
+
+    const Trace trace = load_trace(traces[0].string());
+    REQUIRE(trace.footer.has_value());
+    const FindingsFile live = read_findings_file((out / "findings.json").string());
+    const Finding* count = find_finding(live.findings, "test-count");
+    REQUIRE(count != nullptr);
+    // Every event of the trace reached the plugin, except frees the runtime
+    // refused.
+    size_t failed_frees = static_cast<size_t>(
+        std::count_if(trace.events.begin(), trace.events.end(),
+                      [](const Event& e) { return e.kind == EventKind::free && e.result != 0; }));
+    CHECK(failed_frees >= 2);
+    CHECK(count->count == trace.events.size() - failed_frees);
+    // At exit only the script's deliberately kept, untagged 12000 bytes live.
+    REQUIRE(count->evidence.size() == 1);
+    CHECK(count->evidence[0].size == 12000);
+    CHECK(count->evidence[0].layer == "");
+    CHECK(count->bytes == 12000);
+    CHECK(count->severity == Severity::warning);
+    REQUIRE(live.ranks.size() == 1);
+    CHECK(live.ranks[0].trace == traces[0].filename().string());
+    CHECK(live.ranks[0].plugins == std::vector<std::string>{"test-count"});
+    REQUIRE(live.ranks[0].disabled.size() == 2);
+
+    Result replay = sh(s, cli() + " replay " + out.string() + " --plugin-dir " + plugin_dir() +
+                              kPluginArgs + " -o " + (s / "replay.json").string());
+    INFO(replay.err);
+    CHECK(replay.status == 0);
+    const FindingsFile offline = read_findings_file((s / "replay.json").string());
+    CHECK(offline == live);
+    CHECK(slurp(s / "replay.json") == slurp(out / "findings.json"));
+    // The summary went to stdout, the broken plugins' messages to stderr.
+    CHECK(count_lines(replay.out, "warning test-count  no rank") == 1);
+    CHECK(count_lines(replay.err, "plugin test-throw disabled") == 1);
+}
+
+TEST_CASE("replay delivers the baseline trace of the same rank first") {
+    Scratch s;
+    fs::create_directories(s / "base");
+    fs::create_directories(s / "run");
+    for (int32_t rank : {0, 1}) {
+        Stream base;
+        base.set_step(1);
+        base.alloc(0x1000, 100 + uint64_t(rank), Level::block);
+        base.write((s / "base" / ("rank" + std::to_string(rank) + ".trace")).string(), rank);
+        Stream run;
+        run.set_step(1);
+        run.alloc(0x1000, 200 + uint64_t(rank), Level::block);
+        run.alloc(0x2000, 300, Level::segment, 1);
+        run.write((s / "run" / ("rank" + std::to_string(rank) + ".trace")).string(), rank);
+    }
+    Result r =
+        sh(s, cli() + " replay " + (s / "run").string() + " --baseline " + (s / "base").string() +
+                  " --plugins " + plugin_dir() +
+                  "/allocscope-plugin-test-count.so --plugin-option test-count.transcript=1" +
+                  " -o -");
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    const FindingsFile f = parse_findings(r.out, "stdout");
+    std::vector<std::string> transcripts;
+    for (const Finding& x : f.findings) {
+        if (x.layer == "transcript")
+            transcripts.push_back(std::to_string(x.rank) + ": " + x.summary);
+    }
+    CHECK(transcripts ==
+          std::vector<std::string>{"0: S1 bS1 bA2@/:100L100 s1 rS1 rA2@/:200L200 rA3@/:300L500",
+                                   "1: S1 bS1 bA2@/:101L101 s1 rS1 rA2@/:201L201 rA3@/:300L501"});
+    REQUIRE(f.ranks.size() == 2);
+    CHECK(f.ranks[0].trace == "rank0.trace");
+    CHECK(f.ranks[1].rank == 1);
+    // The summary went to stderr with -o -.
+    CHECK(count_lines(r.err, "info    test-count  rank 1") == 2);
+
+    // A rank without a baseline is refused before anything runs.
+    fs::remove(s / "base" / "rank1.trace");
+    Result missing = sh(s, cli() + " replay " + (s / "run").string() + " --baseline " +
+                               (s / "base").string() + " --plugins none");
+    CHECK(missing.status == 2);
+    CHECK(count_lines(missing.err, "allocscope:") == 1);
+    CHECK(contains(missing.err, "no baseline trace of rank 1"));
+
+    // A corrupt trace: one message, exit 2.
+    {
+        std::fstream t(s / "run" / "rank0.trace", std::ios::in | std::ios::out | std::ios::binary);
+        t.seekp(72 + 12 + 2);
+        t.put('\x7f');
+    }
+    Result corrupt = sh(s, cli() + " replay " + (s / "run").string() + " --plugins none");
+    CHECK(corrupt.status == 2);
+    CHECK(count_lines(corrupt.err, "allocscope:") == 1);
+    CHECK(contains(corrupt.err, "rank0.trace"));
+}
+
+TEST_CASE("run --check and check gate on the findings' severity") {
+    Scratch s;
+    const fs::path out = s / "out";
+    const std::string base = cli() + " run --out " + out.string() + " --force --plugin-dir " +
+                             plugin_dir() + " --plugins test-count";
+    // The count plugin's one finding has the severity its option says.
+    Result warn = sh(s, "RANK=2 " + base + " --plugin-option test-count.severity=warning" +
+                            " --check --fail-on warning -- " + program() + " exit 0");
+    INFO(warn.err);
+    CHECK(warn.status == 3);
+    CHECK(fs::exists(out / "findings.rank2.json"));
+    Result pass = sh(s, "RANK=2 " + base + " --plugin-option test-count.severity=warning" +
+                            " --check -- " + program() + " exit 0");
+    CHECK(pass.status == 0);
+    // The program's own failure wins over the verdict.
+    Result failed = sh(s, "RANK=2 " + base + " --plugin-option test-count.severity=error" +
+                              " --check -- " + program() + " exit 5");
+    CHECK(failed.status == 5);
+
+    // check on the directory and on the file.
+    CHECK(sh(s, cli() + " check " + out.string()).status == 3);  // error severity, default gate
+    CHECK(sh(s, cli() + " check " + (out / "findings.json").string() + " --fail-on error").status ==
+          3);
+    Result info_run = sh(s, "RANK=2 " + base + " -- " + program() + " exit 0");
+    CHECK(info_run.status == 0);
+    CHECK(sh(s, cli() + " check " + out.string()).status == 0);
+    CHECK(sh(s, cli() + " check " + out.string() + " --fail-on warning").status == 0);
+    Result info = sh(s, cli() + " check " + out.string() + " --fail-on info");
+    CHECK(info.status == 3);
+    CHECK(count_lines(info.out, "info    test-count  rank 2") == 1);
+    CHECK(contains(info.out, "check failed: 1 finding(s) at or above info"));
+
+    // Bad input: exit 2 with one message.
+    Result bad_sev = sh(s, cli() + " check " + out.string() + " --fail-on fatal");
+    CHECK(bad_sev.status == 2);
+    CHECK(count_lines(bad_sev.err, "allocscope:") == 1);
+    Result missing = sh(s, cli() + " check " + (s / "nope.json").string());
+    CHECK(missing.status == 2);
+    CHECK(contains(missing.err, "nope.json"));
+    std::ofstream(s / "corrupt.json") << "{\"findings\": [{\"plugin\": \"x\",";
+    Result corrupt = sh(s, cli() + " check " + (s / "corrupt.json").string());
+    CHECK(corrupt.status == 2);
+    CHECK(count_lines(corrupt.err, "allocscope:") == 1);
+    CHECK(contains(corrupt.err, "corrupt.json: line 1"));
+    CHECK(corrupt.out.empty());
+
+    // --check without plugins cannot vouch for anything.
+    Result none = sh(s, base + " --check --plugins none -- " + program() + " exit 0");
+    CHECK(none.status == 2);
+    Result no_files = sh(s, "ALLOCSCOPE_PLUGINS=none " + cli() + " run --out " + out.string() +
+                                " --force --check -- " + program() + " exit 0");
+    CHECK(no_files.status == 2);
+    CHECK(contains(no_files.err, "no findings files"));
+}
+
+TEST_CASE("plugins never run in a forked child; the parent's findings cover its own stream") {
+    Scratch s;
+    const fs::path out = s / "out";
+    Result r = sh(s, cli() + " run --out " + out.string() + " --plugin-dir " + plugin_dir() +
+                         " --plugins test-count -- " + program() + " fork");
+    CHECK(r.status == 0);
+    CHECK(r.out == "fork done: child ok\n");
+    const auto rank_files = files_matching(out, "findings.", ".json");
+    REQUIRE(rank_files.size() == 2);  // the parent's and the merged findings.json
+    const FindingsFile f = read_findings_file((out / "findings.json").string());
+    REQUIRE(f.findings.size() == 1);
+    auto v = fields(f.findings[0].summary);
+    CHECK(v["alloc"] == "1");  // 3333 in the parent; the child's 2222 is nowhere
+    CHECK(v["alloc_bytes"] == "3333");
+    CHECK(v["mark"] == "1");
+}
+
+TEST_CASE("ALLOCSCOPE_PLUGINS=none runs no plugin and writes no findings") {
+    Scratch s;
+    const fs::path out = s / "out";
+    Result r = sh(s, "ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() + " ALLOCSCOPE_PLUGINS=none " + cli() +
+                         " run --out " + out.string() + " -- " + program() + " exit 0");
+    CHECK(r.status == 0);
+    CHECK(files_matching(out, "findings", ".json").empty());
+    CHECK(files_matching(out, "pid", ".trace").size() == 1);
+}
+
+TEST_CASE("an unwritable findings file costs one warning; program and trace are unaffected") {
+    Scratch s;
+    const fs::path out = s / "out";
+    fs::create_directories(out / "findings.rank5.json" / "occupied");
+    const std::string lib =
+        (fs::path(cli()).parent_path() / ".." / "interposer" / "liballocscope.so").string();
+    Result r = sh(s, "RANK=5 ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() +
+                         " ALLOCSCOPE_PLUGINS=test-count ALLOCSCOPE_LOG=quiet LD_PRELOAD=" + lib +
+                         " ALLOCSCOPE_OUT=" + out.string() + " " + program() + " script");
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "script done: 0 failure(s)\n"));
+    CHECK(count_lines(r.err, "allocscope:") == 1);
+    CHECK(count_lines(r.err, "allocscope: findings not written: cannot write") == 1);
+    Trace t = load_trace((out / "rank5.trace").string());
+    CHECK(t.footer.has_value());
+}
+
+TEST_CASE("a bad plugin list or option is refused by the CLI with exit 2") {
+    Scratch s;
+    for (const std::string& args :
+         {std::string(" run --plugins a,,b -- true"), std::string(" run --plugins none,a -- true"),
+          std::string(" run --plugin-option nodot=1 -- true"),
+          std::string(" run --plugin-option Bad.k=1 -- true"),
+          std::string(" run --fail-on fatal -- true"), std::string(" replay /nonexistent/dir"),
+          std::string(" replay --plugin-option x.y -o - /tmp")}) {
+        CAPTURE(args);
+        Result r = sh(s, cli() + args);
+        CHECK(r.status == 2);
+        CHECK(count_lines(r.err, "allocscope:") == 1);
+    }
+    // Replaying with no plugin at all would find nothing and look clean.
+    fs::create_directories(s / "empty");
+    Result none =
+        sh(s, cli() + " replay " + s.dir.string() + " --plugin-dir " + (s / "empty").string());
+    CHECK(none.status == 2);
+    CHECK(contains(none.err, "no plugins (allocscope-plugin-*.so) in "));
+}

@@ -1,0 +1,247 @@
+// allocscope replay: runs detection plugins offline on recorded traces.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cli.h"
+#include "config.h"
+#include "plugin_host.h"
+#include "trace_reader.h"
+
+namespace allocscope::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kReplayHelp =
+    R"(usage: allocscope replay PATH... [--plugins LIST] [--plugin-dir DIR]
+                        [--plugin-option NAME.KEY=VALUE]... [--baseline PATH] [-o FILE]
+
+Runs detection plugins on recorded traces, exactly as they run live inside a
+traced process: one plugin instance per trace (rank), fed the trace's events
+in order. PATH is a trace file or an output directory (all *.trace in it).
+
+Prints one line per finding on stdout. The findings JSON (docs/FINDINGS.md)
+is written only with -o: `-o FILE` writes it to FILE, `-o -` to stdout (the
+summary then goes to stderr). Traces are processed by rank, then file name,
+the order `allocscope run` merges its findings.json in, so a replay of a
+run's traces gives the same findings as the run.
+
+options:
+  --plugins LIST        comma list of plugin names or paths to .so files;
+                        default: every built-in plugin; `none` runs nothing
+  --plugin-dir DIR      where names are looked up (default: $ALLOCSCOPE_PLUGIN_DIR,
+                        else the plugins built or installed with this allocscope)
+  --plugin-option NAME.KEY=VALUE
+                        an option for plugin NAME (repeatable; a later value
+                        replaces an earlier one)
+  --baseline PATH       a baseline run (trace file or directory): each trace's
+                        plugins first get the baseline trace of the same rank
+                        (source BASELINE), then the trace itself
+  -o FILE               write the findings JSON to FILE (`-` for stdout)
+
+exit status: 0 when the plugins ran (whatever they found; use `allocscope
+check` on the -o file to gate on findings), 2 on bad input.
+
+example:
+  allocscope replay fp8-run --baseline bf16-run -o findings.json
+)";
+
+struct TraceRef {
+    std::string path;
+    int32_t rank = -1;
+    int32_t world_size = -1;
+};
+
+std::vector<TraceRef> trace_refs(const std::string& path) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+        files = trace_files_in(path);
+        if (files.empty()) throw std::runtime_error(path + ": no .trace files in this directory");
+    } else if (fs::exists(path, ec)) {
+        files.push_back(path);
+    } else {
+        throw std::runtime_error(path + ": no such file or directory");
+    }
+    std::vector<TraceRef> refs;
+    for (const std::string& f : files) {
+        TraceReader reader(f);  // the header only; throws TraceError
+        refs.push_back({f, reader.header().rank, reader.header().world_size});
+    }
+    return refs;
+}
+
+std::string base_name(const std::string& path) {
+    return fs::path(path).filename().string();
+}
+
+Trace load_for_replay(const std::string& path) {
+    Trace t = load_trace(path);
+    if (t.truncated) {
+        std::fprintf(stderr, "allocscope: warning: %s; replaying the events before that point\n",
+                     t.truncation_message.c_str());
+    }
+    return t;
+}
+
+}  // namespace
+
+int replay_command(const std::vector<std::string>& args) {
+    std::vector<std::string> paths;
+    std::vector<std::string> baseline_paths;
+    std::vector<std::string> plugins;
+    bool plugins_off = false;
+    std::string plugin_dir;
+    PluginOptions options;
+    std::string output;
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        if (a == "--help" || a == "-h") {
+            std::fputs(kReplayHelp, stdout);
+            return 0;
+        }
+        if (a == "--plugins" || a == "--plugin-dir" || a == "--plugin-option" ||
+            a == "--baseline" || a == "-o") {
+            if (i + 1 >= args.size()) {
+                return fail(a + " needs a value (see allocscope replay --help)");
+            }
+            const std::string& v = args[++i];
+            if (a == "--plugins") {
+                std::string problem;
+                if (!parse_plugin_list(v, plugins, plugins_off, problem)) {
+                    return fail("--plugins '" + v + "': " + problem);
+                }
+            } else if (a == "--plugin-dir") {
+                plugin_dir = v;
+            } else if (a == "--plugin-option") {
+                std::string key, value, problem;
+                if (!parse_plugin_option(v, key, value, problem)) {
+                    return fail("--plugin-option " + problem);
+                }
+                options[key] = value;
+            } else if (a == "--baseline") {
+                baseline_paths.push_back(v);
+            } else {
+                output = v;
+            }
+        } else if (a.rfind("-", 0) == 0 && a != "-") {
+            return fail("unknown option '" + a + "' for replay (see allocscope replay --help)");
+        } else {
+            paths.push_back(a);
+        }
+    }
+    if (paths.empty())
+        return fail("replay needs a trace file or directory (see allocscope replay --help)");
+    if (!plugin_dir.empty()) {
+        std::error_code ec;
+        if (!fs::is_directory(plugin_dir, ec)) {
+            return fail("--plugin-dir " + plugin_dir + " is not a directory");
+        }
+    } else {
+        plugin_dir = cli_plugin_dir();
+    }
+    if (!plugins_off && plugins.empty() && discover_plugins(plugin_dir).empty()) {
+        return fail(plugin_dir.empty()
+                        ? "no plugin directory found next to this allocscope; pass --plugin-dir "
+                          "or --plugins with paths"
+                        : "no plugins (allocscope-plugin-*.so) in " + plugin_dir);
+    }
+
+    std::vector<TraceRef> runs, baselines;
+    try {
+        for (const std::string& p : paths) {
+            for (TraceRef& r : trace_refs(p))
+                runs.push_back(std::move(r));
+        }
+        for (const std::string& p : baseline_paths) {
+            for (TraceRef& r : trace_refs(p))
+                baselines.push_back(std::move(r));
+        }
+    } catch (const std::exception& e) {
+        return fail(e.what());
+    }
+    std::stable_sort(runs.begin(), runs.end(), [](const TraceRef& a, const TraceRef& b) {
+        return std::make_tuple(a.rank < 0, a.rank, base_name(a.path)) <
+               std::make_tuple(b.rank < 0, b.rank, base_name(b.path));
+    });
+    // Pairs each trace with its baseline before anything runs, so a missing
+    // one is reported before minutes of replay.
+    std::vector<const TraceRef*> pair(runs.size(), nullptr);
+    if (!baseline_paths.empty()) {
+        for (size_t i = 0; i < runs.size(); ++i) {
+            if (runs.size() == 1 && baselines.size() == 1) {
+                pair[i] = &baselines[0];
+                continue;
+            }
+            std::vector<const TraceRef*> same;
+            for (const TraceRef& b : baselines) {
+                if (b.rank == runs[i].rank) same.push_back(&b);
+            }
+            const std::string which =
+                runs[i].rank >= 0 ? "rank " + std::to_string(runs[i].rank) : "no rank";
+            if (same.empty()) {
+                return fail("no baseline trace of " + which + " (for " + runs[i].path + ")");
+            }
+            if (same.size() > 1) {
+                return fail("several baseline traces of " + which + " (" + same[0]->path + ", " +
+                            same[1]->path + "); pass the one to use as --baseline FILE");
+            }
+            pair[i] = same[0];
+        }
+    }
+
+    std::set<std::string> warned;  // one line per problem, not one per rank
+    auto warn = [&warned](const std::string& line) {
+        if (warned.insert(line).second) std::fprintf(stderr, "%s\n", line.c_str());
+    };
+    std::vector<FindingsFile> per_trace;
+    try {
+        for (size_t i = 0; i < runs.size(); ++i) {
+            HostSettings settings;
+            settings.rank = runs[i].rank;
+            settings.world_size = runs[i].world_size > 0 ? runs[i].world_size : 0;
+            settings.has_baseline = pair[i] != nullptr;
+            settings.options = options;
+            settings.warn = warn;
+            settings.info = [](const std::string& line) {
+                std::fprintf(stderr, "%s\n", line.c_str());
+            };
+            PluginHost host(std::move(settings));
+            if (!plugins_off) host.load(plugins, plugin_dir);
+            if (pair[i]) {
+                Trace base = load_for_replay(pair[i]->path);
+                host.feed_trace(base, ALLOCSCOPE_SOURCE_BASELINE);
+            }
+            {
+                Trace run = load_for_replay(runs[i].path);
+                host.feed_trace(run, ALLOCSCOPE_SOURCE_RUN);
+            }
+            host.finish();
+            per_trace.push_back(host.findings_file(base_name(runs[i].path)));
+        }
+    } catch (const TraceError& e) {
+        return fail(e.what());
+    }
+    const FindingsFile merged = merge_findings(per_trace);
+    const bool json_to_stdout = output == "-";
+    print_findings(merged, json_to_stdout ? stderr : stdout);
+    if (json_to_stdout) {
+        std::fputs(to_json(merged).c_str(), stdout);
+    } else if (!output.empty()) {
+        try {
+            write_findings_file(output, merged);
+        } catch (const FindingsError& e) {
+            return fail(e.what());
+        }
+    }
+    return 0;
+}
+
+}  // namespace allocscope::cli

@@ -1,0 +1,87 @@
+// Findings helpers shared by run, replay and check.
+#include <limits.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli.h"
+#include "plugin_host.h"
+
+#ifndef ALLOCSCOPE_INSTALL_LIBDIR
+#define ALLOCSCOPE_INSTALL_LIBDIR "lib"
+#endif
+
+namespace allocscope::cli {
+
+namespace fs = std::filesystem;
+
+std::string cli_plugin_dir() {
+    if (const char* dir = std::getenv("ALLOCSCOPE_PLUGIN_DIR"); dir && *dir) return dir;
+    char buf[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return {};
+    const fs::path exe_dir = fs::path(std::string(buf, static_cast<size_t>(n))).parent_path();
+    std::vector<std::string> candidates;
+    // The build tree (<build>/tools/allocscope): the same <build>/plugins
+    // the build tree's interposer uses.
+    std::error_code ec;
+    if (fs::exists(exe_dir / ".." / "interposer" / "liballocscope.so", ec)) {
+        candidates.push_back((exe_dir / ".." / "plugins").string());
+    }
+    candidates.push_back(
+        (exe_dir / ".." / ALLOCSCOPE_INSTALL_LIBDIR / "allocscope" / "plugins").string());
+    return first_directory(candidates);
+}
+
+std::vector<std::string> rank_findings_files_in(const std::string& dir) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.size() > 14 && name.rfind("findings.", 0) == 0 &&
+            name.compare(name.size() - 5, 5, ".json") == 0) {
+            files.push_back(entry.path().string());
+        }
+    }
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
+FindingsFile merge_findings_files(const std::vector<std::string>& files) {
+    std::vector<FindingsFile> loaded;
+    for (const std::string& path : files)
+        loaded.push_back(read_findings_file(path));
+    return merge_findings(std::move(loaded));
+}
+
+void print_findings(const FindingsFile& file, std::FILE* out) {
+    size_t by[3] = {0, 0, 0};
+    for (const Finding& f : file.findings) {
+        ++by[static_cast<int>(f.severity)];
+        std::fprintf(out, "%s\n", summary_line(f).c_str());
+    }
+    for (const RankRun& r : file.ranks) {
+        for (const DisabledPlugin& d : r.disabled) {
+            std::string who = r.rank >= 0 ? "rank " + std::to_string(r.rank) : r.trace;
+            std::string line =
+                "allocscope: " + who + ": plugin " + d.plugin + " was disabled: " + d.reason;
+            for (char& c : line) {
+                if (static_cast<unsigned char>(c) < 0x20) c = '?';
+            }
+            std::fprintf(out, "%s\n", line.c_str());
+        }
+    }
+    std::fprintf(out, "allocscope: %zu finding(s): %zu error, %zu warning, %zu info\n",
+                 file.findings.size(), by[2], by[1], by[0]);
+}
+
+bool parse_fail_on(const std::string& text, Severity& severity) {
+    auto parsed = parse_severity(text);
+    if (!parsed) return false;
+    severity = *parsed;
+    return true;
+}
+
+}  // namespace allocscope::cli
