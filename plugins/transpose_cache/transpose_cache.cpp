@@ -26,7 +26,11 @@
 namespace allocscope::plugins {
 namespace {
 
-constexpr uint64_t kDefaultBackwardThreshold = 262144;  // the reference test's 256 KiB
+// The reference test's limit after the fix (256 KiB before it): a
+// quantized-init run's last all-gather buffer, alive after forward and
+// smaller in FP8 than in bf16, makes a healthy run's delta exceed a bf16
+// baseline's by ~770 KiB (plugins/README.md).
+constexpr uint64_t kDefaultBackwardThreshold = 1048576;
 constexpr uint64_t kDefaultMinNumel = 4096;
 
 class TransposeCacheRetention {

@@ -596,7 +596,7 @@ TEST_CASE("baseline mode: post-backward minus post-forward, run minus baseline")
         CHECK(f.bytes == 4 * 786432);
         CHECK(f.count == 4 * 4);
         CHECK(f.summary.find("2 steps after the warm-up step") != std::string::npos);
-        CHECK(f.summary.find("256.0 KiB (262144 B)") != std::string::npos);
+        CHECK(f.summary.find("1.00 MiB (1048576 B)") != std::string::npos);
     }
     SUBCASE("the sharded preset") {
         Shape run_shape;
