@@ -179,6 +179,21 @@ TEST_CASE("the reference matrix: exactly the expected findings, live and against
     }
 }
 
+TEST_CASE("live findings equal a replay of the recorded traces, finding for finding") {
+    TempDir temp;
+    for (const char* args :
+         {"--recipe delayed --te seed", "--recipe block --te seed --quantized-init",
+          "--recipe bf16 --inject leak-rank:0"}) {
+        CAPTURE(args);
+        const FindingsFile on_line = live(temp.dir / "run", args, kLongShape);
+        REQUIRE(sh(env("E2E_CLI") + " replay " + (temp.dir / "run").string() + " -o " +
+                   (temp.dir / "replay.json").string()) == 0);
+        const FindingsFile offline = read_findings_file((temp.dir / "replay.json").string());
+        CHECK(on_line.findings.size() == offline.findings.size());
+        CHECK(on_line.findings == offline.findings);
+    }
+}
+
 TEST_CASE("both --retain presets of the retained transpose are detected") {
     TempDir temp;
     for (auto [preset, bytes] : {std::pair<const char*, uint64_t>{"full", 786432},
