@@ -32,17 +32,11 @@ int gpu_count(std::string& why) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::vector<std::string> args(argv + 1, argv + argc);
-    trainer::ParseResult parsed = trainer::parse_options(args);
-    if (parsed.help) {
-        std::fputs(trainer::usage().c_str(), stdout);
-        return 0;
+    trainer::Options options;
+    if (std::optional<int> status = trainer::parse_command_line(argc, argv, options)) {
+        return *status;
     }
-    if (!parsed.error.empty()) {
-        std::fprintf(stderr, "allocscope-harness: %s\n", parsed.error.c_str());
-        return 2;
-    }
-    if (parsed.options.backend == trainer::Backend::sim) {
+    if (options.backend == trainer::Backend::sim) {
         std::fprintf(stderr,
                      "allocscope-harness: --backend sim runs in allocscope-harness, not in "
                      "allocscope-harness-cuda\n");
@@ -67,5 +61,5 @@ int main(int argc, char** argv) {
                            const trainer::Options& o) {
         return cuda::make_cuda_compute(device, comm, trainer::layer_config(o.shape));
     };
-    return trainer::run_harness(parsed.options, argc, argv, cuda);
+    return trainer::run_harness(options, argc, argv, cuda);
 }

@@ -72,17 +72,10 @@ void drop_own_directory_from_library_path(const std::string& cuda_executable) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::vector<std::string> args(argv + 1, argv + argc);
-    trainer::ParseResult parsed = trainer::parse_options(args);
-    if (parsed.help) {
-        std::fputs(trainer::usage().c_str(), stdout);
-        return 0;
+    trainer::Options options;
+    if (std::optional<int> status = trainer::parse_command_line(argc, argv, options)) {
+        return *status;
     }
-    if (!parsed.error.empty()) {
-        std::fprintf(stderr, "allocscope-harness: %s\n", parsed.error.c_str());
-        return 2;
-    }
-    const trainer::Options& options = parsed.options;
     if (options.backend != trainer::Backend::sim) {
         const std::string cuda = cuda_executable();
         const bool built = !cuda.empty() && access(cuda.c_str(), X_OK) == 0;

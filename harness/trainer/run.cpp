@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "collective/launcher.h"
 #include "trainer/trainer.h"
@@ -62,6 +63,21 @@ int run_rank(const Options& options, const collective::RankInfo& rank,
 }
 
 }  // namespace
+
+std::optional<int> parse_command_line(int argc, char** argv, Options& options) {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    ParseResult parsed = parse_options(args);
+    if (parsed.help) {
+        std::fputs(usage().c_str(), stdout);
+        return 0;
+    }
+    if (!parsed.error.empty()) {
+        std::fprintf(stderr, "allocscope-harness: %s\n", parsed.error.c_str());
+        return 2;
+    }
+    options = parsed.options;
+    return std::nullopt;
+}
 
 int run_harness(const Options& options, int argc, char** argv, const RankBackend& backend) {
     auto env = [](const char* name) { return std::getenv(name); };

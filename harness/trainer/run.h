@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "alloc/caching_allocator.h"
 #include "collective/communicator.h"
@@ -27,6 +28,11 @@ struct RankBackend {
                                            collective::Communicator&, const Options&)>
         make_compute;
 };
+
+// Parses argv. Returns the exit status when the process is done (0 after
+// printing --help, 2 after printing the error), nullopt with `options` set
+// otherwise.
+std::optional<int> parse_command_line(int argc, char** argv, Options& options);
 
 // Parses `options` already read from argv (argv is re-used to launch the
 // ranks), then launches or runs this rank. Returns the process exit code.
