@@ -18,10 +18,9 @@
 //
 // Baseline mode: the reference test's (allocated after backward) −
 // (allocated after forward), run minus baseline, against backward_threshold.
-#include <cmath>
 #include <map>
 
-#include "common/plugin.h"
+#include "common/weights.h"
 
 namespace allocscope::plugins {
 namespace {
@@ -33,45 +32,15 @@ namespace {
 constexpr uint64_t kDefaultBackwardThreshold = 1048576;
 constexpr uint64_t kDefaultMinNumel = 4096;
 
-class TransposeCacheRetention {
+class TransposeCacheRetention final : public WeightDetector {
   public:
     explicit TransposeCacheRetention(const allocscope_host_v1& host)
-        : host_(host),
-          threshold_(option_bytes(host, "backward_threshold", kDefaultBackwardThreshold)),
-          level_(option_level(host, "level")),
-          params_(strings_,
-                  WeightSizeRules{.bf16_copy = false,
-                                  .sharded = true,
-                                  .world = host.world_size > 0 ? uint64_t(host.world_size) : 0},
-                  option_count(host, "min_numel", kDefaultMinNumel, 1, uint64_t{1} << 62)),
-          retained_(watch_) {
-        source_ = host.has_baseline ? ALLOCSCOPE_SOURCE_BASELINE : ALLOCSCOPE_SOURCE_RUN;
-        params_.sync(host);
-    }
-
-    void on_event(const allocscope_event_v1& e) {
-        enter(e.source);
-        switch (e.kind) {
-            case ALLOCSCOPE_EVENT_ALLOC:
-                on_alloc(e);
-                break;
-            case ALLOCSCOPE_EVENT_FREE:
-                on_free(e);
-                break;
-            case ALLOCSCOPE_EVENT_TAG_PUSH:
-                on_push(e);
-                break;
-            case ALLOCSCOPE_EVENT_TAG_POP:
-                on_pop(e);
-                break;
-            case ALLOCSCOPE_EVENT_PARAM:
-                if (const allocscope_param_v1* p = host_.param(host_.ctx, e.param_index))
-                    params_.add(*p);
-                break;
-            default:
-                break;
-        }
-    }
+        : WeightDetector(
+              host, "backward_threshold", kDefaultBackwardThreshold,
+              WeightSizeRules{.bf16_copy = false,
+                              .sharded = true,
+                              .world = host.world_size > 0 ? uint64_t(host.world_size) : 0},
+              kDefaultMinNumel) {}
 
     void on_step(uint64_t /*step*/, uint32_t source) {
         enter(source);
@@ -99,14 +68,6 @@ class TransposeCacheRetention {
         uint32_t module;  // the allocation's layer tag
         bool data;
     };
-    struct Record {
-        uint64_t seq;
-        uint64_t size;
-        uint64_t step;
-        uint32_t stack_id;
-        uint32_t module;
-        uint32_t phase;
-    };
     // Live bytes at the end of forward and of backward, per step.
     struct StepDelta {
         bool has_forward_end = false;
@@ -120,14 +81,11 @@ class TransposeCacheRetention {
         bool warmup_excluded = false;
     };
 
-    bool analyzing() const { return source_ == ALLOCSCOPE_SOURCE_RUN; }
-    const std::string& text(uint32_t id) const { return strings_.text(id); }
-    uint64_t live_bytes() const { return host_.live_bytes(host_.ctx, level_.level()); }
     std::map<uint64_t, StepDelta>& deltas() {
         return deltas_[source_ == ALLOCSCOPE_SOURCE_BASELINE];
     }
 
-    void enter(uint32_t source) {
+    void enter(uint32_t source) override {
         if (source == source_) return;
         // Like finish: a backward the baseline's stream ends in is not
         // measured (no optimizer scope or step change showed it was over).
@@ -140,7 +98,7 @@ class TransposeCacheRetention {
         source_ = source;
     }
 
-    void on_alloc(const allocscope_event_v1& e) {
+    void on_alloc(const allocscope_event_v1& e) override {
         bool switched = false;
         if (!level_.follow(e, &switched)) return;
         if (switched) {
@@ -148,31 +106,18 @@ class TransposeCacheRetention {
             window_.clear();
         }
         if (!analyzing()) return;
-        live_.erase(e.address);  // a record left at this address is stale (missed free)
-        if (!e.phase || !phase_within(e.phase, "backward") || !e.layer || !*e.layer) return;
-        const uint32_t module = strings_.intern(e.layer);
-        const std::optional<WeightParams::Match> m = params_.match(module, e.size);
+        uint32_t module = 0;
+        const std::optional<WeightParams::Match> m = match_alloc(e, "backward", &module);
         if (!m) return;
         if (!in_backward_) {  // the stream began inside backward: no push opened it
             in_backward_ = true;
             backward_step_ = e.step;
         }
         window_.push_back({e.address, e.seq, layer_of(e.tid, m->param), module, m->data});
-        live_[e.address] =
-            Record{e.seq, e.size, e.step, e.stack_id, module, strings_.intern(e.phase)};
+        follow(e, module);
     }
 
-    void on_free(const allocscope_event_v1& e) {
-        bool switched = false;
-        // Filtered by level: a segment and its first block share an address.
-        if (!level_.follow(e, &switched)) return;
-        auto it = live_.find(e.address);
-        if (it == live_.end()) return;
-        watch_.on_free(it->second.seq, e.seq);
-        live_.erase(it);
-    }
-
-    void on_push(const allocscope_event_v1& e) {
+    void on_push(const allocscope_event_v1& e) override {
         Thread& t = threads_[e.tid];
         const std::string_view phase = e.phase ? e.phase : "";
         if (phase_within(phase, "backward")) {
@@ -201,7 +146,7 @@ class TransposeCacheRetention {
         t.frames.push_back({strings_.intern(e.layer), backward});
     }
 
-    void on_pop(const allocscope_event_v1& e) {
+    void on_pop(const allocscope_event_v1& e) override {
         auto it = threads_.find(e.tid);
         if (it == threads_.end() || it->second.frames.empty()) return;
         it->second.open_backward -= it->second.frames.back().backward;
@@ -213,19 +158,14 @@ class TransposeCacheRetention {
     // module within its numbered layer; without one, the numbered layer (or
     // the module itself).
     uint32_t layer_of(uint32_t tid, uint32_t param) {
-        const std::string_view module = text(params_.module(param));
-        const std::string_view numbered = text(params_.numbered(param));
         auto it = threads_.find(tid);
         if (it != threads_.end()) {
-            for (const Frame& f : it->second.frames) {
-                if (!f.backward || f.layer == 0) continue;
-                const std::string_view scope = text(f.layer);
-                if (!layer_within(module, scope)) continue;
-                if (!numbered.empty() && !layer_within(scope, numbered)) continue;
-                return f.layer;
-            }
+            const Frame* f = enclosing_scope(it->second.frames, param,
+                                             [](const Frame& g) { return g.backward; });
+            if (f) return f->layer;
         }
-        return numbered.empty() ? params_.module(param) : params_.numbered(param);
+        const uint32_t numbered = params_.numbered(param);
+        return text(numbered).empty() ? params_.module(param) : numbered;
     }
 
     // The end of backward for the baseline comparison: the first optimizer
@@ -243,26 +183,13 @@ class TransposeCacheRetention {
     void end_backward() {
         if (!in_backward_) return;
         in_backward_ = false;
-        std::vector<uint32_t> data_modules;
-        for (const Candidate& c : window_) {
-            if (c.data) data_modules.push_back(c.module);
-        }
-        std::sort(data_modules.begin(), data_modules.end());
         std::vector<uint32_t> order;  // layers in the order they retained
         std::unordered_map<uint32_t, std::vector<Evidence>> by_layer;
-        for (const Candidate& c : window_) {
-            auto it = live_.find(c.address);
-            if (it == live_.end() || it->second.seq != c.seq) continue;
-            if (!std::binary_search(data_modules.begin(), data_modules.end(), c.module)) {
-                live_.erase(it);  // not derived after all; stop following it
-                continue;
-            }
-            const Record& r = it->second;
+        retain_alive(window_, [&](const Candidate& c, Evidence ev) {
             auto [slot, inserted] = by_layer.try_emplace(c.layer);
             if (inserted) order.push_back(c.layer);
-            slot->second.push_back(
-                {r.size, text(r.module), text(r.phase), r.step, r.seq, 0, r.stack_id});
-        }
+            slot->second.push_back(std::move(ev));
+        });
         window_.clear();
         for (uint32_t layer : order)
             retained_.record(layer, backward_step_, std::move(by_layer[layer]));
@@ -277,10 +204,7 @@ class TransposeCacheRetention {
         }
         if (complete.empty()) return std::nullopt;
         Mean m;
-        if (complete.size() >= 2) {
-            complete.erase(complete.begin());
-            m.warmup_excluded = true;
-        }
+        m.warmup_excluded = drop_warmup(complete);
         double sum = 0;
         for (const StepDelta* d : complete)
             sum += double(int64_t(d->after_backward) - int64_t(d->after_forward));
@@ -293,38 +217,21 @@ class TransposeCacheRetention {
         const std::optional<Mean> b = mean_delta(deltas_[1]);
         const std::optional<Mean> r = mean_delta(deltas_[0]);
         if (!b || !r) {
-            host_.log(host_.ctx,
-                      (std::string("baseline mode: the ") + (b ? "run" : "baseline") +
-                       " stream has no complete backward (a backward scope, then an optimizer "
-                       "scope or a step change); reporting weight-derived allocations without "
-                       "the baseline")
-                          .c_str());
+            log_no_baseline(b.has_value(),
+                            "no complete backward (a backward scope, then an optimizer scope or a "
+                            "step change)");
             return false;
         }
         const double excess = r->bytes - b->bytes;
         if (!(excess > double(threshold_))) return true;
-        Finding f;
-        f.severity = ALLOCSCOPE_SEVERITY_ERROR;
-        f.phase = "backward";
-        f.bytes = uint64_t(std::llround(excess));
+        Finding f = baseline_finding("backward", excess);
         std::vector<uint32_t> layers;
-        for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            f.evidence.insert(f.evidence.end(), e.evidence.begin(), e.evidence.end());
-            f.count += e.count;
+        for (const RetentionByLayer::Entry& e : retained_.entries())
             layers.push_back(e.layer);
-        }
-        if (!layers.empty()) {
-            std::string_view common = text(layers.front());
-            for (uint32_t l : layers)
-                common = common_module(common, text(l));
-            f.layer = std::string(common);
-        }
-        watch_.fill(f.evidence);
-        f.evidence = capped_evidence(std::move(f.evidence));
+        f.layer = common_layer(layers);
         auto describe = [](const Mean& m, const char* what) {
-            return format_signed_bytes(m.bytes) + " (" + what + ", " + std::to_string(m.steps) +
-                   (m.steps == 1 ? " step" : " steps") +
-                   (m.warmup_excluded ? " after the warm-up step)" : ", no warm-up step excluded)");
+            return format_signed_bytes(m.bytes) + " (" + what + ", " +
+                   steps_basis(m.steps, m.warmup_excluded);
         };
         f.summary = "memory_allocated after backward minus after forward is " +
                     describe(*r, "run") + " against " + describe(*b, "baseline") + ": " +
@@ -342,15 +249,7 @@ class TransposeCacheRetention {
 
     void emit_per_layer() {
         for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            Finding f;
-            f.severity = ALLOCSCOPE_SEVERITY_ERROR;
-            f.layer = text(e.layer);
-            f.phase = "backward";
-            f.bytes = e.bytes;
-            f.count = e.count;
-            f.evidence = e.evidence;
-            watch_.fill(f.evidence);
-            f.evidence = capped_evidence(std::move(f.evidence));
+            Finding f = layer_finding(e, "backward");
             f.summary = format_bytes(e.bytes) + " of weight-derived allocations (" +
                         std::to_string(e.count) +
                         ": column-wise/transposed forms or scales) made in " + f.layer +
@@ -361,22 +260,12 @@ class TransposeCacheRetention {
         }
     }
 
-    const allocscope_host_v1& host_;
-    const uint64_t threshold_;
-    LevelFilter level_;
-    Interner strings_;
-    WeightParams params_;
-    EvidenceWatch watch_;
-    RetentionByLayer retained_;
-    uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
-
     struct Thread {
         std::vector<Frame> frames;
         uint32_t open_backward = 0;
     };
     std::unordered_map<uint32_t, Thread> threads_;
-    std::unordered_map<uint64_t, Record> live_;  // by address, the followed level only
-    std::vector<Candidate> window_;              // candidates of the backward in progress
+    std::vector<Candidate> window_;  // candidates of the backward in progress
     bool in_backward_ = false;
     uint64_t backward_step_ = 0;
 

@@ -17,10 +17,9 @@
 //
 // Baseline mode: the reference test's per-layer forward increment of
 // memory_allocated, run minus baseline, against forward_threshold.
-#include <cmath>
 #include <map>
 
-#include "common/plugin.h"
+#include "common/weights.h"
 
 namespace allocscope::plugins {
 namespace {
@@ -28,42 +27,12 @@ namespace {
 constexpr uint64_t kDefaultForwardThreshold = 51200;  // the reference test's 50 KiB
 constexpr uint64_t kDefaultMinNumel = 4096;
 
-class WeightCopyAccumulation {
+class WeightCopyAccumulation final : public WeightDetector {
   public:
     explicit WeightCopyAccumulation(const allocscope_host_v1& host)
-        : host_(host),
-          threshold_(option_bytes(host, "forward_threshold", kDefaultForwardThreshold)),
-          level_(option_level(host, "level")),
-          params_(strings_, WeightSizeRules{.bf16_copy = true, .sharded = false, .world = 0},
-                  option_count(host, "min_numel", kDefaultMinNumel, 1, uint64_t{1} << 62)),
-          retained_(watch_) {
-        source_ = host.has_baseline ? ALLOCSCOPE_SOURCE_BASELINE : ALLOCSCOPE_SOURCE_RUN;
-        params_.sync(host);
-    }
-
-    void on_event(const allocscope_event_v1& e) {
-        enter(e.source);
-        switch (e.kind) {
-            case ALLOCSCOPE_EVENT_ALLOC:
-                on_alloc(e);
-                break;
-            case ALLOCSCOPE_EVENT_FREE:
-                on_free(e);
-                break;
-            case ALLOCSCOPE_EVENT_TAG_PUSH:
-                on_push(e);
-                break;
-            case ALLOCSCOPE_EVENT_TAG_POP:
-                on_pop(e);
-                break;
-            case ALLOCSCOPE_EVENT_PARAM:
-                if (const allocscope_param_v1* p = host_.param(host_.ctx, e.param_index))
-                    params_.add(*p);
-                break;
-            default:
-                break;
-        }
-    }
+        : WeightDetector(host, "forward_threshold", kDefaultForwardThreshold,
+                         WeightSizeRules{.bf16_copy = true, .sharded = false, .world = 0},
+                         kDefaultMinNumel) {}
 
     void on_step(uint64_t /*step*/, uint32_t source) {
         enter(source);
@@ -100,15 +69,6 @@ class WeightCopyAccumulation {
         uint32_t open_any = 0;
         uint32_t open_backward = 0;
     };
-    // A candidate allocation still alive (or a retained one, until freed).
-    struct Record {
-        uint64_t seq;
-        uint64_t size;
-        uint64_t step;
-        uint32_t stack_id;
-        uint32_t module;
-        uint32_t phase;
-    };
     struct Retained {
         uint64_t address;
         uint32_t layer;
@@ -133,12 +93,8 @@ class WeightCopyAccumulation {
         std::vector<uint32_t> layers;
     };
 
-    bool analyzing() const { return source_ == ALLOCSCOPE_SOURCE_RUN; }
-    const std::string& text(uint32_t id) const { return strings_.text(id); }
-    uint64_t live_bytes() const { return host_.live_bytes(host_.ctx, level_.level()); }
-
     // The baseline's stream ends where the run's begins: nothing carries over.
-    void enter(uint32_t source) {
+    void enter(uint32_t source) override {
         if (source == source_) return;
         close_forward_total();
         threads_.clear();
@@ -148,34 +104,21 @@ class WeightCopyAccumulation {
         source_ = source;
     }
 
-    void on_alloc(const allocscope_event_v1& e) {
+    void on_alloc(const allocscope_event_v1& e) override {
         bool switched = false;
         if (!level_.follow(e, &switched)) return;
         if (switched) drop_candidates();
         if (!analyzing()) return;
-        live_.erase(e.address);  // a record left at this address is stale (missed free)
-        if (!e.phase || !phase_within(e.phase, "forward") || !e.layer || !*e.layer) return;
-        const uint32_t module = strings_.intern(e.layer);
-        const std::optional<WeightParams::Match> m = params_.match(module, e.size);
+        uint32_t module = 0;
+        const std::optional<WeightParams::Match> m = match_alloc(e, "forward", &module);
         if (!m) return;
         Frame* scope = layer_scope(e.tid, m->param);
         if (!scope) return;
         scope->candidates.push_back({e.address, e.seq, module, m->data});
-        live_[e.address] =
-            Record{e.seq, e.size, e.step, e.stack_id, module, strings_.intern(e.phase)};
+        follow(e, module);
     }
 
-    void on_free(const allocscope_event_v1& e) {
-        bool switched = false;
-        // Filtered by level: a segment and its first block share an address.
-        if (!level_.follow(e, &switched)) return;
-        auto it = live_.find(e.address);
-        if (it == live_.end()) return;
-        watch_.on_free(it->second.seq, e.seq);
-        live_.erase(it);
-    }
-
-    void on_push(const allocscope_event_v1& e) {
+    void on_push(const allocscope_event_v1& e) override {
         Thread& t = threads_[e.tid];
         Frame f;
         f.layer = strings_.intern(e.layer);
@@ -201,7 +144,7 @@ class WeightCopyAccumulation {
         t.frames.push_back(std::move(f));
     }
 
-    void on_pop(const allocscope_event_v1& e) {
+    void on_pop(const allocscope_event_v1& e) override {
         auto it = threads_.find(e.tid);
         if (it == threads_.end() || it->second.frames.empty()) return;
         Thread& t = it->second;
@@ -227,16 +170,7 @@ class WeightCopyAccumulation {
     Frame* layer_scope(uint32_t tid, uint32_t param) {
         auto it = threads_.find(tid);
         if (it == threads_.end()) return nullptr;
-        const std::string_view module = text(params_.module(param));
-        const std::string_view numbered = text(params_.numbered(param));
-        for (Frame& f : it->second.frames) {
-            if (!f.forward || f.layer == 0) continue;
-            const std::string_view scope = text(f.layer);
-            if (!layer_within(module, scope)) continue;
-            if (!numbered.empty() && !layer_within(scope, numbered)) continue;
-            return &f;
-        }
-        return nullptr;
+        return enclosing_scope(it->second.frames, param, [](const Frame& f) { return f.forward; });
     }
 
     // Auto level moved from segments to blocks: segment candidates are void.
@@ -249,32 +183,14 @@ class WeightCopyAccumulation {
         }
     }
 
-    bool alive(const Candidate& c) const {
-        auto it = live_.find(c.address);
-        return it != live_.end() && it->second.seq == c.seq;
-    }
-
     // Layer L's forward scope was popped: its candidates still alive are
     // retained; scale-sized ones only in a module that made a data-sized one.
     void end_layer_forward(const Frame& f, uint64_t step) {
-        std::vector<uint32_t> data_modules;
-        for (const Candidate& c : f.candidates) {
-            if (c.data) data_modules.push_back(c.module);
-        }
-        std::sort(data_modules.begin(), data_modules.end());
         std::vector<Evidence> retained;
-        for (const Candidate& c : f.candidates) {
-            if (!alive(c)) continue;
-            auto it = live_.find(c.address);
-            if (!std::binary_search(data_modules.begin(), data_modules.end(), c.module)) {
-                live_.erase(it);  // not derived after all; stop following it
-                continue;
-            }
-            const Record& r = it->second;
-            Evidence ev{r.size, text(r.module), text(r.phase), r.step, r.seq, 0, r.stack_id};
+        retain_alive(f.candidates, [&](const Candidate& c, Evidence ev) {
             step_retained_.push_back({c.address, f.layer, ev});
             retained.push_back(std::move(ev));
-        }
+        });
         if (!retained.empty()) retained_.record(f.layer, step, std::move(retained));
     }
 
@@ -330,10 +246,7 @@ class WeightCopyAccumulation {
         }
         if (steps.empty()) return std::nullopt;
         Mean m;
-        if (steps.size() >= 2) {
-            steps.erase(steps.begin());  // warm-up
-            m.warmup_excluded = true;
-        }
+        m.warmup_excluded = drop_warmup(steps);
         double sum = 0;
         for (const StepSeries* s : steps) {
             int64_t previous = int64_t(s->start);
@@ -351,25 +264,6 @@ class WeightCopyAccumulation {
         return m;
     }
 
-    std::string common_layer(const std::vector<uint32_t>& layers) const {
-        if (layers.empty()) return {};
-        std::string_view common = text(layers.front());
-        for (uint32_t l : layers)
-            common = common_module(common, text(l));
-        return std::string(common);
-    }
-
-    // Every layer's most-retaining forward, as one evidence list.
-    std::vector<Evidence> all_layer_evidence(uint64_t* count) const {
-        std::vector<Evidence> out;
-        *count = 0;
-        for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            out.insert(out.end(), e.evidence.begin(), e.evidence.end());
-            *count += e.count;
-        }
-        return out;
-    }
-
     // Baseline mode. False when either stream has no layer forward scopes
     // (then the baseline-free findings are emitted instead).
     bool emit_baseline_comparison() {
@@ -379,27 +273,17 @@ class WeightCopyAccumulation {
         const std::optional<Mean> b = mean_increment(numbered ? base.numbered : base.any);
         const std::optional<Mean> r = mean_increment(numbered ? run.numbered : run.any);
         if (!b || !r) {
-            host_.log(host_.ctx, (std::string("baseline mode: the ") + (b ? "run" : "baseline") +
-                                  " stream has no layer forward scopes; reporting weight-derived "
-                                  "allocations without the baseline")
-                                     .c_str());
+            log_no_baseline(b.has_value(), "no layer forward scopes");
             return false;
         }
         const double excess = r->bytes - b->bytes;
         if (!(excess > double(threshold_))) return true;
-        Finding f;
-        f.severity = ALLOCSCOPE_SEVERITY_ERROR;
+        Finding f = baseline_finding("forward", excess);
         f.layer = common_layer(r->layers);
-        f.phase = "forward";
-        f.bytes = uint64_t(std::llround(excess));
-        f.evidence = all_layer_evidence(&f.count);
-        watch_.fill(f.evidence);
-        f.evidence = capped_evidence(std::move(f.evidence));
         auto describe = [](const Mean& m, const char* what) {
             return format_signed_bytes(m.bytes) + " (" + what + ", " +
-                   std::to_string(m.increments) + " layer forwards in " + std::to_string(m.steps) +
-                   (m.steps == 1 ? " step" : " steps") +
-                   (m.warmup_excluded ? " after the warm-up step)" : ", no warm-up step excluded)");
+                   std::to_string(m.increments) + " layer forwards in " +
+                   steps_basis(m.steps, m.warmup_excluded);
         };
         f.summary = "memory_allocated grows per layer forward by " + describe(*r, "run") +
                     " against " + describe(*b, "baseline") + ": " + format_signed_bytes(excess) +
@@ -415,15 +299,7 @@ class WeightCopyAccumulation {
 
     void emit_per_layer() {
         for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            Finding f;
-            f.severity = ALLOCSCOPE_SEVERITY_ERROR;
-            f.layer = text(e.layer);
-            f.phase = "forward";
-            f.bytes = e.bytes;
-            f.count = e.count;
-            f.evidence = e.evidence;
-            watch_.fill(f.evidence);
-            f.evidence = capped_evidence(std::move(f.evidence));
+            Finding f = layer_finding(e, "forward");
             std::vector<std::string_view> modules;
             for (const Evidence& ev : e.evidence)
                 modules.push_back(ev.layer);
@@ -444,8 +320,7 @@ class WeightCopyAccumulation {
         f.bytes = total_bytes_;
         f.count = total_evidence_.size();
         f.evidence = total_evidence_;
-        watch_.fill(f.evidence);
-        f.evidence = capped_evidence(std::move(f.evidence));
+        finish_evidence(f);
         f.summary = format_bytes(total_bytes_) + " of weight-derived copies of " +
                     std::to_string(total_layers_.size()) +
                     (total_layers_.size() == 1 ? " layer" : " layers") +
@@ -454,19 +329,9 @@ class WeightCopyAccumulation {
         emit(host_, f);
     }
 
-    const allocscope_host_v1& host_;
-    const uint64_t threshold_;
-    LevelFilter level_;
-    Interner strings_;
-    WeightParams params_;
-    EvidenceWatch watch_;
-    RetentionByLayer retained_;
-    uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
-
     std::unordered_map<uint32_t, Thread> threads_;
-    std::unordered_map<uint64_t, Record> live_;  // by address, the followed level only
-    std::vector<Retained> step_retained_;        // retained since the last end of forward
-    Measure measure_[2];                         // [0] run, [1] baseline
+    std::vector<Retained> step_retained_;  // retained since the last end of forward
+    Measure measure_[2];                   // [0] run, [1] baseline
 
     uint64_t total_bytes_ = 0;
     uint64_t total_step_ = 0;

@@ -12,35 +12,20 @@
 #include <utility>
 #include <vector>
 
-#include "driver.h"
+#include "plugin_test.h"
 
 using allocscope::test::CollectedFinding;
-using allocscope::test::Driver;
+using allocscope::test::layer;
+using allocscope::test::Options;
+using allocscope::test::Outcome;
+using allocscope::test::plugin;
 using allocscope::test::Stream;
-using Options = std::map<std::string, std::string>;
 
 namespace {
 
-const allocscope_plugin_v1* plugin() {
-    static const allocscope_plugin_v1* p = allocscope::test::load_plugin("ALLOCSCOPE_TEST_PLUGIN");
-    return p;
-}
-
-struct Outcome {
-    bool enabled = true;
-    std::string failed_call;
-    std::vector<CollectedFinding> findings;
-    std::vector<std::string> logs;
-};
-
 Outcome drive(const Stream& s, const Options& options = {}, int32_t rank = 0,
               const Stream* baseline = nullptr) {
-    Driver d(plugin());
-    for (const auto& [key, value] : options)
-        d.set_option(key, value);
-    d.set_rank(rank, 2);
-    const bool ok = baseline ? d.run(*baseline, s) : d.run(s);
-    return {ok, d.failed_call(), d.findings(), d.logs()};
+    return allocscope::test::drive_plugin(baseline, s, options, rank, 2);
 }
 
 constexpr uint64_t kAct = 64 * 1024;
@@ -50,10 +35,6 @@ constexpr uint64_t kExtra = 16 * 1024;
 constexpr uint32_t kLeakStack = 7;
 constexpr uint32_t kStateStack = 21;
 constexpr uint32_t kExtraStack = 22;
-
-std::string layer(int i) {
-    return "layers." + std::to_string(i);
-}
 
 // Parameters at init; per step a forward saving one activation per layer,
 // a backward (on thread 2) freeing them in reverse and making gradients,
@@ -146,15 +127,8 @@ TEST_CASE("the plugin struct: ABI, name, the event kinds it needs, one exported 
     CHECK(p->event_mask == (ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_STEP)));
-    const auto names =
-        allocscope::test::defined_dynamic_symbols(std::getenv("ALLOCSCOPE_TEST_PLUGIN"));
-    REQUIRE(names.has_value());
-    std::vector<std::string> ours;
-    for (const std::string& n : *names) {
-        if (n.rfind("__odr_asan", 0) == 0 || n.rfind("__asan", 0) == 0) continue;
-        ours.push_back(n);
-    }
-    CHECK(ours == std::vector<std::string>{"allocscope_plugin"});
+    CHECK(allocscope::test::plugin_symbols_without_asan() ==
+          std::vector<std::string>{"allocscope_plugin"});
 }
 
 TEST_CASE("a clean loop: the first step's lazy state is not a leak") {

@@ -10,35 +10,19 @@
 #include <utility>
 #include <vector>
 
-#include "driver.h"
+#include "plugin_test.h"
 
 using allocscope::test::CollectedFinding;
-using allocscope::test::Driver;
+using allocscope::test::Options;
+using allocscope::test::Outcome;
+using allocscope::test::plugin;
 using allocscope::test::Stream;
-using Options = std::map<std::string, std::string>;
 
 namespace {
 
-const allocscope_plugin_v1* plugin() {
-    static const allocscope_plugin_v1* p = allocscope::test::load_plugin("ALLOCSCOPE_TEST_PLUGIN");
-    return p;
-}
-
-struct Outcome {
-    bool enabled = true;
-    std::string failed_call;
-    std::vector<CollectedFinding> findings;
-    std::vector<std::string> logs;
-};
-
 Outcome drive(const Stream& s, const Options& options = {}, int32_t rank = 0,
               const Stream* baseline = nullptr) {
-    Driver d(plugin());
-    for (const auto& [key, value] : options)
-        d.set_option(key, value);
-    d.set_rank(rank, 4);
-    const bool ok = baseline ? d.run(*baseline, s) : d.run(s);
-    return {ok, d.failed_call(), d.findings(), d.logs()};
+    return allocscope::test::drive_plugin(baseline, s, options, rank, 4);
 }
 
 constexpr uint64_t KiB = 1024;
@@ -92,15 +76,8 @@ TEST_CASE("the plugin struct: ABI, name, the event kinds it needs, one exported 
     CHECK(std::string(p->name) == "peak-owner");
     CHECK(p->event_mask == (ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE)));
-    const auto names =
-        allocscope::test::defined_dynamic_symbols(std::getenv("ALLOCSCOPE_TEST_PLUGIN"));
-    REQUIRE(names.has_value());
-    std::vector<std::string> ours;
-    for (const std::string& n : *names) {
-        if (n.rfind("__odr_asan", 0) == 0 || n.rfind("__asan", 0) == 0) continue;
-        ours.push_back(n);
-    }
-    CHECK(ours == std::vector<std::string>{"allocscope_plugin"});
+    CHECK(allocscope::test::plugin_symbols_without_asan() ==
+          std::vector<std::string>{"allocscope_plugin"});
 }
 
 TEST_CASE("owners at the peak, by tag, phase and stack, with their biggest allocations") {

@@ -8,35 +8,19 @@
 #include <string>
 #include <vector>
 
-#include "driver.h"
+#include "plugin_test.h"
 
 using allocscope::test::CollectedFinding;
-using allocscope::test::Driver;
+using allocscope::test::layer;
+using allocscope::test::Options;
+using allocscope::test::Outcome;
+using allocscope::test::plugin;
 using allocscope::test::Stream;
-using Options = std::map<std::string, std::string>;
 
 namespace {
 
-const allocscope_plugin_v1* plugin() {
-    static const allocscope_plugin_v1* p = allocscope::test::load_plugin("ALLOCSCOPE_TEST_PLUGIN");
-    return p;
-}
-
-// What the plugin produced over a stream (or a baseline and a run).
-struct Outcome {
-    bool enabled = true;
-    std::string failed_call;
-    std::vector<CollectedFinding> findings;
-    std::vector<std::string> logs;
-};
-
 Outcome drive(const Stream* baseline, const Stream& s, const Options& options, int32_t rank) {
-    Driver d(plugin());
-    for (const auto& [key, value] : options)
-        d.set_option(key, value);
-    d.set_rank(rank, 2);
-    const bool ok = baseline ? d.run(*baseline, s) : d.run(s);
-    return {ok, d.failed_call(), d.findings(), d.logs()};
+    return allocscope::test::drive_plugin(baseline, s, options, rank, 2);
 }
 Outcome drive(const Stream& s, const Options& options = {}, int32_t rank = 0) {
     return drive(nullptr, s, options, rank);
@@ -50,10 +34,6 @@ constexpr uint64_t kFlat = 48 * 1024;
 constexpr uint64_t kQuant = 16 * 1024;
 constexpr uint64_t kGrad = 24 * 1024;
 constexpr uint64_t kState = 32 * 1024;
-
-std::string layer(int i) {
-    return "layers." + std::to_string(i);
-}
 
 // One rank's training loop, FSDP2-style: per layer forward an all-gather
 // (the next layer's prefetched under its own layer tag, freeing this
@@ -204,16 +184,8 @@ TEST_CASE("the plugin struct: ABI, name, the event kinds it needs, one exported 
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP)));
-    const auto names =
-        allocscope::test::defined_dynamic_symbols(std::getenv("ALLOCSCOPE_TEST_PLUGIN"));
-    REQUIRE(names.has_value());
-    std::vector<std::string> ours;
-    for (const std::string& n : *names) {
-        // AddressSanitizer's instrumentation symbols, in a sanitized build.
-        if (n.rfind("__odr_asan", 0) == 0 || n.rfind("__asan", 0) == 0) continue;
-        ours.push_back(n);
-    }
-    CHECK(ours == std::vector<std::string>{"allocscope_plugin"});
+    CHECK(allocscope::test::plugin_symbols_without_asan() ==
+          std::vector<std::string>{"allocscope_plugin"});
 }
 
 TEST_CASE("a clean training loop keeps nothing past the next step's scope of its key") {

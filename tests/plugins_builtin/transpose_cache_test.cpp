@@ -13,54 +13,27 @@
 #include <utility>
 #include <vector>
 
-#include "driver.h"
+#include "plugin_test.h"
 
+using allocscope::test::cdiv;
 using allocscope::test::CollectedFinding;
-using allocscope::test::Driver;
+using allocscope::test::kWeights;
+using allocscope::test::Options;
+using allocscope::test::Outcome;
+using allocscope::test::plugin;
+using allocscope::test::round512;
 using allocscope::test::Stream;
-using Options = std::map<std::string, std::string>;
+using allocscope::test::up;
+using allocscope::test::Weight;
 
 namespace {
 
-const allocscope_plugin_v1* plugin() {
-    static const allocscope_plugin_v1* p = allocscope::test::load_plugin("ALLOCSCOPE_TEST_PLUGIN");
-    return p;
-}
-
-// What the plugin produced over a stream (or a baseline and a run).
-struct Outcome {
-    bool enabled = true;
-    std::string disabled_in;
-    std::vector<CollectedFinding> findings;
-    std::vector<std::string> logs;
-};
-
 // One run on rank `rank` of `world` (2 unless given), or in baseline mode.
 Outcome drive(const Stream& s, const Options& options = {}, int32_t world = 2, int32_t rank = 0) {
-    Driver d(plugin());
-    for (const auto& [key, value] : options)
-        d.set_option(key, value);
-    d.set_rank(rank, world);
-    const bool ok = d.run(s);
-    return {ok, d.failed_call(), d.findings(), d.logs()};
+    return allocscope::test::drive_plugin(nullptr, s, options, rank, world);
 }
 Outcome drive(const Stream& baseline, const Stream& s, const Options& options = {}) {
-    Driver d(plugin());
-    for (const auto& [key, value] : options)
-        d.set_option(key, value);
-    d.set_rank(0, 2);
-    const bool ok = d.run(baseline, s);
-    return {ok, d.failed_call(), d.findings(), d.logs()};
-}
-
-uint64_t round512(uint64_t bytes) {
-    return bytes < 512 ? 512 : (bytes + 511) / 512 * 512;
-}
-uint64_t up(uint64_t a, uint64_t b) {
-    return (a + b - 1) / b * b;
-}
-uint64_t cdiv(uint64_t a, uint64_t b) {
-    return (a + b - 1) / b;
+    return allocscope::test::drive_plugin(&baseline, s, options, 0, 2);
 }
 
 enum class Recipe { bf16, delayed_sm90, block, mxfp8 };
@@ -80,14 +53,6 @@ std::vector<uint64_t> columnwise(Recipe r, uint64_t R, uint64_t C, bool sharded,
     return out;
 }
 
-struct Weight {
-    const char* module;
-    uint64_t rows, cols;
-};
-constexpr Weight kWeights[] = {{"attn.qkv", 768, 256},
-                               {"attn.proj", 256, 256},
-                               {"mlp.fc1", 1024, 256},
-                               {"mlp.fc2", 256, 1024}};
 constexpr uint64_t kSaved[] = {32768, 98304, 131072, 196608};
 constexpr uint64_t kTokensHidden = 32768;  // bf16 [T × H]
 constexpr uint64_t kWorld = 2;
@@ -282,12 +247,9 @@ const CollectedFinding* find_layer(const Outcome& d, const std::string& layer) {
 }  // namespace
 
 TEST_CASE("the module exports exactly one dynamic symbol, allocscope_plugin") {
-    const auto names =
-        allocscope::test::defined_dynamic_symbols(std::getenv("ALLOCSCOPE_TEST_PLUGIN"));
-    REQUIRE(names.has_value());
     // exports.map hides everything else, sanitizer instrumentation and the
     // libstdc++ template instantiations (default visibility) included.
-    CHECK(*names == std::vector<std::string>{"allocscope_plugin"});
+    CHECK(allocscope::test::plugin_symbols() == std::vector<std::string>{"allocscope_plugin"});
 }
 
 TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {
@@ -547,7 +509,7 @@ TEST_CASE("missing PARAM events: no findings, no errors") {
     const Outcome d = drive(run.build());
     CHECK(d.findings.empty());
     CHECK(d.logs.empty());
-    CHECK(d.disabled_in.empty());
+    CHECK(d.failed_call.empty());
 }
 
 TEST_CASE("shard-sized forms: from sharded_numel, else from the world size") {
@@ -664,7 +626,7 @@ TEST_CASE("a bad option value disables the plugin with a message") {
         CAPTURE(key);
         const Outcome d = drive(Run(Shape{}).build(), {{key, value}});
         CHECK_FALSE(d.enabled);
-        CHECK(d.disabled_in == "init");
+        CHECK(d.failed_call == "init");
         REQUIRE(d.logs.size() == 1);
         CHECK(d.logs[0].find(key) != std::string::npos);
         CHECK(d.findings.empty());
