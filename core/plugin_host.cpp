@@ -8,6 +8,7 @@
 #include <exception>
 #include <filesystem>
 
+#include "flat_map.h"
 #include "trace_reader.h"
 
 namespace allocscope {
@@ -110,15 +111,29 @@ struct PluginHost::Instance {
     int log_lines = 0;
 };
 
+// One level's live allocations. Single-threaded (one thread drives a
+// host), so a plain hash map: the interposer's concurrent LiveTable would
+// cost locks and atomics on every event for nothing.
+struct PluginHost::LiveSet {
+    struct Live {
+        uint64_t size = 0;
+        uint64_t seq = 0;
+        uint64_t step = 0;
+        uint32_t stack = 0;
+        uint32_t layer = 0;
+        uint32_t phase = 0;
+    };
+    FlatMap<uint64_t, Live> by_address;
+    uint64_t bytes = 0;
+};
+
 struct PluginHost::StoredParam {
     std::string layer, name, dtype;
     allocscope_param_v1 view{};
 };
 
 PluginHost::PluginHost(HostSettings settings)
-    : settings_(std::move(settings)),
-      segments_(std::make_unique<LiveTable>()),
-      blocks_(std::make_unique<LiveTable>()) {
+    : settings_(std::move(settings)), live_(std::make_unique<LiveSet[]>(2)) {
     source_ = settings_.has_baseline ? ALLOCSCOPE_SOURCE_BASELINE : ALLOCSCOPE_SOURCE_RUN;
 }
 
@@ -308,22 +323,29 @@ void PluginHost::invoke(Instance& in, const char* what, Call&& call) {
 
 // --- the stream ------------------------------------------------------------------
 
-LiveTable& PluginHost::table(Level level) {
-    return level == Level::block ? *blocks_ : *segments_;
+PluginHost::LiveSet& PluginHost::live(Level level) {
+    return live_[level == Level::block ? 1 : 0];
 }
 
 void PluginHost::start_stream(uint32_t source) {
     source_ = source;
+    mapped_table_ = nullptr;
+    mapped_.clear();
     step_ = 0;
-    segments_ = std::make_unique<LiveTable>();
-    blocks_ = std::make_unique<LiveTable>();
+    live_ = std::make_unique<LiveSet[]>(2);
 }
 
 void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
-    if (finished_) return;
+    if (finished_ || enabled_count() == 0) return;
     if (source != source_) start_stream(source);
-    if (enabled_count() == 0) return;
+    // Both ids first: the event's view points into the table's storage.
+    const uint32_t layer = strings_.intern(text.layer).id;
+    const uint32_t phase = strings_.intern(text.phase).id;
+    deliver(e, layer, phase, text, source);
+}
 
+void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const EventText& text,
+                         uint32_t source) {
     allocscope_event_v1 ev{};
     ev.seq = e.seq;
     ev.t_ns = e.t_ns;
@@ -336,34 +358,34 @@ void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
     ev.device = e.device;
     ev.tid = e.tid;
     ev.stack_id = e.stack;
-    // Interned, the tag's strings come NUL-terminated without a copy per
-    // event; both ids first, as interning may move the stored strings.
-    const uint32_t layer = strings_.intern(text.layer).id;
-    const uint32_t phase = strings_.intern(text.phase).id;
+    // Interned tag strings: the same text always at the same address, which
+    // plugin_v1.h promises plugins (they may key by pointer).
     ev.layer = strings_.at(layer).c_str();
     ev.phase = strings_.at(phase).c_str();
-    ev.alloc_layer = "";
-    ev.alloc_phase = "";
+    ev.alloc_layer = ev.alloc_phase = strings_.at(0).c_str();  // "", interned too
     ev.text = "";
 
     switch (e.kind) {
         case EventKind::alloc: {
-            LiveRecord r = LiveRecord::from(e);
-            r.layer = layer;
-            r.phase = phase;
-            table(e.level).insert(r);
+            // An address already live (its free was never seen) is replaced.
+            LiveSet& set = live(e.level);
+            LiveSet::Live& r = set.by_address[e.address];
+            set.bytes += e.size - r.size;
+            r = {e.size, e.seq, e.step, e.stack, layer, phase};
             break;
         }
         case EventKind::free: {
             if (e.result != 0) return;  // the runtime refused: nothing was freed
-            LiveRecord removed;
-            if (table(e.level).remove(e.address, &removed) == FreeOutcome::freed) {
-                ev.size = removed.size;
-                ev.alloc_seq = removed.seq;
-                ev.alloc_step = removed.step;
-                ev.alloc_layer = strings_.at(removed.layer).c_str();
-                ev.alloc_phase = strings_.at(removed.phase).c_str();
-                ev.alloc_stack_id = removed.stack;
+            LiveSet& set = live(e.level);
+            if (const LiveSet::Live* r = set.by_address.find(e.address)) {
+                ev.size = r->size;
+                ev.alloc_seq = r->seq;
+                ev.alloc_step = r->step;
+                ev.alloc_layer = strings_.at(r->layer).c_str();
+                ev.alloc_phase = strings_.at(r->phase).c_str();
+                ev.alloc_stack_id = r->stack;
+                set.bytes -= r->size;
+                set.by_address.erase(e.address);
             }
             break;
         }
@@ -410,14 +432,28 @@ void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
     }
 }
 
+uint32_t PluginHost::host_string(std::span<const std::string> strings, uint32_t id) {
+    // The caller's table only grows while it feeds one stream (a trace's,
+    // the interposer's written strings); another table starts over.
+    if (strings.data() != mapped_table_ || strings.size() < mapped_.size()) {
+        mapped_table_ = strings.data();
+        mapped_.clear();
+    }
+    if (id >= strings.size()) return 0;
+    if (id >= mapped_.size()) mapped_.resize(strings.size(), kUnmapped);
+    uint32_t& host = mapped_[id];
+    if (host == kUnmapped) host = strings_.intern(strings[id]).id;
+    return host;
+}
+
 void PluginHost::feed(const Event& e, std::span<const std::string> strings,
                       std::span<const ParamRecord> params, uint32_t source) {
+    if (finished_ || enabled_count() == 0) return;
+    if (source != source_) start_stream(source);
     auto str = [&strings](uint32_t id) -> std::string_view {
         return id < strings.size() ? std::string_view(strings[id]) : std::string_view();
     };
     EventText text;
-    text.layer = str(e.layer);
-    text.phase = str(e.phase);
     ParamInfo param;
     if (e.kind == EventKind::mark) text.text = str(e.aux);
     if (e.kind == EventKind::param && e.aux < params.size()) {
@@ -429,7 +465,9 @@ void PluginHost::feed(const Event& e, std::span<const std::string> strings,
         param.sharded_numel = p.sharded_numel;
         text.param = &param;
     }
-    feed(e, text, source);
+    const uint32_t layer = host_string(strings, e.layer);
+    const uint32_t phase = host_string(strings, e.phase);
+    deliver(e, layer, phase, text, source);
 }
 
 void PluginHost::feed_trace(const Trace& trace, uint32_t source) {
@@ -505,35 +543,31 @@ size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_vi
     size_t visited = 0;
     for (uint32_t lv : {uint32_t{ALLOCSCOPE_LEVEL_SEGMENT}, uint32_t{ALLOCSCOPE_LEVEL_BLOCK}}) {
         if (level != 0 && level != lv) continue;
-        std::vector<LiveRecord> records;
-        try {
-            records = h->table(static_cast<Level>(lv)).snapshot();
-        } catch (...) {
-            return visited;  // out of memory: visit what was seen
-        }
-        for (const LiveRecord& r : records) {
-            allocscope_live_v1 live{};
-            live.address = r.address;
-            live.size = r.size;
-            live.alloc_seq = r.seq;
-            live.step = r.step;
-            live.level = lv;
-            live.stack_id = r.stack;
-            live.layer = h->strings_.at(r.layer).c_str();
-            live.phase = h->strings_.at(r.phase).c_str();
-            ++visited;
-            if (visit(user, &live) != 0) return visited;
-        }
+        const bool stopped = h->live(static_cast<Level>(lv))
+                                 .by_address.any_of([&](uint64_t address, const LiveSet::Live& r) {
+                                     allocscope_live_v1 live{};
+                                     live.address = address;
+                                     live.size = r.size;
+                                     live.alloc_seq = r.seq;
+                                     live.step = r.step;
+                                     live.level = lv;
+                                     live.stack_id = r.stack;
+                                     live.layer = h->strings_.at(r.layer).c_str();
+                                     live.phase = h->strings_.at(r.phase).c_str();
+                                     ++visited;
+                                     return visit(user, &live) != 0;
+                                 });
+        if (stopped) break;
     }
     return visited;
 }
 
 uint64_t PluginHost::cb_live_bytes(void* ctx, uint32_t level) {
     PluginHost* h = static_cast<Instance*>(ctx)->host;
-    if (level == ALLOCSCOPE_LEVEL_SEGMENT) return h->segments_->live_bytes();
-    if (level == ALLOCSCOPE_LEVEL_BLOCK) return h->blocks_->live_bytes();
+    if (level == ALLOCSCOPE_LEVEL_SEGMENT) return h->live(Level::segment).bytes;
+    if (level == ALLOCSCOPE_LEVEL_BLOCK) return h->live(Level::block).bytes;
     if (level == ALLOCSCOPE_LEVEL_NONE)
-        return h->segments_->live_bytes() + h->blocks_->live_bytes();
+        return h->live(Level::segment).bytes + h->live(Level::block).bytes;
     return 0;
 }
 

@@ -44,7 +44,6 @@
 #include "config.h"
 #include "event.h"
 #include "findings.h"
-#include "live_table.h"
 #include "string_table.h"
 #include "trace_format.h"
 
@@ -148,7 +147,12 @@ class PluginHost {
     template <typename Call>
     void invoke(Instance& in, const char* what, Call&& call);
     void start_stream(uint32_t source);
-    LiveTable& table(Level level);
+    struct LiveSet;
+    LiveSet& live(Level level);
+    void deliver(const Event& event, uint32_t layer, uint32_t phase, const EventText& text,
+                 uint32_t source);
+    // The host's id of string `id` of a caller's table (cached per table).
+    uint32_t host_string(std::span<const std::string> strings, uint32_t id);
 
     // allocscope_host_v1 callbacks; ctx is the Instance.
     static size_t cb_param_count(void* ctx);
@@ -165,8 +169,12 @@ class PluginHost {
     std::vector<Finding> findings_;
     std::deque<StoredParam> params_;  // a deque: param() pointers stay valid as it grows
     StringTable strings_;             // tag strings seen; the live table holds their ids
-    std::unique_ptr<LiveTable> segments_;
-    std::unique_ptr<LiveTable> blocks_;
+    // The caller's string table last fed, and its ids mapped to strings_'s.
+    static constexpr uint32_t kUnmapped = UINT32_MAX;
+    const std::string* mapped_table_ = nullptr;
+    std::vector<uint32_t> mapped_;
+    // The stream's live allocations, by address: [0] segments, [1] blocks.
+    std::unique_ptr<LiveSet[]> live_;
     uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
     uint64_t step_ = 0;
     bool finished_ = false;

@@ -3,10 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <vector>
 
 namespace allocscope {
 
@@ -22,6 +22,7 @@ class StringTable {
     // order strings are first seen, which is the order the trace defines them.
     Interned intern(std::string_view text);
 
+    // Stable: a string stays at the same address for the table's life.
     const std::string& at(uint32_t id) const { return strings_.at(id); }
     size_t size() const noexcept { return strings_.size(); }
 
@@ -33,7 +34,7 @@ class StringTable {
         }
     };
     std::unordered_map<std::string, uint32_t, Hash, std::equal_to<>> ids_;
-    std::vector<std::string> strings_;
+    std::deque<std::string> strings_;  // a deque: interned strings never move
 };
 
 }  // namespace allocscope

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -549,6 +550,107 @@ TEST_CASE("a descriptor in memory is checked and driven like a loaded one") {
     CHECK(host.findings()[0].rank == 1);
     REQUIRE(c.warnings.size() == 1);
     CHECK(contains(c.warnings[0], "invalid plugin name 'Not Valid'"));
+}
+
+namespace {
+
+// Checks plugin_v1.h's promise about tag strings: one address per text for
+// the host's life (both streams), still readable at finish.
+struct InternState {
+    const allocscope_host_v1* host;
+    std::map<std::string, const char*> first;  // text -> the address it came at
+    uint64_t seen = 0;
+    uint64_t moved = 0;  // a text at another address than before
+};
+
+void intern_check(InternState& s, const char* text) {
+    if (!text) return;
+    auto [it, added] = s.first.try_emplace(text, text);
+    ++s.seen;
+    s.moved += !added && it->second != text;
+}
+
+allocscope_plugin_status intern_init(const allocscope_host_v1* host, void** state) {
+    *state = new InternState{host, {}, 0, 0};
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status intern_event(void* state, const allocscope_event_v1* e) {
+    auto* s = static_cast<InternState*>(state);
+    for (const char* text : {e->layer, e->phase, e->alloc_layer, e->alloc_phase})
+        intern_check(*s, text);
+    s->host->live_foreach(
+        s->host->ctx, 0,
+        [](void* user, const allocscope_live_v1* l) {
+            intern_check(*static_cast<InternState*>(user), l->layer);
+            intern_check(*static_cast<InternState*>(user), l->phase);
+            return 0;
+        },
+        s);
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status intern_finish(void* state) {
+    std::unique_ptr<InternState> s(static_cast<InternState*>(state));
+    uint64_t unreadable = 0;
+    for (const auto& [text, address] : s->first)
+        unreadable += text != address;
+    const std::string summary =
+        "texts=" + std::to_string(s->first.size()) + " seen=" + std::to_string(s->seen) +
+        " moved=" + std::to_string(s->moved) + " unreadable=" + std::to_string(unreadable);
+    allocscope_finding_v1 f{};
+    f.struct_size = sizeof f;
+    f.severity = ALLOCSCOPE_SEVERITY_INFO;
+    f.summary = summary.c_str();
+    s->host->emit(s->host->ctx, &f);
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+}  // namespace
+
+TEST_CASE("tag strings come interned: one address per text until finish, over both streams") {
+    const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
+                                 ALLOCSCOPE_PLUGIN_ABI_VERSION,
+                                 "intern-check",
+                                 "checks the addresses of tag strings",
+                                 ALLOCSCOPE_EVENT_ALL,
+                                 intern_init,
+                                 intern_event,
+                                 nullptr,
+                                 intern_finish};
+    // Many distinct tags, so the host's tables grow while pointers are held.
+    auto stream = [](int layers) {
+        Stream s;
+        s.set_step(1);
+        for (int i = 0; i < layers; ++i) {
+            s.push("layers." + std::to_string(i), i % 2 ? "forward" : "backward/wgrad");
+            s.alloc(0x1000 + 0x100 * uint64_t(i), 64, Level::block);
+            s.pop();
+        }
+        for (int i = 0; i < layers; ++i)
+            s.free(0x1000 + 0x100 * uint64_t(i), 64, Level::block);
+        return s;
+    };
+    Captured c;
+    PluginHost host(settings_for(c, {}, 0, true));
+    host.add(&p, "test");
+    const Stream baseline = stream(300);
+    baseline.feed(host, ALLOCSCOPE_SOURCE_BASELINE);
+    // The run through resolved strings: other tables, the same texts.
+    const Stream run = stream(400);
+    for (const Event& e : run.events) {
+        EventText text;
+        text.layer = run.strings[e.layer];
+        text.phase = run.strings[e.phase];
+        host.feed(e, text, ALLOCSCOPE_SOURCE_RUN);
+    }
+    host.finish();
+    REQUIRE(host.findings().size() == 1);
+    auto v = fields(host.findings()[0].summary);
+    CHECK(v["texts"] == "403");  // "", 400 layers, two phases
+    CHECK(std::stoull(v["seen"]) > 4 * 700);
+    CHECK(v["moved"] == "0");
+    CHECK(v["unreadable"] == "0");
 }
 
 // --- end to end -------------------------------------------------------------------

@@ -34,6 +34,13 @@
  * returns. Strings are UTF-8, NUL-terminated; an untagged allocation has
  * layer "" and phase "".
  *
+ * Tag strings are interned: an event's layer, phase, alloc_layer and
+ * alloc_phase, and a live record's layer and phase, point into the host's
+ * string table, where the same text is
+ * always at the same address and stays valid until finish() returns (both
+ * streams of baseline mode included). A plugin may keep these pointers and
+ * key its state by them instead of hashing the text of every event.
+ *
  * Baseline mode (the reference test's method: compare a run against a
  * baseline run, e.g. FP8 against bf16): when host->has_baseline is set, the
  * host first delivers the baseline run's whole stream (the same rank's)

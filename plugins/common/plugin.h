@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "flat_map.h"  // core/: header-only
+
 namespace allocscope::plugins {
 
 // `phase` is `base` or one of its sub-phases ("forward/quantize" is within
@@ -81,6 +83,17 @@ struct Evidence {
     uint64_t alloc_seq = 0;
     uint64_t free_seq = 0;  // 0: alive when the finding was made
     uint32_t stack_id = 0;
+};
+
+// An allocation kept as evidence, by ids: cheap to copy while a plugin
+// follows the stream; made an Evidence (text) only when a finding is emitted.
+struct HeldAlloc {
+    uint64_t size = 0;
+    uint64_t step = 0;
+    uint64_t alloc_seq = 0;
+    uint32_t stack_id = 0;
+    uint32_t layer = 0;  // Interner ids
+    uint32_t phase = 0;
 };
 
 struct Finding {
@@ -287,8 +300,28 @@ class Interner {
         ids_.emplace(texts_.back(), id);
         return id;
     }
-    uint32_t intern(const char* text) { return intern(std::string_view(text ? text : "")); }
+    // A tag string of an event or live record. The host interns those
+    // (plugin_v1.h): one address per text, valid until finish. So the
+    // address is the key, and each distinct one is hashed by text once.
+    uint32_t tag(const char* text) {
+        if (!text) return 0;
+        const auto key = reinterpret_cast<uintptr_t>(text);
+        if (const uint32_t* id = tags_.find(key)) return *id;
+        const uint32_t id = intern(std::string_view(text));
+        tags_[key] = id;
+        return id;
+    }
     const std::string& text(uint32_t id) const { return texts_.at(id); }
+    // The id of the base phase of phase `id` (see base_phase()), cached.
+    uint32_t base_phase(uint32_t id) {
+        if (id >= bases_.size()) bases_.resize(id + 1, UINT32_MAX);
+        if (bases_[id] == UINT32_MAX) {
+            // A copy: interning may move the strings a view would point into.
+            const std::string base(allocscope::plugins::base_phase(text(id)));
+            bases_[id] = intern(base);
+        }
+        return bases_[id];
+    }
 
   private:
     // Transparent, so a lookup by string_view builds no std::string.
@@ -300,6 +333,8 @@ class Interner {
     };
     std::unordered_map<std::string, uint32_t, Hash, std::equal_to<>> ids_;
     std::vector<std::string> texts_;
+    FlatMap<uintptr_t, uint32_t> tags_;
+    std::vector<uint32_t> bases_;
 };
 
 // The allocations a plugin holds as evidence for a finding it emits later
@@ -310,27 +345,28 @@ class EvidenceWatch {
   public:
     void hold(uint64_t alloc_seq) { ++watched_[alloc_seq].refs; }
     void release(uint64_t alloc_seq) {
-        auto it = watched_.find(alloc_seq);
-        if (it != watched_.end() && --it->second.refs == 0) watched_.erase(it);
+        Watched* w = watched_.find(alloc_seq);
+        if (w && --w->refs == 0) watched_.erase(alloc_seq);
     }
-    void hold(const std::vector<Evidence>& evidence) {
-        for (const Evidence& e : evidence)
+    // Every alloc_seq of a list of Evidence or HeldAlloc.
+    template <class T>
+    void hold(const std::vector<T>& evidence) {
+        for (const T& e : evidence)
             hold(e.alloc_seq);
     }
-    void release(const std::vector<Evidence>& evidence) {
-        for (const Evidence& e : evidence)
+    template <class T>
+    void release(const std::vector<T>& evidence) {
+        for (const T& e : evidence)
             release(e.alloc_seq);
     }
     // A FREE event of a known allocation.
     void on_free(uint64_t alloc_seq, uint64_t free_seq) {
-        auto it = watched_.find(alloc_seq);
-        if (it != watched_.end()) it->second.free_seq = free_seq;
+        if (Watched* w = watched_.find(alloc_seq)) w->free_seq = free_seq;
     }
     // Sets free_seq of each held entry from the frees seen since.
     void fill(std::vector<Evidence>& evidence) const {
         for (Evidence& e : evidence) {
-            auto it = watched_.find(e.alloc_seq);
-            if (it != watched_.end()) e.free_seq = it->second.free_seq;
+            if (const Watched* w = watched_.find(e.alloc_seq)) e.free_seq = w->free_seq;
         }
     }
     std::size_t size() const { return watched_.size(); }
@@ -340,7 +376,7 @@ class EvidenceWatch {
         uint64_t refs = 0;
         uint64_t free_seq = 0;
     };
-    std::unordered_map<uint64_t, Watched> watched_;
+    FlatMap<uint64_t, Watched> watched_;
 };
 
 // ---- Helpers shared by weight-copy-accumulation and transpose-cache-retention ----
@@ -546,6 +582,7 @@ class WeightParams {
         q.sharded_numel = p.sharded_numel;
         q.sizes.reset();
         containing_.clear();
+        memo_.clear();
     }
 
     struct Match {
@@ -556,6 +593,39 @@ class WeightParams {
     // derived from, among those whose module is `layer` or encloses it: a
     // data-sized match if any, else a scale-sized one.
     std::optional<Match> match(uint32_t layer, uint64_t size) {
+        // Memoized: a training loop allocates the same sizes in the same
+        // modules every step.
+        const MatchKey key{layer, size};
+        if (const Memo* m = memo_.find(key))
+            return m->found ? std::optional<Match>(m->match) : std::nullopt;
+        if (memo_.size() >= kMaxMemo) memo_.clear();
+        const std::optional<Match> found = search(layer, size);
+        memo_[key] = found ? Memo{true, *found} : Memo{};
+        return found;
+    }
+    uint32_t module(uint32_t param) const { return params_.at(param).module; }
+    // Interned numbered_layer(module); 0 ("") when the module has none.
+    uint32_t numbered(uint32_t param) const { return params_.at(param).numbered; }
+    std::size_t size() const { return params_.size(); }
+
+  private:
+    struct MatchKey {
+        uint32_t layer = 0;
+        uint64_t size = 0;
+        bool operator==(const MatchKey&) const = default;
+    };
+    struct MatchKeyHash {
+        uint64_t operator()(const MatchKey& k) const noexcept {
+            return k.size ^ (uint64_t(k.layer) * 0xff51afd7ed558ccdull);
+        }
+    };
+    struct Memo {
+        bool found = false;
+        Match match{};
+    };
+    static constexpr std::size_t kMaxMemo = std::size_t{1} << 16;
+
+    std::optional<Match> search(uint32_t layer, uint64_t size) {
         const std::vector<uint32_t>& candidates = containing(layer);
         std::optional<Match> scale;
         for (uint32_t i : candidates) {
@@ -565,12 +635,7 @@ class WeightParams {
         }
         return scale;
     }
-    uint32_t module(uint32_t param) const { return params_.at(param).module; }
-    // Interned numbered_layer(module); 0 ("") when the module has none.
-    uint32_t numbered(uint32_t param) const { return params_.at(param).numbered; }
-    std::size_t size() const { return params_.size(); }
 
-  private:
     struct Param {
         uint32_t module = 0;
         uint32_t numbered = 0;
@@ -609,6 +674,7 @@ class WeightParams {
     std::unordered_map<std::string, uint32_t> index_;
     std::unordered_map<std::string, std::vector<uint32_t>> by_module_;
     std::unordered_map<uint32_t, std::vector<uint32_t>> containing_;
+    FlatMap<MatchKey, Memo, MatchKeyHash> memo_;
 };
 
 // Which allocation level a detector follows. "block": a caching allocator's
@@ -667,14 +733,14 @@ class RetentionByLayer {
         uint64_t count = 0;
         uint64_t step = 0;
         uint64_t windows = 0;  // windows in which the layer retained anything
-        std::vector<Evidence> evidence;
+        std::vector<HeldAlloc> evidence;
     };
     explicit RetentionByLayer(EvidenceWatch& watch) : watch_(watch) {}
 
     // One window's retained allocations of `layer` (non-empty).
-    void record(uint32_t layer, uint64_t step, std::vector<Evidence> evidence) {
+    void record(uint32_t layer, uint64_t step, std::vector<HeldAlloc> evidence) {
         uint64_t bytes = 0;
-        for (const Evidence& e : evidence)
+        for (const HeldAlloc& e : evidence)
             bytes += e.size;
         auto [it, inserted] = index_.try_emplace(layer, entries_.size());
         if (inserted) {

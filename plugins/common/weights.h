@@ -74,6 +74,9 @@ class WeightDetector {
     virtual void on_pop(const allocscope_event_v1& e) = 0;
 
     bool analyzing() const { return source_ == ALLOCSCOPE_SOURCE_RUN; }
+    // The id of an event's phase's base phase: compare with forward_ etc.
+    // (phase_within(phase, "forward") is base_phase(phase) == forward_).
+    uint32_t base_phase(const char* phase) { return strings_.base_phase(strings_.tag(phase)); }
     const std::string& text(uint32_t id) const { return strings_.text(id); }
     uint64_t live_bytes() const { return host_.live_bytes(host_.ctx, level_.level()); }
 
@@ -81,25 +84,24 @@ class WeightDetector {
         bool switched = false;
         // Filtered by level: a segment and its first block share an address.
         if (!level_.follow(e, &switched)) return;
-        auto it = live_.find(e.address);
-        if (it == live_.end()) return;
-        watch_.on_free(it->second.seq, e.seq);
-        live_.erase(it);
+        const Record* r = live_.find(e.address);
+        if (!r) return;
+        watch_.on_free(r->seq, e.seq);
+        live_.erase(e.address);
     }
 
     // The parameter an allocation made in `phase` is derived from, with its
     // module (interned); nullopt when it is not a candidate. Drops a record
     // left at the allocation's address (stale: a missed free).
-    std::optional<WeightParams::Match> match_alloc(const allocscope_event_v1& e,
-                                                   std::string_view phase, uint32_t* module) {
+    std::optional<WeightParams::Match> match_alloc(const allocscope_event_v1& e, uint32_t phase,
+                                                   uint32_t* module) {
         live_.erase(e.address);  // a record left at this address is stale (missed free)
-        if (!e.phase || !phase_within(e.phase, phase) || !e.layer || !*e.layer) return std::nullopt;
-        *module = strings_.intern(e.layer);
+        if (base_phase(e.phase) != phase || !e.layer || !*e.layer) return std::nullopt;
+        *module = strings_.tag(e.layer);
         return params_.match(*module, e.size);
     }
     void follow(const allocscope_event_v1& e, uint32_t module) {
-        live_[e.address] =
-            Record{e.seq, e.size, e.step, e.stack_id, module, strings_.intern(e.phase)};
+        live_[e.address] = Record{e.seq, e.size, e.step, e.stack_id, module, strings_.tag(e.phase)};
     }
 
     // The outermost scope of `frames` accepted by `in_phase` that encloses
@@ -130,14 +132,14 @@ class WeightDetector {
         }
         std::sort(data_modules.begin(), data_modules.end());
         for (const Candidate& c : candidates) {
-            auto it = live_.find(c.address);
-            if (it == live_.end() || it->second.seq != c.seq) continue;
+            const Record* found = live_.find(c.address);
+            if (!found || found->seq != c.seq) continue;
             if (!std::binary_search(data_modules.begin(), data_modules.end(), c.module)) {
-                live_.erase(it);  // not derived after all; stop following it
+                live_.erase(c.address);  // not derived after all; stop following it
                 continue;
             }
-            const Record& r = it->second;
-            keep(c, Evidence{r.size, text(r.module), text(r.phase), r.step, r.seq, 0, r.stack_id});
+            const Record& r = *found;
+            keep(c, HeldAlloc{r.size, r.step, r.seq, r.stack_id, r.module, r.phase});
         }
     }
 
@@ -154,9 +156,21 @@ class WeightDetector {
         std::vector<Evidence> out;
         *count = 0;
         for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            out.insert(out.end(), e.evidence.begin(), e.evidence.end());
+            for (const HeldAlloc& h : e.evidence)
+                out.push_back(evidence(h));
             *count += e.count;
         }
+        return out;
+    }
+
+    Evidence evidence(const HeldAlloc& h) const {
+        return {h.size, text(h.layer), text(h.phase), h.step, h.alloc_seq, 0, h.stack_id};
+    }
+    std::vector<Evidence> evidence(const std::vector<HeldAlloc>& held) const {
+        std::vector<Evidence> out;
+        out.reserve(held.size());
+        for (const HeldAlloc& h : held)
+            out.push_back(evidence(h));
         return out;
     }
 
@@ -188,7 +202,7 @@ class WeightDetector {
         f.phase = phase;
         f.bytes = e.bytes;
         f.count = e.count;
-        f.evidence = e.evidence;
+        f.evidence = evidence(e.evidence);
         finish_evidence(f);
         return f;
     }
@@ -205,8 +219,11 @@ class WeightDetector {
     WeightParams params_;
     EvidenceWatch watch_;
     RetentionByLayer retained_;
+    const uint32_t forward_ = strings_.intern("forward");
+    const uint32_t backward_ = strings_.intern("backward");
+    const uint32_t optimizer_ = strings_.intern("optimizer");
     uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
-    std::unordered_map<uint64_t, Record> live_;  // by address, the followed level only
+    FlatMap<uint64_t, Record> live_;  // by address, the followed level only
 };
 
 // Steps measured in baseline mode: the first is dropped as warm-up when

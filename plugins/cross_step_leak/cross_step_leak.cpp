@@ -46,6 +46,13 @@ struct GroupKey {
     auto operator<=>(const GroupKey&) const = default;
 };
 
+struct GroupKeyHash {
+    uint64_t operator()(const GroupKey& k) const noexcept {
+        const uint64_t rest = uint64_t(k.stack) << 3 | uint64_t(k.level) << 1 | k.whole_tag;
+        return (uint64_t(k.layer) << 32 | k.phase) ^ (rest * 0xff51afd7ed558ccdull);
+    }
+};
+
 struct Run {
     uint64_t boundaries = 0;  // consecutive step changes with growth
     uint64_t from_bytes = 0, to_bytes = 0;
@@ -81,13 +88,13 @@ class CrossStepLeak {
         if (e.level != ALLOCSCOPE_LEVEL_BLOCK && e.level != ALLOCSCOPE_LEVEL_SEGMENT) return;
         if (e.kind == ALLOCSCOPE_EVENT_ALLOC) {
             if (e.level == ALLOCSCOPE_LEVEL_BLOCK) saw_block_ = true;
-            const uint32_t layer = strings_.intern(e.layer), phase = strings_.intern(e.phase);
+            const uint32_t layer = strings_.tag(e.layer), phase = strings_.tag(e.phase);
             add(group({e.level, layer, phase, e.stack_id, false}), e.size, 1);
             add(group({e.level, layer, phase, 0, true}), e.size, 1);
         } else if (e.kind == ALLOCSCOPE_EVENT_FREE && e.alloc_seq != 0) {
             watch_.on_free(e.alloc_seq, e.seq);
-            const uint32_t layer = strings_.intern(e.alloc_layer);
-            const uint32_t phase = strings_.intern(e.alloc_phase);
+            const uint32_t layer = strings_.tag(e.alloc_layer);
+            const uint32_t phase = strings_.tag(e.alloc_phase);
             sub(group({e.level, layer, phase, e.alloc_stack_id, false}), e.size);
             sub(group({e.level, layer, phase, 0, true}), e.size);
         }
@@ -182,7 +189,13 @@ class CrossStepLeak {
     }
 
   private:
-    Group& group(const GroupKey& key) { return groups_[key]; }
+    // Groups live in an ordered map (findings come out in key order); the
+    // per-event lookup goes through a hash index of it.
+    Group& group(const GroupKey& key) {
+        Group*& g = index_[key];
+        if (!g) g = &groups_[key];
+        return *g;
+    }
     static void add(Group& g, uint64_t size, uint64_t n) {
         g.bytes += size;
         g.count += n;
@@ -204,8 +217,8 @@ class CrossStepLeak {
             host_.ctx, 0,
             [](void* user, const allocscope_live_v1* l) {
                 auto& v = *static_cast<Visit*>(user);
-                const uint32_t layer = v.self->strings_.intern(l->layer);
-                const uint32_t phase = v.self->strings_.intern(l->phase);
+                const uint32_t layer = v.self->strings_.tag(l->layer);
+                const uint32_t phase = v.self->strings_.tag(l->phase);
                 for (const auto& [key, g] : *v.grown) {
                     if (key->level != l->level || key->layer != layer || key->phase != phase ||
                         (!key->whole_tag && key->stack != l->stack_id) ||
@@ -235,6 +248,7 @@ class CrossStepLeak {
     uint64_t min_growth_;
     Interner strings_;
     std::map<GroupKey, Group> groups_;
+    FlatMap<GroupKey, Group*, GroupKeyHash> index_;
     bool saw_block_ = false;
     bool any_step_ = false;
     uint64_t previous_step_ = 0;

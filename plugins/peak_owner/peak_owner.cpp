@@ -8,9 +8,10 @@
 // the groups' state at that moment is the state just before the next FREE
 // (every ALLOC in between raises the peak again), so the snapshot is taken
 // there, lazily, and copies only the groups touched since the previous
-// snapshot: O(events) over the whole stream, exact at the peak. Each group
-// keeps its live allocations ordered by size, so the snapshot also holds
-// its biggest allocations as evidence.
+// snapshot, exact at the peak. A snapshot also picks each touched group's
+// biggest live allocations as evidence (a scan of the group's; adding or
+// removing an allocation is O(1), nothing is kept ordered per event). A
+// free of an allocation made before the stream began changes nothing.
 //
 // At finish, per level, the `top` (default 10) groups by bytes at the peak
 // of each kind (tag, phase, stack) become info findings: bytes and allocations at
@@ -20,7 +21,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -53,14 +53,32 @@ struct PhaseKey {
     auto operator<=>(const PhaseKey&) const = default;
 };
 
+// The three kinds of owner group an allocation belongs to.
+enum Kind { kTag, kPhase, kStack, kKinds };
+
+// A live allocation of a group: its size and seq (to rank it) and where the
+// allocation's record is.
+struct Member {
+    uint64_t size = 0;
+    uint64_t seq = 0;
+    uint32_t slot = 0;
+};
+
 struct Group {
     uint64_t bytes = 0;
-    std::set<Allocation> live;
+    std::vector<Member> live;  // unordered; each record knows its position
     bool dirty = false;
     // At the last snapshot.
     uint64_t peak_bytes = 0;
     uint64_t peak_count = 0;
     std::vector<Allocation> peak_top;
+};
+
+// A live allocation of the stream, in a slab (slots are reused).
+struct Record {
+    Allocation a;
+    Group* groups[kKinds] = {};
+    uint32_t position[kKinds] = {};  // in each group's `live`
 };
 
 struct Level {
@@ -70,10 +88,15 @@ struct Level {
     uint64_t peak_step = 0;
     bool pending = false;  // a new peak not yet snapshotted
     bool seen = false;
+    // Ordered, for the report; found per event through hash indexes.
     std::map<std::pair<uint32_t, uint32_t>, Group> tags;
     std::map<PhaseKey, Group> phases;
     std::map<uint32_t, Group> stacks;
+    FlatMap<uint64_t, Group*> index[kKinds];
     std::vector<Group*> dirty;
+    std::vector<Record> slab;
+    std::vector<uint32_t> free_slots;
+    FlatMap<uint64_t, uint32_t> by_seq;  // live allocation -> slab slot
 };
 
 class PeakOwner {
@@ -87,15 +110,8 @@ class PeakOwner {
         if (!l) return;
         if (e.kind == ALLOCSCOPE_EVENT_ALLOC) {
             l->seen = true;
-            Allocation a{e.size,
-                         e.seq,
-                         e.step,
-                         e.stack_id,
-                         strings_.intern(e.layer),
-                         strings_.intern(e.phase)};
-            insert(*l, l->tags[{a.layer, a.phase}], a);
-            insert(*l, l->phases[base_of(a.phase)], a);
-            insert(*l, l->stacks[a.stack], a);
+            add(*l,
+                {e.size, e.seq, e.step, e.stack_id, strings_.tag(e.layer), strings_.tag(e.phase)});
             l->live += e.size;
             if (l->live > l->peak) {
                 l->peak = l->live;
@@ -106,15 +122,9 @@ class PeakOwner {
         } else if (e.kind == ALLOCSCOPE_EVENT_FREE && e.alloc_seq != 0) {
             if (l->pending) snapshot(*l);
             watch_.on_free(e.alloc_seq, e.seq);
-            Allocation a{e.size,
-                         e.alloc_seq,
-                         e.alloc_step,
-                         e.alloc_stack_id,
-                         strings_.intern(e.alloc_layer),
-                         strings_.intern(e.alloc_phase)};
-            erase(*l, l->tags[{a.layer, a.phase}], a);
-            erase(*l, l->phases[base_of(a.phase)], a);
-            erase(*l, l->stacks[a.stack], a);
+            const uint32_t* slot = l->by_seq.find(e.alloc_seq);
+            if (!slot) return;  // allocated before the stream
+            remove(*l, *slot);
             l->live -= std::min(l->live, e.size);
         }
     }
@@ -127,12 +137,25 @@ class PeakOwner {
     }
 
   private:
-    PhaseKey base_of(uint32_t phase) { return {strings_.intern(base_phase(strings_.text(phase)))}; }
-
     Level* level(uint32_t level) {
         return level == ALLOCSCOPE_LEVEL_BLOCK     ? &blocks_
                : level == ALLOCSCOPE_LEVEL_SEGMENT ? &segments_
                                                    : nullptr;
+    }
+
+    // The group of `kind` that `a` belongs to.
+    Group& group(Level& l, Kind kind, const Allocation& a) {
+        const uint32_t phase = kind == kPhase ? strings_.base_phase(a.phase) : a.phase;
+        const uint64_t key = kind == kTag     ? uint64_t(a.layer) << 32 | phase
+                             : kind == kPhase ? phase
+                                              : a.stack;
+        Group*& g = l.index[kind][key];
+        if (!g) {
+            g = kind == kTag     ? &l.tags[{a.layer, phase}]
+                : kind == kPhase ? &l.phases[PhaseKey{phase}]
+                                 : &l.stacks[a.stack];
+        }
+        return *g;
     }
 
     static void touch(Level& l, Group& g) {
@@ -141,15 +164,44 @@ class PeakOwner {
             l.dirty.push_back(&g);
         }
     }
-    static void insert(Level& l, Group& g, const Allocation& a) {
-        touch(l, g);
-        g.bytes += a.size;
-        g.live.insert(a);
+
+    void add(Level& l, const Allocation& a) {
+        uint32_t slot;
+        if (!l.free_slots.empty()) {
+            slot = l.free_slots.back();
+            l.free_slots.pop_back();
+        } else {
+            slot = uint32_t(l.slab.size());
+            l.slab.emplace_back();
+        }
+        l.by_seq[a.seq] = slot;
+        Record& r = l.slab[slot];
+        r.a = a;
+        for (int k = 0; k < kKinds; ++k) {
+            Group& g = group(l, Kind(k), a);
+            touch(l, g);
+            g.bytes += a.size;
+            r.groups[k] = &g;
+            r.position[k] = uint32_t(g.live.size());
+            g.live.push_back({a.size, a.seq, slot});
+        }
     }
-    static void erase(Level& l, Group& g, const Allocation& a) {
-        if (g.live.erase(a) == 0) return;  // not ours (allocated before the stream)
-        touch(l, g);
-        g.bytes -= a.size;
+
+    void remove(Level& l, uint32_t slot) {
+        Record& r = l.slab[slot];
+        for (int k = 0; k < kKinds; ++k) {
+            Group& g = *r.groups[k];
+            touch(l, g);
+            g.bytes -= r.a.size;
+            const uint32_t at = r.position[k];
+            if (at + 1 != g.live.size()) {
+                g.live[at] = g.live.back();
+                l.slab[g.live[at].slot].position[k] = at;
+            }
+            g.live.pop_back();
+        }
+        l.by_seq.erase(r.a.seq);
+        l.free_slots.push_back(slot);
     }
 
     // The groups touched since the last snapshot take their current state:
@@ -160,11 +212,21 @@ class PeakOwner {
                 watch_.release(a.seq);
             g->peak_bytes = g->bytes;
             g->peak_count = g->live.size();
+            // Its biggest allocations, biggest first, then oldest.
+            const auto bigger = [](const Member& a, const Member& b) {
+                return a.size != b.size ? a.size > b.size : a.seq < b.seq;
+            };
+            top_members_.clear();
+            for (const Member& m : g->live) {
+                if (top_members_.size() == kEvidence && !bigger(m, top_members_.back())) continue;
+                if (top_members_.size() == kEvidence) top_members_.pop_back();
+                top_members_.insert(
+                    std::upper_bound(top_members_.begin(), top_members_.end(), m, bigger), m);
+            }
             g->peak_top.clear();
-            for (auto it = g->live.begin(); it != g->live.end() && g->peak_top.size() < kEvidence;
-                 ++it) {
-                g->peak_top.push_back(*it);
-                watch_.hold(it->seq);
+            for (const Member& m : top_members_) {
+                g->peak_top.push_back(l.slab[m.slot].a);
+                watch_.hold(m.seq);
             }
             g->dirty = false;
         }
@@ -239,6 +301,7 @@ class PeakOwner {
     const allocscope_host_v1& host_;
     uint64_t top_;
     Interner strings_;
+    std::vector<Member> top_members_;
     Level blocks_;
     Level segments_;
     EvidenceWatch watch_;

@@ -46,10 +46,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "common/plugin.h"
@@ -75,12 +75,15 @@ struct Record {
     uint32_t layer = 0;  // the allocation's own tag
     uint32_t phase = 0;
     uint32_t stack = 0;
+    // Where its seq is in the scope's and the step's bucket.
+    uint32_t in_open = 0;
+    uint32_t in_step = 0;
 };
 
 // Live allocations of one scope, or of one step's scopes, of a key.
 struct Bucket {
     uint64_t bytes = 0;
-    std::unordered_set<uint64_t> seqs;
+    std::vector<uint64_t> seqs;  // unordered; each record knows its place
 };
 
 // A finding in the making: updated at each evaluation that counts.
@@ -144,9 +147,9 @@ struct Scope {
 };
 
 struct Stream {
-    std::unordered_map<uint32_t, std::vector<Scope>> threads;
-    std::unordered_map<uint32_t, KeyState> keys;
-    std::unordered_map<uint64_t, Record> records;  // live, by alloc seq
+    FlatMap<uint32_t, std::vector<Scope>> threads;
+    std::vector<std::unique_ptr<KeyState>> keys;  // by key id; null: not run here
+    FlatMap<uint64_t, Record> records;            // live, by alloc seq
     bool saw_block = false;
 };
 
@@ -183,17 +186,15 @@ class PhaseRetention {
     void on_step(uint64_t, uint32_t) {}
 
     void finish() {
-        for (auto& [id, key] : run_.keys)
-            commit(key, false);
+        for (auto& key : run_.keys) {
+            if (key) commit(*key, false);
+        }
         const int li = run_.saw_block ? 0 : 1;
         // Keys in id order: findings come out in the order the keys were
         // first seen, the same on every run.
-        std::vector<uint32_t> ids;
-        for (const auto& [id, key] : run_.keys)
-            ids.push_back(id);
-        std::sort(ids.begin(), ids.end());
-        for (uint32_t id : ids) {
-            const KeyState& k = run_.keys[id];
+        for (uint32_t id = 0; id < run_.keys.size(); ++id) {
+            if (!run_.keys[id]) continue;
+            const KeyState& k = *run_.keys[id];
             const LevelState& l = k.levels[li];
             const std::string& layer = strings_.text(keys_[id].first);
             const std::string& phase = strings_.text(keys_[id].second);
@@ -240,9 +241,18 @@ class PhaseRetention {
 
   private:
     uint32_t key_id(uint32_t layer, uint32_t phase) {
-        auto [it, added] = key_ids_.try_emplace({layer, phase}, uint32_t(keys_.size()));
-        if (added) keys_.push_back({layer, phase});
-        return it->second;
+        uint32_t& id = key_ids_[uint64_t(layer) << 32 | phase];
+        if (id == 0) {
+            keys_.push_back({layer, phase});
+            id = uint32_t(keys_.size());  // 1-based here: 0 marks a new entry
+        }
+        return id - 1;
+    }
+
+    static KeyState& key_state(Stream& s, uint32_t id) {
+        if (id >= s.keys.size()) s.keys.resize(id + 1);
+        if (!s.keys[id]) s.keys[id] = std::make_unique<KeyState>();
+        return *s.keys[id];
     }
 
     uint64_t tolerance(uint32_t key) const {
@@ -252,19 +262,20 @@ class PhaseRetention {
 
     void push(Stream& s, const allocscope_event_v1& e, bool baseline) {
         std::vector<Scope>& stack = s.threads[e.tid];
-        const std::string_view layer = e.layer ? e.layer : "";
-        const std::string_view phase = base_phase(e.phase ? e.phase : "");
+        const uint32_t layer = strings_.tag(e.layer);
+        const uint32_t phase = strings_.base_phase(strings_.tag(e.phase));
         if (!stack.empty()) {
             const Scope top = stack.back();
             const auto& [top_layer, top_phase] = keys_[top.key];
-            if (strings_.text(top_phase) == phase &&
-                layer_within(layer, strings_.text(top_layer))) {
+            if (top_phase == phase &&
+                (top_layer == layer ||
+                 layer_within(strings_.text(layer), strings_.text(top_layer)))) {
                 stack.push_back({top.key, top.instance, top.step, false});
                 return;
             }
         }
-        const uint32_t id = key_id(strings_.intern(layer), strings_.intern(phase));
-        KeyState& k = s.keys[id];
+        const uint32_t id = key_id(layer, phase);
+        KeyState& k = key_state(s, id);
         k.id = id;
         if (!k.ran || k.step != e.step) {
             commit(k, baseline);
@@ -279,10 +290,10 @@ class PhaseRetention {
     }
 
     void pop(Stream& s, const allocscope_event_v1& e, bool baseline) {
-        auto it = s.threads.find(e.tid);
-        if (it == s.threads.end() || it->second.empty()) return;  // began mid-scope
-        const Scope scope = it->second.back();
-        it->second.pop_back();
+        std::vector<Scope>* stack = s.threads.find(e.tid);
+        if (!stack || stack->empty()) return;  // began mid-scope
+        const Scope scope = stack->back();
+        stack->pop_back();
         if (scope.starts) end_scope(s, scope, baseline);
     }
 
@@ -290,62 +301,77 @@ class PhaseRetention {
         const int li = level_index(e.level);
         if (li < 0) return;
         if (li == 0) s.saw_block = true;
-        auto it = s.threads.find(e.tid);
-        if (it == s.threads.end() || it->second.empty()) return;  // untagged
-        const Scope& scope = it->second.back();
+        const std::vector<Scope>* stack = s.threads.find(e.tid);
+        if (!stack || stack->empty()) return;  // untagged
+        const Scope& scope = stack->back();
         Record r;
         r.size = e.size;
         r.key = scope.key;
         r.instance = scope.instance;
         r.step = scope.step;
         r.level = li;
-        r.layer = strings_.intern(e.layer);
-        r.phase = strings_.intern(e.phase);
+        r.layer = strings_.tag(e.layer);
+        r.phase = strings_.tag(e.phase);
         r.stack = e.stack_id;
-        LevelState& l = s.keys[scope.key].levels[li];
-        for (Bucket* b : {&l.open[scope.instance], &l.by_step[scope.step]}) {
+        LevelState& l = s.keys[scope.key]->levels[li];
+        Bucket& open = l.open[scope.instance];
+        Bucket& by_step = l.by_step[scope.step];
+        r.in_open = uint32_t(open.seqs.size());
+        r.in_step = uint32_t(by_step.seqs.size());
+        for (Bucket* b : {&open, &by_step}) {
             b->bytes += e.size;
-            b->seqs.insert(e.seq);
+            b->seqs.push_back(e.seq);
         }
         l.live_bytes += e.size;
         ++l.live_count;
         s.records[e.seq] = r;
     }
 
-    static void take(std::map<uint64_t, Bucket>& buckets, uint64_t at, uint64_t seq,
-                     uint64_t size) {
-        auto b = buckets.find(at);
+    // Removes the seq at `at` of the bucket at `key` of `buckets` (dropping
+    // the bucket when it empties); `place` is the member of Record that
+    // holds the position.
+    static void take(Stream& s, std::map<uint64_t, Bucket>& buckets, uint64_t key, uint32_t at,
+                     uint64_t size, uint32_t Record::*place) {
+        auto b = buckets.find(key);
         if (b == buckets.end()) return;
+        std::vector<uint64_t>& seqs = b->second.seqs;
         b->second.bytes -= size;
-        b->second.seqs.erase(seq);
-        if (b->second.seqs.empty()) buckets.erase(b);
+        if (at + 1 < seqs.size()) {
+            seqs[at] = seqs.back();
+            s.records.find(seqs[at])->*place = at;
+        }
+        seqs.pop_back();
+        if (seqs.empty()) buckets.erase(b);
+    }
+
+    void free_record(Stream& s, uint64_t seq, const Record r) {
+        LevelState& l = s.keys[r.key]->levels[r.level];
+        take(s, l.open, r.instance, r.in_open, r.size, &Record::in_open);
+        take(s, l.by_step, r.step, r.in_step, r.size, &Record::in_step);
+        l.live_bytes -= r.size;
+        --l.live_count;
+        s.records.erase(seq);
     }
 
     void free(Stream& s, const allocscope_event_v1& e, bool baseline) {
         if (e.alloc_seq == 0) return;  // allocated before the stream began
         if (!baseline) watch_.on_free(e.alloc_seq, e.seq);
-        auto it = s.records.find(e.alloc_seq);
-        if (it == s.records.end()) return;  // not assessed (untagged)
-        const Record& r = it->second;
-        LevelState& l = s.keys[r.key].levels[r.level];
-        take(l.open, r.instance, e.alloc_seq, r.size);
-        take(l.by_step, r.step, e.alloc_seq, r.size);
-        l.live_bytes -= r.size;
-        --l.live_count;
-        s.records.erase(it);
+        const Record* r = s.records.find(e.alloc_seq);
+        if (!r) return;  // not assessed (untagged)
+        free_record(s, e.alloc_seq, *r);
     }
 
     // The largest allocations of `b`, newest first among equals.
     std::vector<Evidence> evidence_of(const Stream& s, const Bucket& b) {
         std::vector<std::pair<uint64_t, uint64_t>> by_size;  // (size, seq)
         for (uint64_t seq : b.seqs)
-            by_size.emplace_back(s.records.at(seq).size, seq);
+            by_size.emplace_back(s.records.find(seq)->size, seq);
         const std::size_t n = std::min(kEvidence, by_size.size());
         std::partial_sort(by_size.begin(), by_size.begin() + std::ptrdiff_t(n), by_size.end(),
                           [](const auto& a, const auto& b) { return a > b; });
         std::vector<Evidence> out;
         for (std::size_t i = 0; i < n; ++i) {
-            const Record& r = s.records.at(by_size[i].second);
+            const Record& r = *s.records.find(by_size[i].second);
             out.push_back({r.size, strings_.text(r.layer), strings_.text(r.phase), r.step,
                            by_size[i].second, 0, r.stack});
         }
@@ -360,8 +386,8 @@ class PhaseRetention {
 
     const LevelState* baseline_level(uint32_t key, int li) const {
         if (!host_.has_baseline) return nullptr;
-        auto it = baseline_.keys.find(key);
-        return it == baseline_.keys.end() ? nullptr : &it->second.levels[li];
+        if (key >= baseline_.keys.size() || !baseline_.keys[key]) return nullptr;
+        return &baseline_.keys[key]->levels[li];
     }
 
     // Commits the key's evaluation of its last step: the retention measured
@@ -397,7 +423,7 @@ class PhaseRetention {
     }
 
     void end_scope(Stream& s, const Scope& scope, bool baseline) {
-        KeyState& k = s.keys[scope.key];
+        KeyState& k = *s.keys[scope.key];
         for (int li = 0; li < 2; ++li) {
             LevelState& l = k.levels[li];
             // Retention of the key's previous step, measured now.
@@ -464,7 +490,7 @@ class PhaseRetention {
     std::optional<uint64_t> tolerance_;
     Interner strings_;
     // Keys are shared by both streams so the run finds the baseline's.
-    std::map<std::pair<uint32_t, uint32_t>, uint32_t> key_ids_;
+    FlatMap<uint64_t, uint32_t> key_ids_;              // (layer, base phase) -> id + 1
     std::vector<std::pair<uint32_t, uint32_t>> keys_;  // (layer, base phase) by id
     Stream baseline_;
     Stream run_;

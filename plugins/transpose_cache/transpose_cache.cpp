@@ -107,7 +107,7 @@ class TransposeCacheRetention final : public WeightDetector {
         }
         if (!analyzing()) return;
         uint32_t module = 0;
-        const std::optional<WeightParams::Match> m = match_alloc(e, "backward", &module);
+        const std::optional<WeightParams::Match> m = match_alloc(e, backward_, &module);
         if (!m) return;
         if (!in_backward_) {  // the stream began inside backward: no push opened it
             in_backward_ = true;
@@ -119,8 +119,8 @@ class TransposeCacheRetention final : public WeightDetector {
 
     void on_push(const allocscope_event_v1& e) override {
         Thread& t = threads_[e.tid];
-        const std::string_view phase = e.phase ? e.phase : "";
-        if (phase_within(phase, "backward")) {
+        const uint32_t phase = base_phase(e.phase);
+        if (phase == backward_) {
             if (!in_backward_) {
                 in_backward_ = true;
                 backward_step_ = e.step;
@@ -133,17 +133,17 @@ class TransposeCacheRetention final : public WeightDetector {
                     measuring_ = true;
                 }
             }
-        } else if (phase_within(phase, "optimizer")) {
+        } else if (phase == optimizer_) {
             end_backward_measure();
             end_backward();
-        } else if (phase_within(phase, "forward") && t.open_backward == 0) {
+        } else if (phase == forward_ && t.open_backward == 0) {
             // The next forward (same step: gradient accumulation); a forward
             // scope inside a backward scope is activation recomputation.
             end_backward();
         }
-        const bool backward = phase_within(phase, "backward");
+        const bool backward = phase == backward_;
         t.open_backward += backward;
-        t.frames.push_back({strings_.intern(e.layer), backward});
+        t.frames.push_back({strings_.tag(e.layer), backward});
     }
 
     void on_pop(const allocscope_event_v1& e) override {
@@ -184,8 +184,8 @@ class TransposeCacheRetention final : public WeightDetector {
         if (!in_backward_) return;
         in_backward_ = false;
         std::vector<uint32_t> order;  // layers in the order they retained
-        std::unordered_map<uint32_t, std::vector<Evidence>> by_layer;
-        retain_alive(window_, [&](const Candidate& c, Evidence ev) {
+        std::unordered_map<uint32_t, std::vector<HeldAlloc>> by_layer;
+        retain_alive(window_, [&](const Candidate& c, HeldAlloc ev) {
             auto [slot, inserted] = by_layer.try_emplace(c.layer);
             if (inserted) order.push_back(c.layer);
             slot->second.push_back(std::move(ev));

@@ -72,7 +72,7 @@ class WeightCopyAccumulation final : public WeightDetector {
     struct Retained {
         uint64_t address;
         uint32_t layer;
-        Evidence evidence;
+        HeldAlloc evidence;
     };
     // Live bytes at layer-forward boundaries, per step (baseline mode).
     struct StepSeries {
@@ -110,7 +110,7 @@ class WeightCopyAccumulation final : public WeightDetector {
         if (switched) drop_candidates();
         if (!analyzing()) return;
         uint32_t module = 0;
-        const std::optional<WeightParams::Match> m = match_alloc(e, "forward", &module);
+        const std::optional<WeightParams::Match> m = match_alloc(e, forward_, &module);
         if (!m) return;
         Frame* scope = layer_scope(e.tid, m->param);
         if (!scope) return;
@@ -121,11 +121,12 @@ class WeightCopyAccumulation final : public WeightDetector {
     void on_push(const allocscope_event_v1& e) override {
         Thread& t = threads_[e.tid];
         Frame f;
-        f.layer = strings_.intern(e.layer);
+        f.layer = strings_.tag(e.layer);
         // A forward scope inside backward is activation recomputation: its
         // copies live until that layer's backward by design.
-        f.forward = e.phase && phase_within(e.phase, "forward") && t.open_backward == 0;
-        f.backward = e.phase && phase_within(e.phase, "backward");
+        const uint32_t phase = base_phase(e.phase);
+        f.forward = phase == forward_ && t.open_backward == 0;
+        f.backward = phase == backward_;
         t.open_backward += f.backward;
         if (f.forward && f.layer != 0) {
             f.numbered = !numbered_layer(text(f.layer)).empty();
@@ -186,8 +187,8 @@ class WeightCopyAccumulation final : public WeightDetector {
     // Layer L's forward scope was popped: its candidates still alive are
     // retained; scale-sized ones only in a module that made a data-sized one.
     void end_layer_forward(const Frame& f, uint64_t step) {
-        std::vector<Evidence> retained;
-        retain_alive(f.candidates, [&](const Candidate& c, Evidence ev) {
+        std::vector<HeldAlloc> retained;
+        retain_alive(f.candidates, [&](const Candidate& c, HeldAlloc ev) {
             step_retained_.push_back({c.address, f.layer, ev});
             retained.push_back(std::move(ev));
         });
@@ -198,13 +199,13 @@ class WeightCopyAccumulation final : public WeightDetector {
     // copies of all layers that are still alive together.
     void close_forward_total() {
         if (step_retained_.empty()) return;
-        std::vector<Evidence> alive_now;
+        std::vector<HeldAlloc> alive_now;
         std::vector<uint32_t> layers;
         uint64_t bytes = 0;
         uint64_t step = 0;
         for (const Retained& r : step_retained_) {
-            auto it = live_.find(r.address);
-            if (it == live_.end() || it->second.seq != r.evidence.alloc_seq) continue;
+            const Record* alive = live_.find(r.address);
+            if (!alive || alive->seq != r.evidence.alloc_seq) continue;
             bytes += r.evidence.size;
             step = std::max(step, r.evidence.step);
             layers.push_back(r.layer);
@@ -301,8 +302,8 @@ class WeightCopyAccumulation final : public WeightDetector {
         for (const RetentionByLayer::Entry& e : retained_.entries()) {
             Finding f = layer_finding(e, "forward");
             std::vector<std::string_view> modules;
-            for (const Evidence& ev : e.evidence)
-                modules.push_back(ev.layer);
+            for (const HeldAlloc& ev : e.evidence)
+                modules.push_back(text(ev.layer));
             std::sort(modules.begin(), modules.end());
             modules.erase(std::unique(modules.begin(), modules.end()), modules.end());
             f.summary = format_bytes(e.bytes) + " of weight-derived allocations (" +
@@ -319,7 +320,7 @@ class WeightCopyAccumulation final : public WeightDetector {
         f.phase = "forward";
         f.bytes = total_bytes_;
         f.count = total_evidence_.size();
-        f.evidence = total_evidence_;
+        f.evidence = evidence(total_evidence_);
         finish_evidence(f);
         f.summary = format_bytes(total_bytes_) + " of weight-derived copies of " +
                     std::to_string(total_layers_.size()) +
@@ -336,7 +337,7 @@ class WeightCopyAccumulation final : public WeightDetector {
     uint64_t total_bytes_ = 0;
     uint64_t total_step_ = 0;
     std::vector<uint32_t> total_layers_;
-    std::vector<Evidence> total_evidence_;
+    std::vector<HeldAlloc> total_evidence_;
 };
 
 }  // namespace

@@ -4,7 +4,10 @@
 // thread does. Each repetition is a fresh host (a new stream); the trace is
 // loaded once, outside the timing. Prints the median of the repetitions.
 //
-//   plugin_bench TRACE PLUGIN_DIR [REPETITIONS]
+//   plugin_bench TRACE PLUGIN_DIR [REPETITIONS [ONLY]]
+//
+// ONLY: one row, for a profiler: "all" (the built-ins together), "null"
+// (the host) or a plugin's name.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,10 +23,34 @@ namespace {
 
 using namespace allocscope;
 
+// A plugin that takes every event and does nothing with it: the host's own
+// cost (live table, tag strings, the event view, one call per event).
+allocscope_plugin_status null_init(const allocscope_host_v1*, void** state) {
+    *state = nullptr;
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+allocscope_plugin_status null_event(void*, const allocscope_event_v1*) {
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+allocscope_plugin_status null_step(void*, uint64_t, uint32_t) {
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+allocscope_plugin_status null_finish(void*) {
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+const allocscope_plugin_v1 null_plugin = {sizeof(allocscope_plugin_v1),
+                                          ALLOCSCOPE_PLUGIN_ABI_VERSION,
+                                          "null",
+                                          "does nothing",
+                                          ALLOCSCOPE_EVENT_ALL,
+                                          null_init,
+                                          null_event,
+                                          null_step,
+                                          null_finish};
+
 // Seconds to feed the trace through a host with `plugins` (empty: all
-// found in dir); the plugins' findings are produced (finish) inside the
-// timing too.
-// `dir` "" loads nothing: the host's own cost (live table, strings).
+// found in dir; `dir` "": the null plugin only); the plugins' findings are
+// produced (finish) inside the timing too.
 double feed_seconds(const Trace& trace, const std::vector<std::string>& plugins,
                     const std::string& dir, size_t& enabled) {
     HostSettings settings;
@@ -32,7 +59,11 @@ double feed_seconds(const Trace& trace, const std::vector<std::string>& plugins,
     settings.warn = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     settings.info = [](const std::string&) {};
     PluginHost host(settings);
-    host.load(plugins, dir);
+    if (dir.empty()) {
+        host.add(&null_plugin, "plugin_bench");
+    } else {
+        host.load(plugins, dir);
+    }
     enabled = host.enabled_count();
     const auto t0 = std::chrono::steady_clock::now();
     host.feed_trace(trace);
@@ -44,15 +75,16 @@ double feed_seconds(const Trace& trace, const std::vector<std::string>& plugins,
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: plugin_bench TRACE PLUGIN_DIR [REPETITIONS]\n");
+        std::fprintf(stderr, "usage: plugin_bench TRACE PLUGIN_DIR [REPETITIONS [ONLY]]\n");
         return 2;
     }
     const std::string dir = argv[2];
     const int reps = argc > 3 ? std::max(1, std::atoi(argv[3])) : 7;
+    const std::string only = argc > 4 ? argv[4] : "";
     try {
         const Trace trace = load_trace(argv[1]);
-        // The host alone, all built-ins together, then each alone.
-        std::vector<std::vector<std::string>> sets = {{"(host only)"}, {}};
+        // The host (null plugin), all built-ins together, then each alone.
+        std::vector<std::vector<std::string>> sets = {{"(host, null plugin)"}, {}};
         for (const std::string& path : discover_plugins(dir)) {
             std::string name = path.substr(path.rfind('/') + 1);
             name = name.substr(std::string("allocscope-plugin-").size());
@@ -63,9 +95,11 @@ int main(int argc, char** argv) {
                     trace.events.size(), reps);
         std::printf("%-28s %8s %14s %12s\n", "plugins", "enabled", "events/s", "ns/event");
         for (const auto& set : sets) {
+            const std::string row = set.empty() ? "all" : set[0] == sets[0][0] ? "null" : set[0];
+            if (!only.empty() && row != only) continue;
             std::vector<double> seconds;
             size_t enabled = 0;
-            const bool host_only = !set.empty() && set[0] == "(host only)";
+            const bool host_only = !set.empty() && set[0] == "(host, null plugin)";
             for (int r = 0; r < reps; ++r) {
                 seconds.push_back(host_only ? feed_seconds(trace, {}, "", enabled)
                                             : feed_seconds(trace, set, dir, enabled));

@@ -44,6 +44,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -270,8 +271,14 @@ class Driver {
             size_t n = 0;
             for (const auto& [key, r] : self(ctx).live_) {
                 if (level != 0 && r.level != level) continue;
-                const allocscope_live_v1 l{r.address, r.size,  r.seq,           r.step,
-                                           r.level,   r.stack, r.layer.c_str(), r.phase.c_str()};
+                const allocscope_live_v1 l{r.address,
+                                           r.size,
+                                           r.seq,
+                                           r.step,
+                                           r.level,
+                                           r.stack,
+                                           self(ctx).interned(r.layer),
+                                           self(ctx).interned(r.phase)};
                 ++n;
                 if (visit(user, &l)) break;
             }
@@ -377,10 +384,9 @@ class Driver {
             e.device = 0;
             e.tid = s.tid;
             e.stack_id = s.stack;
-            e.layer = s.layer.c_str();
-            e.phase = s.phase.c_str();
-            e.alloc_layer = "";
-            e.alloc_phase = "";
+            e.layer = interned(s.layer);
+            e.phase = interned(s.phase);
+            e.alloc_layer = e.alloc_phase = interned("");
             e.text = s.text.c_str();
             Live freed;  // keeps the alloc_* strings alive during the call
             if (s.kind == ALLOCSCOPE_EVENT_ALLOC) {
@@ -394,8 +400,8 @@ class Driver {
                     e.size = freed.size;
                     e.alloc_seq = freed.seq;
                     e.alloc_step = freed.step;
-                    e.alloc_layer = freed.layer.c_str();
-                    e.alloc_phase = freed.phase.c_str();
+                    e.alloc_layer = interned(freed.layer);
+                    e.alloc_phase = interned(freed.phase);
                     e.alloc_stack_id = freed.stack;
                 }
             } else if (s.kind == ALLOCSCOPE_EVENT_PARAM) {
@@ -436,6 +442,10 @@ class Driver {
     std::map<std::string, std::string> options_;
     std::map<std::pair<uint32_t, uint64_t>, Live> live_;
     std::deque<Param> params_;
+    // Tag strings as plugin_v1.h promises them: one address per text, valid
+    // until finish (node-based: elements never move).
+    const char* interned(const std::string& text) { return tags_.insert(text).first->c_str(); }
+    std::unordered_set<std::string> tags_;
     std::vector<CollectedFinding> findings_;
     std::vector<std::string> logs_;
     std::string failed_;
