@@ -1,6 +1,10 @@
 // The public C API of include/allocscope/allocscope.h.
 #include "allocscope/allocscope.h"
 
+#include <algorithm>
+#include <cstring>
+#include <string>
+
 #include "recorder.h"
 
 #define ALLOCSCOPE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -43,4 +47,45 @@ ALLOCSCOPE_EXPORT void allocscope_block_free(void* ptr) {
     allocscope::recorder::begin_free(pending, allocscope::Api::block_free, allocscope::Level::block,
                                      ptr, 0);
     allocscope::recorder::end_free(pending, 0);
+}
+
+namespace {
+
+void copy_error(const std::string& text, char* error, size_t error_size) {
+    if (!error || error_size == 0) return;
+    const size_t n = std::min(text.size(), error_size - 1);
+    std::memcpy(error, text.data(), n);
+    error[n] = '\0';
+}
+
+}  // namespace
+
+ALLOCSCOPE_EXPORT uint64_t allocscope_check_begin(const char* plugins, const char* options,
+                                                  char* error, size_t error_size) {
+    std::string problem;
+    const uint64_t id = allocscope::recorder::check_begin(plugins, options, problem);
+    copy_error(id ? std::string() : problem, error, error_size);
+    return id;
+}
+
+ALLOCSCOPE_EXPORT int allocscope_check_end(uint64_t id, allocscope_check_visitor visit, void* user,
+                                           char* error, size_t error_size) {
+    allocscope::CheckSet::Outcome out;
+    const bool ok = allocscope::recorder::check_end(id, out);
+    if (visit) {
+        for (const allocscope::Finding& f : out.findings) {
+            allocscope_check_finding v{};
+            v.plugin = f.plugin.c_str();
+            v.severity = static_cast<uint32_t>(f.severity);
+            v.rank = f.rank;
+            v.layer = f.layer.c_str();
+            v.phase = f.phase.c_str();
+            v.bytes = f.bytes;
+            v.count = f.count;
+            v.summary = f.summary.c_str();
+            visit(user, &v);
+        }
+    }
+    copy_error(ok ? std::string() : out.error, error, error_size);
+    return ok ? 0 : -1;
 }

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "checks.h"
 #include "config.h"
 #include "cuda_decls.h"
 #include "event_ring.h"
@@ -121,6 +122,8 @@ struct State {
     std::unique_ptr<PluginHost> plugins;
     std::vector<std::string> written_strings{std::string()};  // index = string id
     std::vector<ParamRecord> written_params;                  // index = param index
+    // Scoped checks (allocscope_check_begin/end), fed by the writer too.
+    CheckSet checks;
 };
 
 std::atomic<int> g_state{kUninitialized};
@@ -363,14 +366,14 @@ void write_pending_definitions() {
         defs.swap(g->pending_defs);
     }
     for (const Definition& d : defs) {
-        if (g->plugins) {
-            try {
-                keep_definition(d);
-            } catch (...) {
-                log_line(LogLevel::quiet,
-                         "allocscope: plugins stopped, no findings written: out of memory");
-                g->plugins.reset();
-            }
+        // Kept whether plugins run or not: a check may start any time.
+        try {
+            keep_definition(d);
+        } catch (...) {
+            log_line(LogLevel::quiet,
+                     "allocscope: plugins stopped, no findings written: out of memory");
+            g->plugins.reset();
+            g->checks.close("the recorder ran out of memory");
         }
         switch (d.type) {
             case RecordType::string:
@@ -404,6 +407,7 @@ uint64_t drain_once(std::vector<Event>& batch) {
     for (const Event& e : batch)
         g->writer.event(e);
     feed_plugins(batch);
+    g->checks.feed(batch, first, {g->written_strings, g->written_params});
     return n;
 }
 
@@ -426,6 +430,7 @@ void* writer_main(void*) {
     long sleep_us = 1000;
     for (;;) {
         uint64_t n = drain_once(batch);
+        g->checks.service(g->ring.consumed(), {g->written_strings, g->written_params});
         g->writer.flush();
         report_write_failure_once();
         if (n > 0) {
@@ -435,8 +440,10 @@ void* writer_main(void*) {
         if (g->stop.load(std::memory_order_acquire)) break;
         timespec pause{0, sleep_us * 1000};
         nanosleep(&pause, nullptr);
-        sleep_us = std::min<long>(sleep_us * 2, 20000);
+        // A program thread waiting on a check is not kept waiting long.
+        sleep_us = g->checks.busy() ? 200 : std::min<long>(sleep_us * 2, 20000);
     }
+    g->checks.close("recording has stopped (the program is exiting)");
     // Final drain: wait briefly for hooks that reserved a slot before
     // recording was switched off (a free blocked in the real call).
     uint64_t deadline = mono_ns() + 1'000'000'000ull;
@@ -875,6 +882,44 @@ void mark(const char* text) noexcept {
     }
     TagEntry tag = current_tag();
     emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
+}
+
+uint64_t check_begin(const char* plugins, const char* options, std::string& error) noexcept {
+    try {
+        ApiScope scope;
+        if (!scope.active()) {
+            error = "allocscope is not recording in this process (disabled, no output, or a "
+                    "forked child: see its earlier message)";
+            return 0;
+        }
+        CheckSet::Settings settings;
+        settings.rank = g->config.rank;
+        settings.world_size = g->config.world_size > 0 ? g->config.world_size : 0;
+        settings.plugin_dir = plugin_dir();
+        return g->checks.begin(plugins ? plugins : "", options ? options : "", settings, error);
+    } catch (const std::exception& e) {
+        error = std::string("cannot start the check: ") + e.what();
+    } catch (...) {
+        error = "cannot start the check";
+    }
+    return 0;
+}
+
+bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept {
+    try {
+        ApiScope scope;
+        if (!scope.active()) {
+            out.error = "allocscope is not recording in this process";
+            return false;
+        }
+        // Every event this thread recorded so far lies before the end.
+        return g->checks.end(id, g->ring.reserved(), out);
+    } catch (const std::exception& e) {
+        out.error = std::string("cannot end the check: ") + e.what();
+    } catch (...) {
+        out.error = "cannot end the check";
+    }
+    return false;
 }
 
 // cudaGetDevice costs over a microsecond in the real runtime (measured on

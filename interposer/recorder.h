@@ -16,6 +16,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <string>
+
+#include "checks.h"
 #include "event.h"
 #include "live_table.h"
 
@@ -74,6 +77,9 @@ void set_step(uint64_t step) noexcept;
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept;
 void mark(const char* text) noexcept;
+// allocscope_check_begin / _end (interposer/checks.h).
+uint64_t check_begin(const char* plugins, const char* options, std::string& error) noexcept;
+bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept;
 
 // Device of the calling thread as the runtime reports it, -1 if unknown.
 int32_t current_device() noexcept;

@@ -57,6 +57,49 @@ void allocscope_mark(const char* text);
 void allocscope_block_alloc(void* ptr, size_t size, int device, void* stream);
 void allocscope_block_free(void* ptr);
 
+/* Checks: detection plugins (plugin_v1.h) run on a stretch of this
+ * process's own allocation events, for a program's test suite to assert on
+ * (include/allocscope/doctest.h wraps them for doctest).
+ *
+ * allocscope_check_begin starts a check: the plugins of `plugins` (a comma
+ * list of names or paths, as ALLOCSCOPE_PLUGINS; NULL or "" for every
+ * plugin of the plugin directory) get instances of their own that see the
+ * events recorded from this call until allocscope_check_end, whatever the
+ * run's live plugins are. Parameters registered before the call are
+ * registered with them too. `options` is a comma list of
+ * "<plugin>.<key>=<value>" (NULL: none; the run's ALLOCSCOPE_PLUGIN_OPTIONS
+ * do not apply). The plugins load and run on allocscope's own thread; this
+ * call waits until they are loaded (milliseconds). Returns the check's id
+ * (> 0), or 0 with the reason in `error` (NUL-terminated, cut to
+ * error_size; may be NULL): recording is off, a plugin failed to load, an
+ * option is malformed or names no loaded plugin. Checks may overlap; events
+ * that other threads record while begin or end runs may or may not count. */
+uint64_t allocscope_check_begin(const char* plugins, const char* options, char* error,
+                                size_t error_size);
+
+typedef struct allocscope_check_finding {
+    const char* plugin;
+    uint32_t severity; /* 0 info, 1 warning, 2 error (allocscope_severity_v1) */
+    int32_t rank;      /* -1: no rank */
+    const char* layer; /* "" when not attributed to a layer */
+    const char* phase;
+    uint64_t bytes;
+    uint64_t count;
+    const char* summary;
+} allocscope_check_finding;
+
+/* Called once per finding; the pointers are valid during the call only. */
+typedef void (*allocscope_check_visitor)(void* user, const allocscope_check_finding* finding);
+
+/* Ends check `id`: waits until its plugins have seen every event this thread
+ * recorded before the call, finishes them and passes each of their findings
+ * to `visit` (may be NULL), in the order they were made. Returns 0, or -1
+ * with the reason in `error` when the check did not run to its end (an
+ * unknown id, a plugin disabled by its own error, the recorder not catching
+ * up within 60 s); the findings made before are still visited. */
+int allocscope_check_end(uint64_t id, allocscope_check_visitor visit, void* user, char* error,
+                         size_t error_size);
+
 #ifdef __cplusplus
 }
 #endif

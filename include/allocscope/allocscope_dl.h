@@ -20,6 +20,9 @@
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "allocscope.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,6 +36,8 @@ typedef struct allocscope_dl_table {
     void (*mark)(const char*);
     void (*block_alloc)(void*, size_t, int, void*);
     void (*block_free)(void*);
+    uint64_t (*check_begin)(const char*, const char*, char*, size_t);
+    int (*check_end)(uint64_t, allocscope_check_visitor, void*, char*, size_t);
 } allocscope_dl_table;
 
 /* The resolved table; members are NULL when the interposer is absent.
@@ -51,6 +56,8 @@ static inline const allocscope_dl_table* allocscope_dl(void) {
         *(void**)&table.mark = dlsym(RTLD_DEFAULT, "allocscope_mark");
         *(void**)&table.block_alloc = dlsym(RTLD_DEFAULT, "allocscope_block_alloc");
         *(void**)&table.block_free = dlsym(RTLD_DEFAULT, "allocscope_block_free");
+        *(void**)&table.check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
+        *(void**)&table.check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
         __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
     }
     while (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 2) {
@@ -91,6 +98,32 @@ static inline void allocscope_dl_block_alloc(void* ptr, size_t size, int device,
 static inline void allocscope_dl_block_free(void* ptr) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->block_free) t->block_free(ptr);
+}
+
+/* Checks: without the interposer, begin returns 0 and end -1, both saying
+ * so in `error`. */
+static inline void allocscope_dl_not_loaded_(char* error, size_t error_size) {
+    static const char text[] =
+        "liballocscope.so is not loaded in this process: run it under `allocscope run -- ...` "
+        "or with LD_PRELOAD=<libdir>/liballocscope.so";
+    if (!error || error_size == 0) return;
+    size_t n = sizeof text - 1 < error_size - 1 ? sizeof text - 1 : error_size - 1;
+    memcpy(error, text, n);
+    error[n] = '\0';
+}
+static inline uint64_t allocscope_dl_check_begin(const char* plugins, const char* options,
+                                                 char* error, size_t error_size) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->check_begin) return t->check_begin(plugins, options, error, error_size);
+    allocscope_dl_not_loaded_(error, error_size);
+    return 0;
+}
+static inline int allocscope_dl_check_end(uint64_t id, allocscope_check_visitor visit, void* user,
+                                          char* error, size_t error_size) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->check_end) return t->check_end(id, visit, user, error, error_size);
+    allocscope_dl_not_loaded_(error, error_size);
+    return -1;
 }
 
 #ifdef __cplusplus
