@@ -113,4 +113,8 @@ std::string summary_line(const Finding& finding);
 // "1.5 MiB" style sizes.
 std::string human_bytes(uint64_t bytes);
 
+// `s` with control characters replaced by '?': text from a trace printed to
+// a terminal cannot drive it.
+std::string printable(std::string_view s);
+
 }  // namespace allocscope

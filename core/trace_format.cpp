@@ -156,6 +156,354 @@ Event decode_event(const uint8_t* p) noexcept {
     return e;
 }
 
+// --- event blocks ---------------------------------------------------------------
+
+namespace {
+
+// Bits of an encoded event's leading bytes (see trace_format.h).
+enum : uint8_t {
+    kB0KindMask = 0x0F,
+    kB0Seq = 0x10,
+    kB0Address = 0x20,
+    kB0Size = 0x40,
+    kB0More = 0x80,
+    kB1Layer = 0x01,
+    kB1Phase = 0x02,
+    kB1Stack = 0x04,
+    kB1Step = 0x08,
+    kB1Tid = 0x10,
+    kB1Aux = 0x20,
+    kB1Stream = 0x40,
+    kB1More = 0x80,
+    kB2Device = 0x01,
+    kB2Result = 0x02,
+    kB2Flags = 0x04,
+    kB2Level = 0x08,
+    kB2Memory = 0x10,
+    kB2Api = 0x20,
+    kB2Reserved = 0xC0,
+};
+
+inline uint64_t zigzag64(uint64_t now, uint64_t predicted) noexcept {
+    const uint64_t d = now - predicted;
+    return (d << 1) ^ (0 - (d >> 63));
+}
+inline uint64_t unzigzag64(uint64_t z, uint64_t predicted) noexcept {
+    return predicted + ((z >> 1) ^ (0 - (z & 1)));
+}
+inline uint32_t zigzag32(uint32_t now, uint32_t predicted) noexcept {
+    const uint32_t d = now - predicted;
+    return (d << 1) ^ (0u - (d >> 31));
+}
+inline uint32_t unzigzag32(uint32_t z, uint32_t predicted) noexcept {
+    return predicted + ((z >> 1) ^ (0u - (z & 1)));
+}
+
+inline uint8_t* put_varint(uint8_t* p, uint64_t v) noexcept {
+    while (v >= 0x80) {
+        *p++ = static_cast<uint8_t>(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = static_cast<uint8_t>(v);
+    return p;
+}
+
+// Sizes are mostly multiples of 512 (allocator rounding): those are coded as
+// the varint of (size / 512) << 1, any other size as the LEB128 bytes of the
+// 65-bit number (size << 1) | 1.
+inline uint8_t* put_size(uint8_t* p, uint64_t size) noexcept {
+    if ((size & 511) == 0) return put_varint(p, (size >> 9) << 1);
+    const uint8_t low = static_cast<uint8_t>(((size << 1) | 1) & 0x7F);
+    if (size < 64) {
+        *p++ = low;
+        return p;
+    }
+    *p++ = low | 0x80;
+    return put_varint(p, size >> 6);
+}
+
+}  // namespace
+
+void EventBlockEncoder::reserve() {
+    if (!buffer_) {
+        buffer_ = std::make_unique_for_overwrite<uint8_t[]>(2 + kBlockTargetPayload +
+                                                            kMaxEncodedEventSize);
+    }
+}
+
+void EventBlockEncoder::clear() noexcept {
+    predictor_.reset();
+    size_ = 2;
+    count_ = 0;
+}
+
+std::string_view EventBlockEncoder::payload() noexcept {
+    store(buffer_.get(), static_cast<uint16_t>(count_));
+    return {reinterpret_cast<const char*>(buffer_.get()), size_};
+}
+
+void EventBlockEncoder::add(const Event& e) noexcept {
+    const Event& prev = predictor_.prev;
+    const uint8_t kind = static_cast<uint8_t>(e.kind);
+    const Event& pk = predictor_.same_kind(kind);
+
+    uint8_t b2 = 0;
+    if (e.device != pk.device) b2 |= kB2Device;
+    if (e.result != pk.result) b2 |= kB2Result;
+    if (e.flags != pk.flags) b2 |= kB2Flags;
+    if (e.level != pk.level) b2 |= kB2Level;
+    if (e.memory != pk.memory) b2 |= kB2Memory;
+    if (e.api != pk.api) b2 |= kB2Api;
+    uint8_t b1 = b2 ? kB1More : 0;
+    if (e.layer != prev.layer) b1 |= kB1Layer;
+    if (e.phase != prev.phase) b1 |= kB1Phase;
+    if (e.stack != pk.stack) b1 |= kB1Stack;
+    if (e.step != prev.step) b1 |= kB1Step;
+    if (e.tid != prev.tid) b1 |= kB1Tid;
+    if (e.aux != pk.aux) b1 |= kB1Aux;
+    if (e.stream != pk.stream) b1 |= kB1Stream;
+    const uint8_t code = kind <= kB0KindMask ? kind : 0;
+    uint8_t b0 = code;
+    if (e.seq != prev.seq + 1) b0 |= kB0Seq;
+    if (e.address != pk.address) b0 |= kB0Address;
+    if (e.size != pk.size) b0 |= kB0Size;
+    if (b1) b0 |= kB0More;
+
+    uint8_t* p = buffer_.get() + size_;
+    *p++ = b0;
+    if (b1) *p++ = b1;
+    if (b2) *p++ = b2;
+    if (code == 0) *p++ = kind;
+    if (b0 & kB0Seq) p = put_varint(p, e.seq - prev.seq);
+    p = put_varint(p, zigzag64(e.t_ns, prev.t_ns));
+    if (b0 & kB0Address) p = put_varint(p, zigzag64(e.address, pk.address));
+    if (b0 & kB0Size) p = put_size(p, e.size);
+    if (b1) {
+        if (b1 & kB1Layer) p = put_varint(p, zigzag32(e.layer, prev.layer));
+        if (b1 & kB1Phase) p = put_varint(p, zigzag32(e.phase, prev.phase));
+        if (b1 & kB1Stack) p = put_varint(p, zigzag32(e.stack, pk.stack));
+        if (b1 & kB1Step) p = put_varint(p, zigzag64(e.step, prev.step));
+        if (b1 & kB1Tid) p = put_varint(p, zigzag32(e.tid, prev.tid));
+        if (b1 & kB1Aux) p = put_varint(p, zigzag32(e.aux, pk.aux));
+        if (b1 & kB1Stream) p = put_varint(p, zigzag64(e.stream, pk.stream));
+    }
+    if (b2) {
+        if (b2 & kB2Device) p = put_varint(p, zigzag32(static_cast<uint32_t>(e.device), 0));
+        if (b2 & kB2Result) p = put_varint(p, zigzag32(static_cast<uint32_t>(e.result), 0));
+        if (b2 & kB2Flags) p = put_varint(p, e.flags);
+        if (b2 & kB2Level) *p++ = static_cast<uint8_t>(e.level);
+        if (b2 & kB2Memory) *p++ = static_cast<uint8_t>(e.memory);
+        if (b2 & kB2Api) *p++ = static_cast<uint8_t>(e.api);
+    }
+    size_ = static_cast<size_t>(p - buffer_.get());
+    ++count_;
+    predictor_.update(e);
+}
+
+namespace {
+
+// Bounds-checked reading of one block payload. Each getter returns false
+// when the payload is malformed and leaves the reason in `problem`.
+class BlockCursor {
+  public:
+    BlockCursor(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {}
+
+    bool at_end() const noexcept { return p_ == end_; }
+    size_t left() const noexcept { return static_cast<size_t>(end_ - p_); }
+
+    bool byte(uint8_t& v) noexcept {
+        if (p_ == end_) return fail("a value runs past the end of the block");
+        v = *p_++;
+        return true;
+    }
+
+    bool varint(uint64_t& v) noexcept {
+        uint64_t result = 0;
+        for (int shift = 0; shift < 70; shift += 7) {
+            if (p_ == end_) return fail("a value runs past the end of the block");
+            const uint8_t b = *p_++;
+            if (shift == 63 && b > 1) return fail("a value is too large for 64 bits");
+            result |= uint64_t{b & 0x7Fu} << shift;
+            if (!(b & 0x80)) {
+                v = result;
+                return true;
+            }
+        }
+        return fail("a value is too large for 64 bits");
+    }
+
+    bool varint32(uint32_t& v) noexcept {
+        uint64_t wide;
+        if (!varint(wide)) return false;
+        if (wide > UINT32_MAX) return fail("a 32-bit field is out of range");
+        v = static_cast<uint32_t>(wide);
+        return true;
+    }
+
+    bool size(uint64_t& v) noexcept {
+        if (p_ == end_) return fail("a value runs past the end of the block");
+        const uint8_t first = *p_;
+        if (!(first & 1)) {
+            uint64_t units;
+            if (!varint(units)) return false;
+            if ((units >> 1) > (UINT64_MAX >> 9)) return fail("a size is out of range");
+            v = (units >> 1) << 9;
+            return true;
+        }
+        ++p_;
+        const uint64_t low = (first >> 1) & 0x3F;
+        if (!(first & 0x80)) {
+            v = low;
+            return true;
+        }
+        uint64_t high;
+        if (!varint(high)) return false;
+        if (high > (UINT64_MAX >> 6)) return fail("a size is out of range");
+        v = (high << 6) | low;
+        return true;
+    }
+
+    bool fail(const char* why) noexcept {
+        problem_ = why;
+        return false;
+    }
+    const char* problem() const noexcept { return problem_; }
+
+  private:
+    const uint8_t* p_;
+    const uint8_t* end_;
+    const char* problem_ = "";
+};
+
+bool decode_one(BlockCursor& in, EventPredictor& predictor, Event& e) noexcept {
+    const Event& prev = predictor.prev;
+    uint8_t b0, b1 = 0, b2 = 0, kind;
+    if (!in.byte(b0)) return false;
+    if ((b0 & kB0More) && !in.byte(b1)) return false;
+    if ((b1 & kB1More) && !in.byte(b2)) return false;
+    if (b2 & kB2Reserved) return in.fail("reserved bits are set");
+    kind = b0 & kB0KindMask;
+    if (kind == 0 && !in.byte(kind)) return false;
+    const Event& pk = predictor.same_kind(kind);
+    e = pk;
+    e.kind = static_cast<EventKind>(kind);
+    e.layer = prev.layer;
+    e.phase = prev.phase;
+    e.step = prev.step;
+    e.tid = prev.tid;
+    uint64_t v;
+    uint32_t v32;
+    if (b0 & kB0Seq) {
+        if (!in.varint(v)) return false;
+        e.seq = prev.seq + v;
+    } else {
+        e.seq = prev.seq + 1;
+    }
+    if (!in.varint(v)) return false;
+    e.t_ns = unzigzag64(v, prev.t_ns);
+    if (b0 & kB0Address) {
+        if (!in.varint(v)) return false;
+        e.address = unzigzag64(v, pk.address);
+    }
+    if ((b0 & kB0Size) && !in.size(e.size)) return false;
+    if (b1) {
+        if (b1 & kB1Layer) {
+            if (!in.varint32(v32)) return false;
+            e.layer = unzigzag32(v32, prev.layer);
+        }
+        if (b1 & kB1Phase) {
+            if (!in.varint32(v32)) return false;
+            e.phase = unzigzag32(v32, prev.phase);
+        }
+        if (b1 & kB1Stack) {
+            if (!in.varint32(v32)) return false;
+            e.stack = unzigzag32(v32, pk.stack);
+        }
+        if (b1 & kB1Step) {
+            if (!in.varint(v)) return false;
+            e.step = unzigzag64(v, prev.step);
+        }
+        if (b1 & kB1Tid) {
+            if (!in.varint32(v32)) return false;
+            e.tid = unzigzag32(v32, prev.tid);
+        }
+        if (b1 & kB1Aux) {
+            if (!in.varint32(v32)) return false;
+            e.aux = unzigzag32(v32, pk.aux);
+        }
+        if (b1 & kB1Stream) {
+            if (!in.varint(v)) return false;
+            e.stream = unzigzag64(v, pk.stream);
+        }
+    }
+    if (b2) {
+        if (b2 & kB2Device) {
+            if (!in.varint32(v32)) return false;
+            e.device = static_cast<int32_t>(unzigzag32(v32, 0));
+        }
+        if (b2 & kB2Result) {
+            if (!in.varint32(v32)) return false;
+            e.result = static_cast<int32_t>(unzigzag32(v32, 0));
+        }
+        if ((b2 & kB2Flags) && !in.varint32(e.flags)) return false;
+        uint8_t raw;
+        if (b2 & kB2Level) {
+            if (!in.byte(raw)) return false;
+            e.level = static_cast<Level>(raw);
+        }
+        if (b2 & kB2Memory) {
+            if (!in.byte(raw)) return false;
+            e.memory = static_cast<MemoryKind>(raw);
+        }
+        if (b2 & kB2Api) {
+            if (!in.byte(raw)) return false;
+            e.api = static_cast<Api>(raw);
+        }
+    }
+    predictor.update(e);
+    return true;
+}
+
+}  // namespace
+
+bool decode_event_block(std::span<const uint8_t> payload, std::vector<Event>& events,
+                        std::string& problem) {
+    events.clear();
+    if (payload.size() < 2) {
+        problem = "event block too short";
+        return false;
+    }
+    const uint32_t count = get_u16(payload.data());
+    if (count == 0 || count > kMaxBlockEvents) {
+        problem = "event block has an invalid event count (" + std::to_string(count) + ")";
+        return false;
+    }
+    events.resize(count);
+    BlockCursor in(payload.data() + 2, payload.data() + payload.size());
+    EventPredictor predictor;
+    for (uint32_t i = 0; i < count; ++i) {
+        if (in.at_end()) {
+            problem = "event block ends after " + std::to_string(i) + " of its " +
+                      std::to_string(count) + " events";
+            events.clear();
+            return false;
+        }
+        if (!decode_one(in, predictor, events[i])) {
+            problem = std::string("corrupt event block: ") + in.problem() + " (event " +
+                      std::to_string(i + 1) + " of " + std::to_string(count) + ")";
+            events.clear();
+            return false;
+        }
+    }
+    if (!in.at_end()) {
+        problem = "event block has " + std::to_string(in.left()) + " bytes after its " +
+                  std::to_string(count) + " events";
+        events.clear();
+        return false;
+    }
+    return true;
+}
+
 void append_record(std::string& out, RecordType type, std::string_view payload) {
     const size_t at = out.size();
     out.resize(at + kRecordHeaderSize + payload.size());

@@ -7,41 +7,86 @@
 // All integers are little-endian. Invariants the writer keeps and the reader
 // checks:
 //   * a string, stack, module or param is defined by its record before the
-//     first event that refers to it;
-//   * event records appear in strictly increasing `seq` order;
+//     first event that refers to it (before the event block holding it);
+//   * events appear in strictly increasing `seq` order;
 //   * a cleanly closed trace ends with exactly one footer record; a trace
 //     without one was cut short (the process was killed or is still running)
 //     and its complete records form a readable prefix.
+//
+// Events (format version 2) travel in event_block records of 1 to
+// kMaxBlockEvents events. The writer ends a block when it is full (that many
+// events or kBlockTargetPayload bytes), on flush() and on close(). Each block
+// is decodable on its own, so a damaged block never affects earlier ones:
+//
+//   block   := u16 count, event{count}   (nothing after the last event)
+//   event   := u8 b0, [u8 b1 if b0.X], [u8 b2 if b1.M], [u8 kind if b0 kind is 0],
+//              fields
+//
+// Every field is coded against a predictor: `prev` is the block's previous
+// event, `pk` the block's previous event of the same kind (`prev` while the
+// kind has not occurred in the block). Before a block's first event `prev`
+// is Event{} (seq 0, t_ns 0, device -1, every other field 0 or none).
+// varint: unsigned LEB128, at most 10 bytes. zz(d): varint of the zigzag of
+// the difference d, taken modulo 2^64 (64-bit fields) or 2^32 (32-bit ones).
+// z(v): varint of the zigzag of a signed value.
+//
+//   b0: bits 0-3 kind (0: a full kind byte follows), bit 4 S, 5 A, 6 Z, 7 X
+//   b1: bit 0 layer, 1 phase, 2 stack, 3 step, 4 tid, 5 aux, 6 stream, 7 M
+//   b2: bit 0 device, 1 result, 2 flags, 3 level, 4 memory, 5 api; 6-7 zero
+//
+// A field whose bit is clear (or whose bit's byte is absent) equals its
+// predictor; otherwise it follows, in this order:
+//   seq      S: varint(seq - prev.seq)    (clear: prev.seq + 1)
+//   t_ns     always: zz(t_ns - prev.t_ns)
+//   address  A: zz(address - pk.address)
+//   size     Z: a multiple of 512 as varint((size / 512) << 1), any other
+//               size as the LEB128 bytes of the 65-bit number (size << 1) | 1
+//   layer, phase, step, tid (vs prev), stack, aux, stream (vs pk): zz
+//   device, result: z(v);  flags: varint(v);  level, memory, api: u8
+//
+// A version 1 trace holds one `event` record per event instead (84 bytes, see
+// encode_event); the reader reads both versions.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "event.h"
 
 namespace allocscope {
 
 inline constexpr char kTraceMagic[8] = {'A', 'L', 'S', 'C', 'T', 'R', 'C', '\n'};
-inline constexpr uint32_t kTraceFormatVersion = 1;
+inline constexpr uint32_t kTraceFormatVersion = 2;        // the version the writer writes
+inline constexpr uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr size_t kTraceHeaderSize = 72;
 inline constexpr size_t kRecordHeaderSize = 12;
-inline constexpr size_t kEventPayloadSize = 84;
+inline constexpr size_t kEventPayloadSize = 84;  // a version 1 event record
 // Upper bounds the reader enforces so a corrupt length can never make it
 // allocate without limit.
 inline constexpr uint32_t kMaxRecordPayload = 1u << 20;
 inline constexpr uint32_t kMaxStringBytes = 1u << 16;
 inline constexpr uint32_t kMaxStackDepth = 256;
+// An event block holds at most this many events; the writer closes a block
+// once it holds that many or its payload reaches kBlockTargetPayload bytes.
+inline constexpr uint32_t kMaxBlockEvents = 4096;
+inline constexpr size_t kBlockTargetPayload = 64 * 1024;
+// The longest encoding of one event inside a block.
+inline constexpr size_t kMaxEncodedEventSize = 107;
+static_assert(2 + kBlockTargetPayload + kMaxEncodedEventSize <= kMaxRecordPayload);
 
 enum class RecordType : uint16_t {
-    event = 1,
+    event = 1,  // one event (version 1 only)
     string = 2,
     stack = 3,
     module = 4,
     param = 5,
     footer = 6,
+    event_block = 7,  // events, delta-coded (version 2 only)
 };
 
 struct TraceHeader {
@@ -93,9 +138,60 @@ uint32_t get_u32(const uint8_t* p) noexcept;
 uint64_t get_u64(const uint8_t* p) noexcept;
 
 std::string encode_header(const TraceHeader& header);
-// Both work on exactly kEventPayloadSize bytes.
+// The version 1 event record. Both work on exactly kEventPayloadSize bytes.
 void encode_event(uint8_t* payload, const Event& event) noexcept;
 Event decode_event(const uint8_t* payload) noexcept;
+
+// The predictor state that block encoding and decoding share (see the top of
+// this file). Starts each block afresh.
+struct EventPredictor {
+    Event prev;
+    Event last[16];  // by kind code; valid where `seen` has the bit
+    uint16_t seen = 0;
+
+    void reset() noexcept { *this = EventPredictor(); }
+    const Event& same_kind(uint8_t kind) const noexcept {
+        return (seen >> (kind & 15)) & 1 ? last[kind & 15] : prev;
+    }
+    void update(const Event& e) noexcept {
+        const uint8_t kind = static_cast<uint8_t>(e.kind) & 15;
+        prev = e;
+        last[kind] = e;
+        seen = static_cast<uint16_t>(seen | (1u << kind));
+    }
+};
+
+// Builds the payload of one event_block record. reserve() allocates its
+// buffer once (it throws std::bad_alloc when that fails); add() needs that
+// buffer, does not allocate and cannot fail.
+class EventBlockEncoder {
+  public:
+    void reserve();
+    bool reserved() const noexcept { return buffer_ != nullptr; }
+    void add(const Event& event) noexcept;
+    // True once the block should be written (kMaxBlockEvents events or
+    // kBlockTargetPayload bytes).
+    bool full() const noexcept { return count_ >= kMaxBlockEvents || size_ >= kBlockTargetPayload; }
+    uint32_t count() const noexcept { return count_; }
+    bool empty() const noexcept { return count_ == 0; }
+    // The payload (u16 count included); valid until the next add() or clear().
+    std::string_view payload() noexcept;
+    void clear() noexcept;
+
+  private:
+    EventPredictor predictor_;
+    std::unique_ptr<uint8_t[]> buffer_;
+    size_t size_ = 2;
+    uint32_t count_ = 0;
+};
+
+// Decodes an event_block payload into `events` (replacing its contents).
+// Returns false and says why in `problem` when the payload is malformed: a
+// value running past the end, a field out of range, reserved bits set, a
+// count of 0 or above kMaxBlockEvents, or bytes left after the last event.
+// Kinds, levels, ids and seq order are the caller's to check.
+bool decode_event_block(std::span<const uint8_t> payload, std::vector<Event>& events,
+                        std::string& problem);
 
 // Appends one framed record (header + payload) to `out`.
 void append_record(std::string& out, RecordType type, std::string_view payload);

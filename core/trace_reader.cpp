@@ -31,11 +31,12 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
     }
     uint32_t version = get_u32(raw + 8);
     uint32_t header_size = get_u32(raw + 12);
-    if (version != kTraceFormatVersion) {
+    if (version < kOldestTraceFormatVersion || version > kTraceFormatVersion) {
         std::fclose(file_);
         file_ = nullptr;
         fail(8, "unsupported trace format version " + std::to_string(version) +
-                    " (this build reads version " + std::to_string(kTraceFormatVersion) + ")");
+                    " (this build reads versions " + std::to_string(kOldestTraceFormatVersion) +
+                    " to " + std::to_string(kTraceFormatVersion) + ")");
     }
     if (header_size != kTraceHeaderSize ||
         crc32c({raw, kTraceHeaderSize - 4}) != get_u32(raw + kTraceHeaderSize - 4)) {
@@ -81,6 +82,13 @@ std::string TraceReader::truncation_message() const {
 }
 
 bool TraceReader::next(TraceRecord& record) {
+    if (block_next_ < block_.size()) {
+        record.type = RecordType::event;
+        record.offset = block_offset_;
+        record.event = block_[block_next_++];
+        check_event(record.event, block_offset_);
+        return true;
+    }
     if (footer_seen_ || truncated_) return false;
     const uint64_t start = offset_;
     uint8_t head[kRecordHeaderSize];
@@ -93,8 +101,12 @@ bool TraceReader::next(TraceRecord& record) {
     uint16_t type = get_u16(head);
     uint32_t length = get_u32(head + 4);
     uint32_t crc = get_u32(head + 8);
-    if (type < static_cast<uint16_t>(RecordType::event) ||
-        type > static_cast<uint16_t>(RecordType::footer) || get_u16(head + 2) != 0) {
+    // Version 1 holds single events, version 2 event blocks.
+    const bool v1 = header_.format_version == 1;
+    const auto first = v1 ? RecordType::event : RecordType::string;
+    const auto last = v1 ? RecordType::footer : RecordType::event_block;
+    if (type < static_cast<uint16_t>(first) || type > static_cast<uint16_t>(last) ||
+        get_u16(head + 2) != 0) {
         fail(start, "unknown record type " + std::to_string(type));
     }
     if (length > kMaxRecordPayload) {
@@ -132,25 +144,19 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
         case RecordType::event: {
             if (n != kEventPayloadSize) fail(r.offset, "event record has the wrong size");
             r.event = decode_event(p);
-            const Event& e = r.event;
-            if (any_event_ && e.seq <= last_seq_) {
-                fail(r.offset, "event sequence goes backwards (" + std::to_string(e.seq) +
-                                   " after " + std::to_string(last_seq_) + ")");
+            check_event(r.event, r.offset);
+            break;
+        }
+        case RecordType::event_block: {
+            if (!decode_event_block({p, n}, block_, block_problem_)) {
+                fail(r.offset, block_problem_);
             }
-            if (static_cast<uint8_t>(e.kind) < 1 ||
-                static_cast<uint8_t>(e.kind) > kEventKindCount ||
-                static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > 3 ||
-                static_cast<uint8_t>(e.api) >= kApiCount) {
-                fail(r.offset, "event has an invalid kind, level, memory kind or api");
-            }
-            if (e.layer >= strings_defined_ || e.phase >= strings_defined_ ||
-                e.stack >= stacks_defined_ ||
-                (e.kind == EventKind::mark && e.aux >= strings_defined_) ||
-                (e.kind == EventKind::param && e.aux >= params_defined_)) {
-                fail(r.offset, "event refers to an undefined string, stack or param");
-            }
-            any_event_ = true;
-            last_seq_ = e.seq;
+            // Yield the block's first event now, the others from next().
+            r.type = RecordType::event;
+            r.event = block_[0];
+            block_next_ = 1;
+            block_offset_ = r.offset;
+            check_event(r.event, r.offset);
             break;
         }
         case RecordType::string: {
@@ -214,6 +220,25 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
     }
 }
 
+void TraceReader::check_event(const Event& e, uint64_t offset) {
+    if (any_event_ && e.seq <= last_seq_) {
+        fail(offset, "event sequence goes backwards (" + std::to_string(e.seq) + " after " +
+                         std::to_string(last_seq_) + ")");
+    }
+    if (static_cast<uint8_t>(e.kind) < 1 || static_cast<uint8_t>(e.kind) > kEventKindCount ||
+        static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > 3 ||
+        static_cast<uint8_t>(e.api) >= kApiCount) {
+        fail(offset, "event has an invalid kind, level, memory kind or api");
+    }
+    if (e.layer >= strings_defined_ || e.phase >= strings_defined_ || e.stack >= stacks_defined_ ||
+        (e.kind == EventKind::mark && e.aux >= strings_defined_) ||
+        (e.kind == EventKind::param && e.aux >= params_defined_)) {
+        fail(offset, "event refers to an undefined string, stack or param");
+    }
+    any_event_ = true;
+    last_seq_ = e.seq;
+}
+
 Trace load_trace(const std::string& path) {
     TraceReader reader(path);
     Trace trace;
@@ -224,6 +249,8 @@ Trace load_trace(const std::string& path) {
         switch (r.type) {
             case RecordType::event:
                 trace.events.push_back(r.event);
+                break;
+            case RecordType::event_block:  // next() reports its events one by one
                 break;
             case RecordType::string:
                 trace.strings.push_back(std::move(r.text));

@@ -25,8 +25,11 @@ class TraceError : public std::runtime_error {
 };
 
 struct TraceRecord {
+    // Events come one by one as `event` records, whichever the file holds
+    // (version 2 event blocks are decoded transparently).
     RecordType type = RecordType::event;
-    uint64_t offset = 0;  // byte offset of the record header in the file
+    uint64_t offset = 0;  // byte offset of the record header in the file (an
+                          // event's: that of its block)
     Event event;
     uint32_t id = 0;  // string / stack id
     std::string text;
@@ -62,6 +65,8 @@ class TraceReader {
     [[noreturn]] void fail(uint64_t offset, const std::string& problem) const;
     bool read_exact(void* dst, size_t n);
     void decode(TraceRecord& record, const std::string& payload);
+    // Checks an event against seq order and the definitions read so far.
+    void check_event(const Event& event, uint64_t offset);
 
     std::string path_;
     std::FILE* file_ = nullptr;
@@ -77,6 +82,10 @@ class TraceReader {
     uint32_t stacks_defined_ = 1;   // id 0 is "no stack"
     uint32_t params_defined_ = 0;
     std::string payload_;
+    std::vector<Event> block_;  // the current event block, decoded
+    size_t block_next_ = 0;     // index of the next event of block_ to yield
+    uint64_t block_offset_ = 0;
+    std::string block_problem_;
 };
 
 // A whole trace in memory, for reports and tests.

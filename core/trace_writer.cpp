@@ -20,6 +20,7 @@ TraceWriter::~TraceWriter() {
 }
 
 bool TraceWriter::open(const std::string& path, const TraceHeader& header, std::string& error) {
+    block_.reserve();
     path_ = path;
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd_ < 0) {
@@ -46,16 +47,24 @@ bool TraceWriter::put(RecordType type, std::string_view payload) {
         return false;
     }
     append_record(buffer_, type, payload);
-    if (buffer_.size() >= kFlushThreshold) flush();
+    if (buffer_.size() >= kFlushThreshold) write_buffer();
     return !failed_;
 }
 
 void TraceWriter::event(const Event& event) {
-    uint8_t payload[kEventPayloadSize];
-    encode_event(payload, event);
-    if (put(RecordType::event, {reinterpret_cast<const char*>(payload), sizeof payload})) {
-        ++events_;
+    if (fd_ < 0 || failed_) {
+        ++dropped_;
+        return;
     }
+    block_.add(event);
+    ++events_;
+    if (block_.full()) end_block();
+}
+
+void TraceWriter::end_block() {
+    if (block_.empty()) return;
+    if (fd_ >= 0 && !failed_) put(RecordType::event_block, block_.payload());
+    block_.clear();
 }
 
 void TraceWriter::string(uint32_t id, std::string_view text) {
@@ -100,6 +109,7 @@ void TraceWriter::param(const ParamRecord& p) {
 
 void TraceWriter::close(const FooterRecord& f) {
     if (fd_ < 0) return;
+    end_block();
     scratch_.clear();
     put_u64(scratch_, f.events);
     put_u64(scratch_, f.unknown_frees);
@@ -114,6 +124,11 @@ void TraceWriter::close(const FooterRecord& f) {
 }
 
 void TraceWriter::flush() {
+    end_block();
+    write_buffer();
+}
+
+void TraceWriter::write_buffer() {
     if (fd_ < 0 || failed_ || buffer_.empty()) return;
     const char* p = buffer_.data();
     size_t left = buffer_.size();

@@ -1,5 +1,11 @@
 // Serializes records into a trace file. Single-threaded: the interposer owns
 // one TraceWriter on its writer thread; tests and tools use it directly.
+//
+// Events are collected into an event block (see trace_format.h) that is
+// written when it is full, on flush() and on close(). Definitions (strings,
+// stacks, modules, params) are written at once, so they land in the file
+// before the block holding the events handed over around them: every
+// definition still precedes the first event that uses it.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,8 @@ class TraceWriter {
     // the path and the reason; errno is preserved.
     bool open(const std::string& path, const TraceHeader& header, std::string& error);
 
+    // Buffers the event in the open event block (written when full, on
+    // flush() and on close()).
     void event(const Event& event);
     void string(uint32_t id, std::string_view text);
     void stack(uint32_t id, std::span<const uint64_t> frames);
@@ -32,8 +40,8 @@ class TraceWriter {
     // Writes the footer and closes the file; nothing may be appended after.
     void close(const FooterRecord& footer);
 
-    // Hands buffered bytes to the kernel, so a process killed after this
-    // returns leaves them in the file.
+    // Ends the open event block and hands buffered bytes to the kernel, so a
+    // process killed after this returns leaves them in the file.
     void flush();
 
     bool is_open() const noexcept { return fd_ >= 0; }
@@ -42,12 +50,17 @@ class TraceWriter {
     bool failed() const noexcept { return failed_; }
     const std::string& error() const noexcept { return error_; }
     uint64_t dropped_records() const noexcept { return dropped_; }
+    // Events accepted (buffered or written), the footer's `events`.
     uint64_t events_written() const noexcept { return events_; }
     const std::string& path() const noexcept { return path_; }
 
   private:
     // False when the record was dropped (not open, closed, or failed).
     bool put(RecordType type, std::string_view payload);
+    // Appends the open event block, if any, to the buffer as a record.
+    void end_block();
+    // Writes the buffer to the file.
+    void write_buffer();
 
     int fd_ = -1;
     bool failed_ = false;
@@ -57,6 +70,7 @@ class TraceWriter {
     std::string error_;
     std::string buffer_;
     std::string scratch_;
+    EventBlockEncoder block_;
 };
 
 }  // namespace allocscope

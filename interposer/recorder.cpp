@@ -28,6 +28,7 @@
 #include "checks.h"
 #include "config.h"
 #include "cuda_decls.h"
+#include "elf_note.h"
 #include "event_ring.h"
 #include "findings.h"
 #include "plugin_host.h"
@@ -185,27 +186,6 @@ bool make_dirs(const std::string& path, std::string& error) {
 
 // --- module map (writer thread) ---------------------------------------------
 
-std::string read_build_id(const dl_phdr_info* info) {
-    for (int i = 0; i < info->dlpi_phnum; ++i) {
-        const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-        if (ph.p_type != PT_NOTE) continue;
-        const auto* p = reinterpret_cast<const unsigned char*>(info->dlpi_addr + ph.p_vaddr);
-        const unsigned char* end = p + ph.p_memsz;
-        while (p + sizeof(ElfW(Nhdr)) <= end) {
-            const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
-            const unsigned char* name = p + sizeof(ElfW(Nhdr));
-            const unsigned char* desc = name + ((note->n_namesz + 3) & ~3u);
-            if (desc + note->n_descsz > end) break;
-            if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 &&
-                std::memcmp(name, "GNU", 4) == 0) {
-                return std::string(reinterpret_cast<const char*>(desc), note->n_descsz);
-            }
-            p = desc + ((note->n_descsz + 3) & ~3u);
-        }
-    }
-    return {};
-}
-
 std::string self_exe_path() {
     char buf[4096];
     ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -233,7 +213,7 @@ void scan_modules() {
             f.record.base = info->dlpi_addr;
             f.record.size = hi;
             f.record.path = info->dlpi_name ? info->dlpi_name : "";
-            f.record.build_id = read_build_id(info);
+            f.record.build_id = loaded_build_id(info);
             f.range = {info->dlpi_addr + lo, info->dlpi_addr + hi};
             out->push_back(std::move(f));
             return 0;
@@ -888,8 +868,9 @@ uint64_t check_begin(const char* plugins, const char* options, std::string& erro
     try {
         ApiScope scope;
         if (!scope.active()) {
-            error = "allocscope is not recording in this process (disabled, no output, or a "
-                    "forked child: see its earlier message)";
+            error =
+                "allocscope is not recording in this process (disabled, no output, or a "
+                "forked child: see its earlier message)";
             return 0;
         }
         CheckSet::Settings settings;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <new>
 #include <random>
 #include <string>
@@ -52,22 +54,24 @@ void* operator new(size_t n, const std::nothrow_t&) noexcept {
 void* operator new[](size_t n, const std::nothrow_t&) noexcept {
     return counted_allocation(n);
 }
-void operator delete(void* p) noexcept {
+// Not inlined: GCC would otherwise see free() of operator new's memory and
+// warn (-Wmismatched-new-delete).
+__attribute__((noinline)) void operator delete(void* p) noexcept {
     std::free(p);
 }
-void operator delete[](void* p) noexcept {
+__attribute__((noinline)) void operator delete[](void* p) noexcept {
     std::free(p);
 }
-void operator delete(void* p, size_t) noexcept {
+__attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
     std::free(p);
 }
-void operator delete[](void* p, size_t) noexcept {
+__attribute__((noinline)) void operator delete[](void* p, size_t) noexcept {
     std::free(p);
 }
-void operator delete(void* p, const std::nothrow_t&) noexcept {
+__attribute__((noinline)) void operator delete(void* p, const std::nothrow_t&) noexcept {
     std::free(p);
 }
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
+__attribute__((noinline)) void operator delete[](void* p, const std::nothrow_t&) noexcept {
     std::free(p);
 }
 
@@ -247,14 +251,28 @@ void write_sample_trace(const std::string& path, bool with_footer = true) {
     if (with_footer) w.close(sample_footer());
 }
 
-// Byte offsets of every record of a valid trace, in file order.
+// Byte offsets of every record of a valid trace, in file order (the events
+// of one block share its offset: it is listed once).
 std::vector<uint64_t> record_offsets(const std::string& path) {
     TraceReader reader(path);
     std::vector<uint64_t> offsets;
     TraceRecord r;
-    while (reader.next(r))
-        offsets.push_back(r.offset);
+    while (reader.next(r)) {
+        if (offsets.empty() || offsets.back() != r.offset) offsets.push_back(r.offset);
+    }
     return offsets;
+}
+
+// How many distinct records the reader reports before it stops.
+size_t count_records(TraceReader& reader) {
+    size_t records = 0;
+    uint64_t last = 0;
+    TraceRecord r;
+    while (reader.next(r)) {
+        if (records == 0 || r.offset != last) ++records;
+        last = r.offset;
+    }
+    return records;
 }
 
 // The TraceError a reader of `path` throws (reading every record).
@@ -381,11 +399,12 @@ TEST_CASE("the streaming reader reports record types and offsets in file order")
 
     REQUIRE(!offsets.empty());
     CHECK(offsets.front() == kTraceHeaderSize);
-    for (size_t i = 0; i < types.size(); ++i) {
-        if (types[i] == RecordType::event && i + 1 < offsets.size()) {
-            CHECK(offsets[i + 1] - offsets[i] == kRecordHeaderSize + kEventPayloadSize);
-        }
-    }
+    // The events, written without a flush, share one block: its offset.
+    const size_t first_event = types.size() - 1 - kEventKindCount;
+    for (size_t i = first_event; i < first_event + kEventKindCount; ++i)
+        CHECK(offsets[i] == offsets[first_event]);
+    CHECK(offsets[first_event] > offsets[first_event - 1]);
+    CHECK(offsets.back() > offsets[first_event]);
     CHECK(offsets.back() + kRecordHeaderSize + 48 == fs::file_size(path));
 }
 
@@ -480,11 +499,7 @@ TEST_CASE("a trace cut at a record boundary keeps every complete record") {
         write_bytes(path, full.substr(0, cut));
 
         TraceReader reader(path);
-        size_t records = 0;
-        TraceRecord r;
-        while (reader.next(r))
-            ++records;
-        CHECK(records == kept);
+        CHECK(count_records(reader) == kept);
         CHECK(reader.truncated());
         CHECK_FALSE(reader.complete());
         CHECK(reader.truncation_offset() == cut);
@@ -514,11 +529,7 @@ TEST_CASE("a trace cut inside a record keeps the records before it and points at
         write_bytes(path, full.substr(0, cut));
 
         TraceReader reader(path);
-        std::vector<uint64_t> seen;
-        TraceRecord r;
-        while (reader.next(r))
-            seen.push_back(r.offset);
-        CHECK(seen.size() == cut_record);
+        CHECK(count_records(reader) == cut_record);
         CHECK(reader.truncated());
         CHECK_FALSE(reader.complete());
         CHECK(reader.truncation_offset() == offsets[cut_record]);
@@ -595,7 +606,8 @@ TEST_CASE("a record of an unknown type is rejected at its offset") {
     const std::string path = dir.file("t.trace");
     const std::string header = encode_header(sample_header());
     const std::string string_record = record(RecordType::string, std::string("\x01\0\0\0ab", 6));
-    for (uint16_t type : {uint16_t{0}, uint16_t{7}, uint16_t{0xFFFF}}) {
+    // Type 1 (a single event) exists in version 1 traces only.
+    for (uint16_t type : {uint16_t{0}, uint16_t{1}, uint16_t{8}, uint16_t{0xFFFF}}) {
         CAPTURE(type);
         std::string bad = record(RecordType::string, "");  // a valid empty record...
         bad[0] = static_cast<char>(type & 0xFF);           // ...of another type
@@ -635,23 +647,32 @@ TEST_CASE("an absurd record length is rejected without allocating it") {
     }
 }
 
-TEST_CASE("events whose seq does not strictly increase are rejected at the offending event") {
+TEST_CASE("events whose seq does not strictly increase are rejected at the offending block") {
     TempDir dir;
-    for (uint64_t second_seq : {uint64_t{4}, uint64_t{5}}) {
-        CAPTURE(second_seq);
-        const std::string path = dir.file("seq" + std::to_string(second_seq) + ".trace");
-        {
-            TraceWriter w;
-            open_or_fail(w, path, sample_header());
-            Event e;
-            e.seq = 5;
-            w.event(e);
-            e.seq = second_seq;
-            w.event(e);
-            w.close({});
+    for (bool same_block : {true, false}) {
+        for (uint64_t second_seq : {uint64_t{4}, uint64_t{5}}) {
+            CAPTURE(same_block);
+            CAPTURE(second_seq);
+            const std::string path = dir.file("seq" + std::to_string(second_seq) +
+                                              (same_block ? "same" : "next") + ".trace");
+            uint64_t second = kTraceHeaderSize;
+            {
+                TraceWriter w;
+                open_or_fail(w, path, sample_header());
+                Event e;
+                e.seq = 5;
+                w.event(e);
+                if (!same_block) {
+                    w.flush();
+                    second = fs::file_size(path);
+                    CHECK(second > kTraceHeaderSize);
+                }
+                e.seq = second_seq;
+                w.event(e);
+                w.close({});
+            }
+            check_error_at(path, second, "sequence goes backwards");
         }
-        const uint64_t second = kTraceHeaderSize + kRecordHeaderSize + kEventPayloadSize;
-        check_error_at(path, second, "sequence goes backwards");
     }
 }
 
@@ -849,12 +870,46 @@ TEST_CASE("records after close are dropped and the file keeps exactly one footer
     CHECK(t.footer.has_value());
 }
 
+// Events whose addresses, sizes and times do not compress well (about 20
+// bytes each in a block), `seq` 1, 2, ...
+std::vector<Event> noisy_events(size_t n) {
+    std::mt19937_64 rng(12345);
+    std::vector<Event> events(n);
+    for (size_t i = 0; i < n; ++i) {
+        events[i].seq = i + 1;
+        events[i].t_ns = rng() >> 20;
+        events[i].address = rng();
+        events[i].size = rng() >> 30;
+    }
+    return events;
+}
+
 TEST_CASE("a failed write marks the writer failed, names the file and drops later records") {
     TempDir dir;
     const std::string path = dir.file("t.trace");
+    // 10 blocks of 25 events, flushed one by one as the interposer does.
+    constexpr size_t kEvents = 250;
+    constexpr size_t kPerFlush = 25;
+    const std::vector<Event> events = noisy_events(kEvents);
+    // The same trace without a size limit: where its blocks end.
+    const std::string reference = dir.file("reference.trace");
+    {
+        TraceWriter w;
+        open_or_fail(w, reference, sample_header());
+        for (size_t i = 0; i < kEvents; ++i) {
+            w.event(events[i]);
+            if ((i + 1) % kPerFlush == 0) w.flush();
+        }
+        w.close({});
+    }
+    std::vector<uint64_t> block_ends = record_offsets(reference);
+    block_ends.erase(block_ends.begin());  // the end of a block is the next record's start
+    REQUIRE(block_ends.size() == kEvents / kPerFlush);
+
     // Works as root too: a file size limit makes write() fail with EFBIG once
     // SIGXFSZ is ignored.
     constexpr rlim_t kLimit = 4096;
+    REQUIRE(block_ends.back() > kLimit);
     struct rlimit old_limit {};
     REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
     auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
@@ -865,31 +920,36 @@ TEST_CASE("a failed write marks the writer failed, names the file and drops late
     TraceWriter w;
     std::string error;
     const bool opened = w.open(path, sample_header(), error);
-    constexpr int kEvents = 100;  // 9600 bytes of records, more than the limit
-    for (int i = 0; i < kEvents; ++i) {
-        Event e;
-        e.seq = static_cast<uint64_t>(i + 1);
-        w.event(e);
+    size_t failed_after = 0;  // events handed over when the failure showed
+    for (size_t i = 0; i < kEvents; ++i) {
+        w.event(events[i]);
+        if ((i + 1) % kPerFlush == 0) w.flush();
+        if (w.failed() && failed_after == 0) failed_after = i + 1;
     }
-    w.flush();
-    const bool failed = w.failed();
-    w.event(Event{});
     w.close({});
     ::setrlimit(RLIMIT_FSIZE, &old_limit);
     std::signal(SIGXFSZ, old_handler);
 
     REQUIRE_MESSAGE(opened, error);
-    CHECK(failed);
+    CHECK(w.failed());
     CHECK(w.error().find("cannot write trace file " + path) != std::string::npos);
     CHECK(w.error().find(std::strerror(EFBIG)) != std::string::npos);
-    CHECK(w.dropped_records() == 2);  // the event and the footer after the failure
+    // The events after the failing flush and the footer were dropped.
+    REQUIRE(failed_after > 0);
+    CHECK(failed_after % kPerFlush == 0);
+    CHECK(w.dropped_records() == kEvents - failed_after + 1);
+    CHECK(w.events_written() == failed_after);
     CHECK(fs::file_size(path) == kLimit);
 
-    // What reached the disk is still a readable prefix.
+    // What reached the disk is still a readable prefix: every block that fit.
+    size_t complete_blocks = 0;
+    while (block_ends[complete_blocks] <= kLimit)
+        ++complete_blocks;
     Trace t = load_trace(path);
     CHECK(t.truncated);
-    const size_t record = kRecordHeaderSize + kEventPayloadSize;
-    CHECK(t.events.size() == (kLimit - kTraceHeaderSize) / record);
+    REQUIRE(t.events.size() == complete_blocks * kPerFlush);
+    for (size_t i = 0; i < t.events.size(); ++i)
+        CHECK(t.events[i].address == events[i].address);
     CHECK(t.truncation_message.find("inside a record") != std::string::npos);
 }
 
@@ -915,4 +975,619 @@ TEST_CASE("an open whose header cannot be written fails and leaves the writer cl
     w.event(Event{});
     CHECK(w.events_written() == 0);
     CHECK(w.dropped_records() == 1);
+}
+
+// --- event blocks (format version 2) and version 1 compatibility ------------------
+
+namespace {
+
+bool same_event(const Event& a, const Event& b) {
+    return a.seq == b.seq && a.t_ns == b.t_ns && a.address == b.address && a.size == b.size &&
+           a.stream == b.stream && a.step == b.step && a.tid == b.tid && a.layer == b.layer &&
+           a.phase == b.phase && a.stack == b.stack && a.aux == b.aux && a.flags == b.flags &&
+           a.device == b.device && a.result == b.result && a.kind == b.kind && a.level == b.level &&
+           a.memory == b.memory && a.api == b.api;
+}
+
+// Compares field by field; reports the first differing event in detail.
+void check_same_events(const std::vector<Event>& got, const std::vector<Event>& want) {
+    REQUIRE(got.size() == want.size());
+    size_t differing = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (same_event(got[i], want[i])) continue;
+        if (differing++ == 0) {
+            CAPTURE(i);
+            check_same(got[i], want[i]);
+        }
+    }
+    CHECK(differing == 0);
+}
+
+// Offsets of the event blocks of a valid trace and how many events each holds.
+std::vector<std::pair<uint64_t, size_t>> event_blocks(const std::string& path) {
+    TraceReader reader(path);
+    std::vector<std::pair<uint64_t, size_t>> blocks;
+    TraceRecord r;
+    while (reader.next(r)) {
+        if (r.type != RecordType::event) continue;
+        if (blocks.empty() || blocks.back().first != r.offset) blocks.emplace_back(r.offset, 0);
+        ++blocks.back().second;
+    }
+    return blocks;
+}
+
+template <typename T>
+T pick(std::mt19937_64& rng, std::initializer_list<T> values) {
+    return values.begin()[rng() % values.size()];
+}
+
+// Random events over the whole range of every field: extreme values, seq
+// gaps, big and negative deltas, every kind, level, memory kind and api.
+// References stay below `strings`, `stacks` and `params`.
+Event random_event(std::mt19937_64& rng, const Event& prev, uint32_t strings, uint32_t stacks,
+                   uint32_t params) {
+    auto u64 = [&](const Event& p, uint64_t Event::*field) -> uint64_t {
+        switch (rng() % 8) {
+            case 0:
+                return 0;
+            case 1:
+                return UINT64_MAX;
+            case 2:
+                return rng();  // any 64 bits
+            case 3:
+                return p.*field - (rng() % 100000);  // backwards, wrapping below 0
+            case 4:
+                return uint64_t{1} << (rng() % 64);
+            case 5:
+                return (rng() % 100000) << 9;  // allocator-rounded
+            case 6:
+                return p.*field;
+            default:
+                return p.*field + (rng() % 4096);
+        }
+    };
+    auto i32 = [&]() -> int32_t {
+        return pick<int32_t>(rng, {0, -1, 1, 7, -2, INT32_MIN, INT32_MAX,
+                                   static_cast<int32_t>(static_cast<uint32_t>(rng()))});
+    };
+    Event e = prev;
+    e.seq = prev.seq + pick<uint64_t>(rng, {1, 1, 1, 2, 1000, uint64_t{1} << 40});
+    e.t_ns = u64(prev, &Event::t_ns);
+    e.address = u64(prev, &Event::address);
+    e.size = rng() % 7 == 0 ? (uint64_t{1} << 63) + 5 : u64(prev, &Event::size);
+    if (rng() % 4 == 0) e.stream = u64(prev, &Event::stream);
+    if (rng() % 4 == 0) e.step = u64(prev, &Event::step);
+    if (rng() % 4 == 0) e.tid = pick<uint32_t>(rng, {0, 1, UINT32_MAX, uint32_t(rng())});
+    if (rng() % 3 == 0) e.layer = static_cast<uint32_t>(rng() % strings);
+    if (rng() % 3 == 0) e.phase = rng() % 2 ? 0 : static_cast<uint32_t>(strings - 1);
+    if (rng() % 3 == 0) e.stack = static_cast<uint32_t>(rng() % stacks);
+    if (rng() % 4 == 0) e.flags = pick<uint32_t>(rng, {0, 1, 7, UINT32_MAX, uint32_t(rng())});
+    if (rng() % 4 == 0) e.device = i32();
+    if (rng() % 4 == 0) e.result = i32();
+    e.kind = static_cast<EventKind>(1 + rng() % kEventKindCount);
+    if (rng() % 3 == 0) e.level = static_cast<Level>(rng() % 3);
+    if (rng() % 3 == 0) e.memory = static_cast<MemoryKind>(rng() % 4);
+    if (rng() % 3 == 0) e.api = static_cast<Api>(rng() % kApiCount);
+    if (e.kind == EventKind::param) {
+        e.aux = static_cast<uint32_t>(rng() % params);
+    } else if (e.kind == EventKind::mark) {
+        e.aux = static_cast<uint32_t>(rng() % strings);
+    } else if (rng() % 4 == 0) {
+        e.aux = pick<uint32_t>(rng, {0, UINT32_MAX, uint32_t(rng())});
+    }
+    return e;
+}
+
+}  // namespace
+
+TEST_CASE("random events with extreme values survive blocks and flushes field by field") {
+    TempDir dir;
+    const std::string path = dir.file("random.trace");
+    std::mt19937_64 rng(20240611);
+    std::vector<Event> written;
+    uint32_t strings = 1, stacks = 1, params = 0;
+    size_t flushes = 0;
+    {
+        TraceWriter w;
+        open_or_fail(w, path, sample_header());
+        Event prev;
+        prev.seq = 0;
+        for (int round = 0; round < 40; ++round) {
+            // New definitions between events, used from then on; every
+            // fourth round they come while a block is open (no flush before).
+            for (int k = 0; k < 3; ++k) {
+                w.string(strings, "s" + std::to_string(strings));
+                ++strings;
+            }
+            w.stack(stacks++, std::vector<uint64_t>{rng(), rng()});
+            ParamRecord p;
+            p.index = params++;
+            w.param(p);
+            // Mostly short runs between flushes; one run long enough to fill
+            // several blocks without a flush.
+            const size_t run = round == 20 ? 3 * kMaxBlockEvents + 17 : 1 + rng() % 300;
+            for (size_t i = 0; i < run; ++i) {
+                Event e = random_event(rng, prev, strings, stacks, params);
+                w.event(e);
+                written.push_back(e);
+                prev = e;
+            }
+            if (round % 4 != 3) {
+                w.flush();
+                ++flushes;
+            }
+        }
+        // The largest seq there is, right after a huge gap.
+        Event last = written.back();
+        last.seq = UINT64_MAX;
+        last.t_ns = 0;
+        w.event(last);
+        written.push_back(last);
+        CHECK(w.events_written() == written.size());
+        w.close({});
+    }
+    Trace t = load_trace(path);
+    CHECK_FALSE(t.truncated);
+    check_same_events(t.events, written);
+
+    // The long run took at least 4 blocks; these events are so noisy that a
+    // block reaches its byte limit before its event limit.
+    const auto blocks = event_blocks(path);
+    CHECK(blocks.size() >= flushes + 4);
+    const std::vector<uint64_t> offsets = record_offsets(path);  // blocks, then the footer
+    REQUIRE(offsets.size() >= blocks.size() + 1);
+    size_t total = 0, by_bytes = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        const auto& [offset, count] = blocks[i];
+        CHECK(count <= kMaxBlockEvents);
+        total += count;
+        const auto next = std::upper_bound(offsets.begin(), offsets.end(), offset);
+        REQUIRE(next != offsets.end());
+        const uint64_t payload = *next - offset - kRecordHeaderSize;
+        CHECK(payload <= 2 + kBlockTargetPayload + kMaxEncodedEventSize);
+        if (payload >= kBlockTargetPayload) ++by_bytes;
+    }
+    CHECK(total == written.size());
+    CHECK(by_bytes >= 1);
+}
+
+TEST_CASE("a block of 4096 events is written as soon as it is full") {
+    TempDir dir;
+    const std::string path = dir.file("t.trace");
+    {
+        TraceWriter w;
+        open_or_fail(w, path, sample_header());
+        Event e;
+        for (uint32_t i = 1; i <= 2 * kMaxBlockEvents + 1; ++i) {
+            e.seq = i;
+            e.t_ns = 1000ull * i;
+            w.event(e);
+        }
+        w.close({});
+    }
+    const auto blocks = event_blocks(path);
+    REQUIRE(blocks.size() == 3);
+    CHECK(blocks[0].second == kMaxBlockEvents);
+    CHECK(blocks[1].second == kMaxBlockEvents);
+    CHECK(blocks[2].second == 1);
+    CHECK(blocks[0].first == kTraceHeaderSize);
+}
+
+TEST_CASE("a trace cut anywhere inside its last block keeps the events of the blocks before") {
+    TempDir dir;
+    const std::string full_path = dir.file("full.trace");
+    std::mt19937_64 rng(7);
+    std::vector<Event> events;
+    uint64_t last_block = 0, footer = 0;
+    size_t before_last = 0;
+    {
+        TraceWriter w;
+        open_or_fail(w, full_path, sample_header());
+        w.string(1, "layer");
+        w.stack(1, std::vector<uint64_t>{0x401000});
+        w.param(ParamRecord{0, 1, 1, 1, 10, 10});
+        Event prev;
+        for (int block = 0; block < 4; ++block) {
+            if (block == 3) {
+                w.flush();
+                last_block = fs::file_size(full_path);
+                before_last = events.size();
+            }
+            for (int i = 0; i < 40; ++i) {
+                prev = random_event(rng, prev, 2, 2, 1);
+                events.push_back(prev);
+                w.event(prev);
+            }
+        }
+        w.flush();
+        footer = fs::file_size(full_path);
+        w.close({});
+    }
+    REQUIRE(before_last == 120);
+    REQUIRE(last_block > kTraceHeaderSize);
+    REQUIRE(footer > last_block + kRecordHeaderSize + 40);
+    const std::vector<Event> prefix(events.begin(), events.begin() + before_last);
+    const std::string full = read_bytes(full_path);
+    const std::string path = dir.file("cut.trace");
+
+    for (uint64_t cut = last_block; cut <= footer; ++cut) {
+        CAPTURE(cut);
+        write_bytes(path, full.substr(0, cut));
+        Trace t = load_trace(path);
+        CHECK(t.truncated);
+        CHECK_FALSE(t.footer.has_value());
+        if (cut < footer) {
+            check_same_events(t.events, prefix);
+            CHECK(t.truncation_message.find(cut == last_block
+                                                ? "without a footer"
+                                                : "cut off inside a record") != std::string::npos);
+            CHECK(t.truncation_message.find("at byte " + std::to_string(last_block)) !=
+                  std::string::npos);
+        } else {
+            check_same_events(t.events, events);  // the last block is complete
+        }
+    }
+}
+
+TEST_CASE("a flipped byte in an event block is a checksum error at the block's offset") {
+    TempDir dir;
+    const std::string full_path = dir.file("full.trace");
+    std::mt19937_64 rng(99);
+    {
+        TraceWriter w;
+        open_or_fail(w, full_path, sample_header());
+        Event prev;
+        for (int i = 0; i < 200; ++i) {
+            prev = random_event(rng, prev, 1, 1, 1);
+            if (prev.kind == EventKind::param) prev.kind = EventKind::alloc;
+            w.event(prev);
+            if (i == 99) w.flush();
+        }
+        w.close({});
+    }
+    const auto blocks = event_blocks(full_path);
+    REQUIRE(blocks.size() == 2);
+    const uint64_t second = blocks[1].first;
+    const std::string full = read_bytes(full_path);
+    const std::string path = dir.file("flipped.trace");
+    // The checksum and the payload (the count, then events).
+    for (uint64_t at = second + 8; at < second + 400 && at < full.size() - 60; at += 3) {
+        CAPTURE(at);
+        std::string bytes = full;
+        bytes[at] = static_cast<char>(bytes[at] ^ 0x04);
+        write_bytes(path, bytes);
+        check_error_at(path, second, "checksum mismatch");
+        // The block before it still reads.
+        TraceReader reader(path);
+        TraceRecord r;
+        size_t events = 0;
+        try {
+            while (reader.next(r))
+                ++events;
+        } catch (const TraceError&) {
+        }
+        CHECK(events == blocks[0].second);
+    }
+}
+
+TEST_CASE("a malformed event block with a valid checksum is an error naming its offset") {
+    TempDir dir;
+    const std::string path = dir.file("t.trace");
+    const std::string header = encode_header(sample_header());
+    // Two valid events as the encoder writes them.
+    EventBlockEncoder encoder;
+    encoder.reserve();
+    Event e;
+    e.seq = 1;
+    e.t_ns = 1000;
+    e.address = 0x7f0000001000;
+    e.size = 4096;
+    e.level = Level::block;
+    e.memory = MemoryKind::device;
+    e.api = Api::block_alloc;
+    e.device = 0;
+    encoder.add(e);
+    e.seq = 2;
+    e.kind = EventKind::free;
+    e.api = Api::block_free;
+    encoder.add(e);
+    const std::string valid(encoder.payload());
+    REQUIRE(valid.size() > 6);
+    {
+        write_bytes(path, header + record(RecordType::event_block, valid));
+        Trace t = load_trace(path);
+        REQUIRE(t.events.size() == 2);
+        CHECK(t.events[1].kind == EventKind::free);
+        CHECK(t.events[1].address == 0x7f0000001000);
+    }
+    auto with_count = [](std::string payload, uint16_t count) {
+        payload[0] = static_cast<char>(count & 0xFF);
+        payload[1] = static_cast<char>(count >> 8);
+        return payload;
+    };
+    struct Case {
+        const char* name;
+        std::string payload;
+        const char* problem;
+    };
+    const std::string ok_count = valid.substr(0, 2);
+    const std::vector<Case> cases = {
+        {"empty", "", "event block too short"},
+        {"count 0", with_count(valid, 0), "invalid event count (0)"},
+        {"count above the limit", with_count(valid, kMaxBlockEvents + 1),
+         "invalid event count (4097)"},
+        {"more events counted than held", with_count(valid, 3),
+         "event block ends after 2 of its 3 events"},
+        {"fewer events counted than held", with_count(valid, 1), "bytes after its 1 events"},
+        {"the last value cut short", valid.substr(0, valid.size() - 1),
+         "runs past the end of the block (event 2 of 2)"},
+        // b0: alloc with b1; b1: layer; t_ns 0; layer: a 35-bit value.
+        {"a 32-bit field out of range",
+         with_count(std::string("xx\x81\x01\x00\xFF\xFF\xFF\xFF\x1F", 10), 1),
+         "a 32-bit field is out of range (event 1 of 1)"},
+        // b0: alloc, t_ns: 11 bytes of continuation.
+        {"a varint longer than 10 bytes",
+         with_count("xx\x01" + std::string(10, '\xFF') + "\x01", 1), "too large for 64 bits"},
+        // b0: alloc with b1 and b2; b2 has a reserved bit.
+        {"reserved bits", with_count(std::string("xx\x81\x80\x40\x00", 6), 1),
+         "reserved bits are set"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.name);
+        const std::string string_record = record(RecordType::string, std::string("\x01\0\0\0a", 5));
+        write_bytes(path, header + string_record + record(RecordType::event_block, c.payload));
+        check_error_at(path, kTraceHeaderSize + string_record.size(), c.problem);
+    }
+}
+
+TEST_CASE("a version 1 trace with one record per event still reads") {
+    TempDir dir;
+    const std::string path = dir.file("v1.trace");
+    TraceHeader h = sample_header();
+    h.format_version = 1;
+    std::string bytes = encode_header(h);
+    for (uint32_t id = 1; id < kStrings.size(); ++id) {
+        std::string p;
+        put_u32(p, id);
+        append_record(bytes, RecordType::string, p + kStrings[id]);
+    }
+    for (uint32_t id = 1; id < kStacks.size(); ++id) {
+        std::string p;
+        put_u32(p, id);
+        put_u32(p, static_cast<uint32_t>(kStacks[id].size()));
+        for (uint64_t f : kStacks[id])
+            put_u64(p, f);
+        append_record(bytes, RecordType::stack, p);
+    }
+    {
+        const ParamRecord param = sample_param();
+        std::string p;
+        for (uint32_t v : {param.index, param.layer, param.name, param.dtype})
+            put_u32(p, v);
+        put_u64(p, param.numel);
+        put_u64(p, param.sharded_numel);
+        append_record(bytes, RecordType::param, p);
+    }
+    std::vector<uint64_t> event_offsets;
+    const std::vector<Event> events = sample_events();
+    for (const Event& e : events) {
+        event_offsets.push_back(bytes.size());
+        uint8_t payload[kEventPayloadSize];
+        encode_event(payload, e);
+        append_record(bytes, RecordType::event, {reinterpret_cast<char*>(payload), sizeof payload});
+    }
+    const std::string footer = footer_payload();
+    append_record(bytes, RecordType::footer, footer);
+    write_bytes(path, bytes);
+
+    Trace t = load_trace(path);
+    CHECK(t.header.format_version == 1);
+    CHECK(t.header.pid == h.pid);
+    CHECK_FALSE(t.truncated);
+    CHECK(t.footer.has_value());
+    CHECK(t.strings == kStrings);
+    CHECK(t.stacks == kStacks);
+    REQUIRE(t.params.size() == 1);
+    check_same_events(t.events, events);
+
+    // One record per event, each at its own offset.
+    TraceReader reader(path);
+    std::vector<uint64_t> offsets;
+    TraceRecord r;
+    while (reader.next(r)) {
+        if (r.type == RecordType::event) offsets.push_back(r.offset);
+    }
+    CHECK(offsets == event_offsets);
+
+    // Its checks still hold: an event record cut short is a truncated trace.
+    write_bytes(path, bytes.substr(0, event_offsets[3] + 40));
+    Trace cut = load_trace(path);
+    CHECK(cut.truncated);
+    CHECK(cut.events.size() == 3);
+    CHECK(cut.truncation_message.find("at byte " + std::to_string(event_offsets[3])) !=
+          std::string::npos);
+
+    // Event blocks belong to version 2 only.
+    std::string with_block = bytes.substr(0, event_offsets[0]);
+    EventBlockEncoder encoder;
+    encoder.reserve();
+    encoder.add(events[0]);
+    append_record(with_block, RecordType::event_block, encoder.payload());
+    write_bytes(path, with_block);
+    check_error_at(path, event_offsets[0], "unknown record type 7");
+}
+
+TEST_CASE("a trace of format version 0 or above the current one is rejected") {
+    TempDir dir;
+    const std::string path = dir.file("t.trace");
+    for (uint32_t version : {0u, kTraceFormatVersion + 1, 0xFFFFFFFFu}) {
+        CAPTURE(version);
+        TraceHeader h = sample_header();
+        h.format_version = version;
+        std::string bytes = encode_header(h);
+        append_record(bytes, RecordType::footer, footer_payload());
+        write_bytes(path, bytes);
+        check_error_at(path, 8, "unsupported trace format version " + std::to_string(version));
+    }
+    CHECK(kTraceFormatVersion == 2);
+}
+
+namespace {
+
+// A training loop as the interposer sees it: per step, a forward and a
+// backward pass over layers with tags pushed and popped, block allocations
+// from a caching allocator (sizes rounded to 512 bytes, addresses reused
+// within a few segments), their frees, an optimizer phase and a step event;
+// one stack per (layer, phase). The writer is flushed every 1 to 40 events,
+// as the interposer's writer thread does when it drains its ring.
+struct TrainingLoop {
+    static constexpr uint32_t kLayers = 24;
+    std::mt19937_64 rng{4242};
+    TraceWriter& w;
+    uint64_t seq = 0;
+    uint64_t t = 5'000'000;
+    uint64_t step = 0;
+    uint32_t tid = 31337;
+    size_t since_flush = 0;
+    size_t flush_every = 10;
+    size_t events = 0;
+    uint32_t strings = 1, stacks = 1;
+    std::vector<uint32_t> layer_ids;
+    uint32_t forward = 0, backward = 0, optimizer = 0;
+    std::vector<uint64_t> free_addresses;  // the allocator's cache
+
+    explicit TrainingLoop(TraceWriter& writer) : w(writer) {
+        forward = define("forward");
+        backward = define("backward");
+        optimizer = define("optimizer");
+        for (uint32_t l = 0; l < kLayers; ++l)
+            layer_ids.push_back(define("model.layers." + std::to_string(l)));
+        for (int s = 0; s < 4; ++s) {
+            const uint64_t segment = 0x7f0000000000ull + (uint64_t(s) << 32);
+            for (uint64_t off = 0; off < (64u << 20); off += 1u << 20)
+                free_addresses.push_back(segment + off);
+        }
+    }
+    uint32_t define(const std::string& text) {
+        w.string(strings, text);
+        return strings++;
+    }
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> stack_ids;  // interned per call site
+    uint32_t stack_for(uint32_t layer, uint32_t phase_id) {
+        auto [it, is_new] = stack_ids.try_emplace({layer, phase_id}, stacks);
+        if (is_new) {
+            w.stack(stacks, std::vector<uint64_t>{0x401000 + 16 * stacks, 0x402000 + phase_id,
+                                                  0x7f1234500000, 0x7f1234501000});
+            ++stacks;
+        }
+        return it->second;
+    }
+    void emit(Event e) {
+        e.seq = ++seq;
+        t += 300 + rng() % 3000;
+        if (rng() % 50 == 0) t += rng() % 5'000'000;  // a kernel or a collective
+        e.t_ns = t;
+        e.step = step;
+        e.tid = tid;
+        w.event(e);
+        ++events;
+        if (++since_flush >= flush_every) {
+            w.flush();
+            since_flush = 0;
+            flush_every = 1 + rng() % 40;
+        }
+    }
+    Event tag(EventKind kind, uint32_t layer, uint32_t phase) {
+        Event e;
+        e.kind = kind;
+        e.layer = layer;
+        e.phase = phase;
+        e.api = Api::c_api;
+        return e;
+    }
+    void phase(uint32_t layer, uint32_t phase_id, std::vector<Event>& live, int allocs, int frees) {
+        emit(tag(EventKind::tag_push, layer, phase_id));
+        const uint32_t stack = stack_for(layer, phase_id);
+        for (int i = 0; i < allocs && !free_addresses.empty(); ++i) {
+            Event e;
+            e.kind = EventKind::alloc;
+            e.level = Level::block;
+            e.memory = MemoryKind::device;
+            e.api = Api::block_alloc;
+            e.device = 0;
+            e.layer = layer;
+            e.phase = phase_id;
+            e.stack = stack;
+            const size_t pick = rng() % std::min<size_t>(free_addresses.size(), 8);
+            e.address = free_addresses[pick] + 512 * (rng() % 64);
+            free_addresses.erase(free_addresses.begin() + long(pick));
+            e.size = 512 * pick_size();
+            emit(e);
+            live.push_back(e);
+        }
+        for (int i = 0; i < frees && !live.empty(); ++i) {
+            Event e = live.front();
+            live.erase(live.begin());
+            e.kind = EventKind::free;
+            e.api = Api::block_free;
+            e.stack = 0;
+            e.layer = layer;
+            e.phase = phase_id;
+            free_addresses.push_back(e.address & ~uint64_t{(1u << 20) - 1});
+            emit(e);
+        }
+        emit(tag(EventKind::tag_pop, layer, phase_id));
+    }
+    uint64_t pick_size() {
+        switch (rng() % 4) {
+            case 0:
+                return 1;
+            case 1:
+                return 64;
+            case 2:
+                return 3 * 256;
+            default:
+                return 1 + rng() % 4096;
+        }
+    }
+    void run(int steps) {
+        for (; step < uint64_t(steps); ++step) {
+            std::vector<Event> activations;
+            for (uint32_t l : layer_ids)
+                phase(l, forward, activations, 6, 2);
+            for (auto it = layer_ids.rbegin(); it != layer_ids.rend(); ++it)
+                phase(*it, backward, activations, 4, 8);
+            phase(0, optimizer, activations, 8, int(activations.size()));
+            Event s;
+            s.kind = EventKind::step;
+            s.api = Api::c_api;
+            emit(s);
+        }
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a training-loop-like stream averages at most 16 bytes per event") {
+    TempDir dir;
+    const std::string path = dir.file("loop.trace");
+    size_t events = 0, blocks = 0;
+    {
+        TraceWriter w;
+        open_or_fail(w, path, sample_header());
+        TrainingLoop loop(w);
+        loop.run(20);
+        events = loop.events;
+        w.close({});
+    }
+    REQUIRE(events > 10000);
+    blocks = event_blocks(path).size();
+    const double bytes_per_event = double(fs::file_size(path)) / double(events);
+    MESSAGE(events << " events in " << blocks << " blocks, " << fs::file_size(path)
+                   << " bytes: " << bytes_per_event << " bytes per event");
+    CHECK(blocks > events / 40);  // small blocks, as the interposer writes them
+    CHECK(bytes_per_event <= 16.0);
+    Trace t = load_trace(path);
+    CHECK(t.events.size() == events);
+    CHECK(t.footer.has_value());
 }

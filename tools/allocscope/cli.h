@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "findings.h"
+#include "report.h"
 
 namespace allocscope::cli {
 
@@ -20,6 +21,20 @@ int run_command(const std::vector<std::string>& args);
 int report_command(const std::vector<std::string>& args);
 int replay_command(const std::vector<std::string>& args);
 int check_command(const std::vector<std::string>& args);
+int diff_command(const std::vector<std::string>& args);
+int export_command(const std::vector<std::string>& args);
+
+// --- reports (cmd_report.cpp) ---
+
+// The report of `paths` (output directories or trace files), with their
+// findings and symbolized stacks; rank -1: every rank. Throws on unreadable
+// input (TraceError, runtime_error), naming it.
+Report build_report(const std::vector<std::string>& paths, long rank, size_t top);
+// Writes `text` to `path`; throws runtime_error naming the file and why.
+void write_text_file(const std::string& path, const std::string& text);
+// report.txt and report.html into a run's output directory; false (after
+// one message on stderr) when they could not be made.
+bool write_run_reports(const std::string& out_dir);
 
 // --- findings helpers (findings_cli.cpp) ---
 
@@ -27,6 +42,17 @@ int check_command(const std::vector<std::string>& args);
 // next to the executable (build tree: <build>/plugins; installed:
 // <prefix>/<libdir>/allocscope/plugins); "" when none exists.
 std::string cli_plugin_dir();
+
+// The trace files of `paths` and the findings files that go with them: an
+// output directory gives every *.trace in it and its findings.json (else its
+// findings.<stem>.json files); a trace file gives itself and the
+// findings.<stem>.json next to it. Throws runtime_error naming a path that
+// does not exist or a directory without traces.
+struct TraceInputs {
+    std::vector<std::string> traces;
+    std::vector<std::string> findings;  // sorted, each once
+};
+TraceInputs expand_trace_paths(const std::vector<std::string>& paths);
 
 // The per-process findings files (findings.<stem>.json, not findings.json)
 // directly in `dir`.

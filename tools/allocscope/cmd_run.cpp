@@ -282,6 +282,7 @@ int run_command(const std::vector<std::string>& args) {
     std::fprintf(stderr, "allocscope: %zu trace file(s) in %s (allocscope report %s)\n",
                  trace_files_in(out_dir).size(), out_dir.c_str(), out_dir.c_str());
     const int checked = merge_and_report(out_dir, check, threshold);
+    if (!trace_files_in(out_dir).empty()) write_run_reports(out_dir.string());
     if (code != 0 || !check) return code;
     return checked;
 }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
+#include <stdexcept>
 
 #include "cli.h"
 #include "plugin_host.h"
@@ -33,6 +35,36 @@ std::string cli_plugin_dir() {
     candidates.push_back(
         (exe_dir / ".." / ALLOCSCOPE_INSTALL_LIBDIR / "allocscope" / "plugins").string());
     return first_directory(candidates);
+}
+
+TraceInputs expand_trace_paths(const std::vector<std::string>& paths) {
+    TraceInputs in;
+    std::set<std::string> findings;
+    for (const std::string& p : paths) {
+        std::error_code ec;
+        if (fs::is_directory(p, ec)) {
+            const std::vector<std::string> found = trace_files_in(p);
+            if (found.empty()) throw std::runtime_error(p + ": no .trace files in this directory");
+            in.traces.insert(in.traces.end(), found.begin(), found.end());
+            const fs::path merged = fs::path(p) / "findings.json";
+            if (fs::exists(merged, ec)) {
+                findings.insert(merged.string());
+            } else {
+                for (const std::string& f : rank_findings_files_in(p))
+                    findings.insert(f);
+            }
+        } else if (fs::exists(p, ec)) {
+            in.traces.push_back(p);
+            const fs::path path(p);
+            const fs::path mine =
+                path.parent_path() / ("findings." + path.stem().string() + ".json");
+            if (fs::exists(mine, ec)) findings.insert(mine.string());
+        } else {
+            throw std::runtime_error(p + ": no such file or directory");
+        }
+    }
+    in.findings.assign(findings.begin(), findings.end());
+    return in;
 }
 
 std::vector<std::string> rank_findings_files_in(const std::string& dir) {

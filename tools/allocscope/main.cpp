@@ -22,7 +22,19 @@ commands:
                     run CMD with the interposer preloaded, recording one trace
                     per process into DIR (default ./allocscope-out); detection
                     plugins run live and their findings go to DIR/findings.json
-  report PATH...    summarize traces (files or output directories)
+  report PATH... [--format text|json|html] [-o FILE]
+                    attribution report of traces (files or output
+                    directories): per layer and phase, timeline, top
+                    allocation sites with symbolized stacks, findings
+  diff BASE CAND [--forward-threshold B] [--backward-threshold B]
+                    the reference test's comparison of two runs: per-layer
+                    forward increments, post-backward deltas; exit 3 when a
+                    threshold is exceeded
+  export PATH... --format perfetto|collapsed|memory-viz [-o FILE] [--rank R]
+                    traces for other tools: Perfetto/Chrome trace JSON
+                    (memory counters, phase slices, findings), collapsed
+                    stacks at the peak for flame graphs, a PyTorch memory
+                    snapshot for pytorch.org/memory_viz
   replay PATH... [--plugins LIST] [--baseline PATH] [-o FILE]
                     run detection plugins on recorded traces
   check PATH [--fail-on info|warning|error]
@@ -81,6 +93,8 @@ int main(int argc, char** argv) {
         if (command == "run") return run_command(args);
         if (command == "report") return report_command(args);
         if (command == "replay") return replay_command(args);
+        if (command == "diff") return diff_command(args);
+        if (command == "export") return export_command(args);
         if (command == "check") return check_command(args);
     } catch (const std::exception& e) {
         return fail(e.what());

@@ -1,0 +1,422 @@
+#include "analysis.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <unordered_map>
+
+#include "flat_map.h"
+
+namespace allocscope {
+
+namespace {
+
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
+std::string_view base_phase(std::string_view phase) {
+    return phase.substr(0, phase.find('/'));
+}
+
+// An owner-pool allocation, live.
+struct Live {
+    uint64_t size = 0;
+    uint32_t tag = kNone;    // index into the tag table
+    uint32_t group = kNone;  // index into the layer groups
+    uint32_t scope = kNone;  // the scope it was made in
+    uint32_t stack = 0;
+};
+
+struct Scope {
+    uint32_t tag = kNone;
+    uint64_t live = 0;  // bytes allocated directly in it, still alive
+};
+
+// Ids of the trace's tags and layer groups, and the owner pool's live
+// allocations; both passes share it.
+class Tables {
+  public:
+    explicit Tables(const Trace& t) : trace_(t), group_of_layer_(t.strings.size(), kNone) {}
+
+    uint32_t tag(uint32_t layer, uint32_t phase) {
+        uint32_t& index = tag_ids_[uint64_t(layer) << 32 | phase];
+        if (index == 0) {
+            TagStats s;
+            s.layer = trace_.str(layer);
+            s.phase = trace_.str(phase);
+            tags.push_back(std::move(s));
+            index = uint32_t(tags.size());  // 1-based: 0 marks a new entry
+        }
+        return index - 1;
+    }
+    uint32_t group(uint32_t layer) {
+        if (layer >= group_of_layer_.size()) return group_name("(untagged)");
+        uint32_t& g = group_of_layer_[layer];
+        if (g == kNone) g = group_name(layer_group(trace_.str(layer)));
+        return g;
+    }
+
+    std::vector<TagStats> tags;
+    std::vector<std::string> groups;
+
+  private:
+    uint32_t group_name(const std::string& name) {
+        auto [it, added] = group_ids_.try_emplace(name, uint32_t(groups.size()));
+        if (added) groups.push_back(name);
+        return it->second;
+    }
+    const Trace& trace_;
+    FlatMap<uint64_t, uint32_t> tag_ids_;
+    std::vector<uint32_t> group_of_layer_;
+    std::unordered_map<std::string, uint32_t> group_ids_;
+};
+
+// The owner pool's live allocations by address, replayed the way Replay
+// counts them: an allocation at a live address replaces it, a failed or
+// unknown free frees nothing.
+class OwnerLive {
+  public:
+    OwnerLive(Pool owner) : owner_(owner) {}
+    bool is_owner_alloc(const Event& e) const {
+        return e.kind == EventKind::alloc && pool_of(e.level, e.memory) == owner_;
+    }
+    bool is_owner_free(const Event& e) const {
+        if (e.kind != EventKind::free || e.result != 0) return false;
+        return owner_ == Pool::device_block
+                   ? e.level == Level::block
+                   : e.level != Level::block && e.memory != MemoryKind::host_pinned &&
+                         e.api != Api::cudaFreeHost;
+    }
+    // The record replaced (size 0 when none).
+    Live insert(uint64_t address, const Live& live) {
+        Live& slot = map_[address];
+        const Live old = slot;
+        slot = live;
+        return old;
+    }
+    bool remove(uint64_t address, Live* removed) {
+        const Live* found = map_.find(address);
+        if (!found) return false;
+        *removed = *found;
+        map_.erase(address);
+        return true;
+    }
+    template <class F>
+    void for_each(F&& f) const {
+        map_.for_each([&](uint64_t, const Live& l) { f(l); });
+    }
+
+  private:
+    Pool owner_;
+    FlatMap<uint64_t, Live> map_;
+};
+
+std::vector<Site> top_sites(const Trace& t, const Tables& tables, const OwnerLive& live,
+                            size_t top) {
+    struct Acc {
+        uint64_t bytes = 0, count = 0;
+        std::map<uint32_t, uint64_t> by_tag;
+    };
+    std::map<uint32_t, Acc> by_stack;
+    live.for_each([&](const Live& l) {
+        Acc& a = by_stack[l.stack];
+        a.bytes += l.size;
+        ++a.count;
+        a.by_tag[l.tag] += l.size;
+    });
+    std::vector<Site> out;
+    for (const auto& [stack, a] : by_stack) {
+        Site s;
+        s.stack = stack < t.stacks.size() ? stack : 0;
+        s.bytes = a.bytes;
+        s.count = a.count;
+        uint32_t best = kNone;
+        uint64_t best_bytes = 0;
+        for (const auto& [tag, bytes] : a.by_tag) {
+            if (bytes > best_bytes) best = tag, best_bytes = bytes;
+        }
+        if (best != kNone && best < tables.tags.size()) {
+            s.layer = tables.tags[best].layer;
+            s.phase = tables.tags[best].phase;
+        }
+        out.push_back(std::move(s));
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Site& a, const Site& b) { return a.bytes > b.bytes; });
+    if (out.size() > top) out.resize(top);
+    return out;
+}
+
+}  // namespace
+
+std::string layer_group(const std::string& layer) {
+    if (layer.empty()) return "(untagged)";
+    size_t begin = 0;
+    while (begin < layer.size()) {
+        size_t end = layer.find('.', begin);
+        if (end == std::string::npos) end = layer.size();
+        bool digits = end > begin;
+        for (size_t i = begin; i < end && digits; ++i)
+            digits = layer[i] >= '0' && layer[i] <= '9';
+        if (digits) return layer.substr(0, end);
+        begin = end + 1;
+    }
+    return layer;
+}
+
+const PoolSummary* TraceAnalysis::pool(Pool p) const {
+    for (const PoolSummary& s : pools) {
+        if (s.pool == p) return &s;
+    }
+    return nullptr;
+}
+
+TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
+    TraceAnalysis a;
+    a.path = t.path;
+    a.header = t.header;
+    a.truncated = t.truncated;
+    a.truncation_message = t.truncation_message;
+    a.events = t.events.size();
+    a.span_ns = t.events.empty() ? 0 : t.events.back().t_ns;
+
+    // Pass 0: the owner pool, the training thread, counts.
+    bool any_block = false;
+    std::unordered_map<uint32_t, uint64_t> pushes;
+    std::map<std::pair<EventKind, Level>, uint64_t> by_kind;
+    std::map<Api, uint64_t> by_api;
+    for (const Event& e : t.events) {
+        any_block |= e.kind == EventKind::alloc && e.level == Level::block;
+        if (e.kind == EventKind::tag_push) ++pushes[e.tid];
+        ++by_kind[{e.kind, e.level}];
+        if (e.kind == EventKind::alloc || e.kind == EventKind::oom) ++by_api[e.api];
+    }
+    for (const auto& [key, count] : by_kind) {
+        std::string what(to_string(key.first));
+        if (key.second != Level::none) what += " " + std::string(to_string(key.second));
+        a.events_by_kind.push_back({what, count});
+    }
+    for (const auto& [api, count] : by_api)
+        a.calls_by_api.push_back({std::string(to_string(api)), count});
+    a.owner = any_block ? Pool::device_block : Pool::device_segment;
+    uint32_t main_tid = 0;
+    uint64_t most = 0;
+    for (const auto& [tid, n] : pushes) {
+        if (n > most || (n == most && tid < main_tid)) main_tid = tid, most = n;
+    }
+
+    // Pass 1: totals, tags, scopes, bands, steps, sample points.
+    Tables tables(t);
+    OwnerLive live(a.owner);
+    Replay replay;
+    std::vector<Scope> scopes;
+    FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
+    std::vector<uint64_t> group_live, group_peak;
+    auto group_slot = [&](uint32_t g) {
+        if (g >= group_live.size()) {
+            group_live.resize(g + 1, 0);
+            group_peak.resize(g + 1, 0);
+        }
+    };
+    const size_t n = t.events.size();
+    const size_t bucket = std::max<size_t>(
+        1, (n + options.timeline_points - 1) / std::max<size_t>(1, options.timeline_points));
+    std::vector<size_t> sample_index;
+    std::vector<TimelinePoint> samples;
+    uint64_t bucket_best = 0;
+    std::string band_phase;
+    uint64_t last_step = std::numeric_limits<uint64_t>::max();
+
+    auto close_band = [&](const Event& e) {
+        if (!band_phase.empty() && !a.timeline.bands.empty())
+            a.timeline.bands.back().seq_end = e.seq, a.timeline.bands.back().t_end_ns = e.t_ns;
+    };
+    auto main_thread_phase = [&]() -> std::string {
+        const std::vector<uint32_t>* s = thread_scopes.find(main_tid);
+        if (!s || s->empty()) return {};
+        return std::string(base_phase(tables.tags[scopes[s->back()].tag].phase));
+    };
+
+    for (size_t i = 0; i < n; ++i) {
+        const Event& e = t.events[i];
+        replay.apply(e);
+        switch (e.kind) {
+            case EventKind::tag_push: {
+                const uint32_t tag = tables.tag(e.layer, e.phase);
+                ++tables.tags[tag].scopes;
+                scopes.push_back({tag, 0});
+                thread_scopes[e.tid].push_back(uint32_t(scopes.size() - 1));
+                break;
+            }
+            case EventKind::tag_pop: {
+                std::vector<uint32_t>* s = thread_scopes.find(e.tid);
+                if (!s || s->empty()) break;
+                const Scope& scope = scopes[s->back()];
+                s->pop_back();
+                if (scope.live > 0) {
+                    TagStats& ts = tables.tags[scope.tag];
+                    ++ts.retained_scopes;
+                    ts.retained_max = std::max(ts.retained_max, scope.live);
+                }
+                break;
+            }
+            case EventKind::step:
+                if (e.step != last_step) {
+                    a.timeline.steps.push_back({e.step, e.seq, e.t_ns});
+                    ++a.steps;
+                    last_step = e.step;
+                }
+                break;
+            default:
+                break;
+        }
+        if (e.tid == main_tid && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
+            std::string phase = main_thread_phase();
+            if (phase != band_phase) {
+                close_band(e);
+                band_phase = std::move(phase);
+                if (!band_phase.empty())
+                    a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
+            }
+        }
+        if (live.is_owner_alloc(e)) {
+            Live l;
+            l.size = e.size;
+            l.tag = tables.tag(e.layer, e.phase);
+            l.group = tables.group(e.layer);
+            l.stack = e.stack;
+            const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
+            if (s && !s->empty()) l.scope = s->back();
+            TagStats& ts = tables.tags[l.tag];
+            ts.allocated_bytes += e.size;
+            ++ts.allocations;
+            if (l.scope != kNone) scopes[l.scope].live += e.size;
+            group_slot(l.group);
+            group_live[l.group] += e.size;
+            group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
+            const Live old = live.insert(e.address, l);
+            if (old.tag != kNone) {  // its free was never recorded
+                if (old.scope != kNone) scopes[old.scope].live -= old.size;
+                group_live[old.group] -= old.size;
+            }
+        } else if (live.is_owner_free(e)) {
+            Live l;
+            if (live.remove(e.address, &l)) {
+                if (l.scope != kNone) scopes[l.scope].live -= l.size;
+                group_live[l.group] -= l.size;
+            }
+        }
+        // The sample of this stretch: where the owner total is largest.
+        const uint64_t owner_now = replay.totals(a.owner).live_bytes;
+        if (i % bucket == 0 || owner_now > bucket_best) {
+            if (i % bucket == 0) {
+                sample_index.push_back(i);
+                samples.emplace_back();
+            } else {
+                sample_index.back() = i;
+            }
+            bucket_best = owner_now;
+            TimelinePoint& p = samples.back();
+            p.seq = e.seq;
+            p.t_ns = e.t_ns;
+            p.segment_bytes = replay.totals(Pool::device_segment).live_bytes;
+            p.block_bytes = replay.totals(Pool::device_block).live_bytes;
+        }
+    }
+    if (n > 0) close_band(t.events.back());
+
+    // Totals and peaks.
+    a.unknown_frees = replay.unknown_frees();
+    a.double_frees = replay.double_frees();
+    a.failed_frees = replay.failed_frees();
+    a.oom_events = replay.oom_events();
+    a.largest_failed_request = replay.largest_failed_request();
+    for (int p = 0; p < kPoolCount; ++p) {
+        const PoolTotals& pt = replay.totals(Pool(p));
+        if (pt.allocations == 0) continue;
+        PoolSummary s;
+        s.pool = Pool(p);
+        s.allocations = pt.allocations;
+        s.allocated_bytes = pt.allocated_bytes;
+        s.peak_bytes = pt.peak_bytes;
+        s.peak_seq = pt.peak_event.seq;
+        s.peak_t_ns = pt.peak_event.t_ns;
+        s.peak_step = pt.peak_event.step;
+        s.peak_layer = pt.peak_event.layer < t.strings.size() ? t.str(pt.peak_event.layer) : "";
+        s.peak_phase = pt.peak_event.phase < t.strings.size() ? t.str(pt.peak_event.phase) : "";
+        s.live_bytes_at_exit = pt.live_bytes;
+        s.live_count_at_exit = pt.live_count;
+        a.pools.push_back(std::move(s));
+    }
+
+    // Live at exit.
+    live.for_each([&](const Live& l) { tables.tags[l.tag].at_exit += l.size; });
+    a.sites_at_exit = top_sites(t, tables, live, options.top_sites);
+
+    // The timeline's layers: the largest groups by their own peak.
+    std::vector<uint32_t> order(tables.groups.size());
+    for (uint32_t g = 0; g < order.size(); ++g)
+        order[g] = g;
+    if (group_peak.size() < tables.groups.size()) group_peak.resize(tables.groups.size(), 0);
+    if (group_live.size() < tables.groups.size()) group_live.resize(tables.groups.size(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t x, uint32_t y) { return group_peak[x] > group_peak[y]; });
+    std::vector<uint32_t> column(tables.groups.size(), kNone);
+    const size_t shown = std::min(order.size(), options.timeline_layers);
+    for (size_t k = 0; k < shown; ++k) {
+        column[order[k]] = uint32_t(k);
+        a.timeline.layers.push_back(tables.groups[order[k]]);
+    }
+    const bool folded = order.size() > shown;
+    if (folded) a.timeline.layers.push_back("(other)");
+    for (uint32_t g = 0; g < column.size(); ++g) {
+        if (column[g] == kNone) column[g] = uint32_t(shown);
+    }
+
+    // Pass 2: the owner pool again, for per-layer samples and the peak.
+    const PoolSummary* owner = a.pool(a.owner);
+    const uint64_t peak_seq = owner ? owner->peak_seq : 0;
+    OwnerLive again(a.owner);
+    std::fill(group_live.begin(), group_live.end(), 0);
+    size_t next_sample = 0;
+    bool peak_taken = owner == nullptr;
+    for (size_t i = 0; i < n; ++i) {
+        const Event& e = t.events[i];
+        if (again.is_owner_alloc(e)) {
+            Live l;
+            l.size = e.size;
+            l.tag = tables.tag(e.layer, e.phase);
+            l.group = tables.group(e.layer);
+            l.stack = e.stack;
+            group_live[l.group] += e.size;
+            const Live old = again.insert(e.address, l);
+            if (old.tag != kNone) group_live[old.group] -= old.size;
+        } else if (again.is_owner_free(e)) {
+            Live l;
+            if (again.remove(e.address, &l)) group_live[l.group] -= l.size;
+        }
+        if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
+            TimelinePoint& p = samples[next_sample++];
+            p.layer_bytes.assign(a.timeline.layers.size(), 0);
+            for (uint32_t g = 0; g < column.size(); ++g)
+                p.layer_bytes[column[g]] += group_live[g];
+        }
+        if (!peak_taken && e.seq == peak_seq) {
+            peak_taken = true;
+            again.for_each([&](const Live& l) {
+                tables.tags[l.tag].at_peak += l.size;
+                ++tables.tags[l.tag].count_at_peak;
+            });
+            a.sites_at_peak = top_sites(t, tables, again, options.top_sites);
+        }
+    }
+    a.timeline.points = std::move(samples);
+
+    a.tags = std::move(tables.tags);
+    std::stable_sort(a.tags.begin(), a.tags.end(), [](const TagStats& x, const TagStats& y) {
+        return x.allocated_bytes != y.allocated_bytes ? x.allocated_bytes > y.allocated_bytes
+                                                      : x.at_peak > y.at_peak;
+    });
+    return a;
+}
+
+}  // namespace allocscope

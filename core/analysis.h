@@ -1,0 +1,139 @@
+// What a report says about one trace, computed in one pass over its events
+// (plus a short second one up to the peak): per (layer, phase) accounting,
+// the memory timeline with phase bands and step markers, the pools' peaks,
+// and the allocation sites that hold memory at the peak and at exit. The
+// renderers (core/report.h) turn it into text, JSON and HTML; the CLI's
+// `report` and `run` use them.
+//
+// The "owner" pool is where tensors are: the caching allocator's blocks
+// when the trace has any, else device segments (every tensor is a
+// cudaMalloc). Per-layer and per-site views are of the owner pool.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "replay.h"
+#include "trace_reader.h"
+
+namespace allocscope {
+
+// One (layer, phase) tag, by the text of its layer and phase.
+struct TagStats {
+    std::string layer;  // "" untagged
+    std::string phase;
+    uint64_t allocated_bytes = 0;  // owner pool, over the whole trace
+    uint64_t allocations = 0;
+    uint64_t scopes = 0;  // times the tag was pushed
+    // Bytes allocated inside one scope of the tag (on its thread, directly
+    // under it) still alive when that scope ended: the largest over its
+    // scopes, and how many scopes ended with anything of theirs alive.
+    uint64_t retained_max = 0;
+    uint64_t retained_scopes = 0;
+    uint64_t at_peak = 0;  // its live bytes at the owner pool's peak
+    uint64_t count_at_peak = 0;
+    uint64_t at_exit = 0;  // live at the end of the trace
+};
+
+struct PoolSummary {
+    Pool pool = Pool::device_segment;
+    uint64_t allocations = 0;
+    uint64_t allocated_bytes = 0;
+    uint64_t peak_bytes = 0;
+    uint64_t peak_seq = 0;
+    uint64_t peak_t_ns = 0;
+    uint64_t peak_step = 0;
+    std::string peak_layer;  // the tag of the allocation that reached the peak
+    std::string peak_phase;
+    uint64_t live_bytes_at_exit = 0;
+    uint64_t live_count_at_exit = 0;
+};
+
+// A base phase ("forward", "backward", "optimizer", ...) on the training
+// thread (the one that pushed the most tags) from t_start to t_end.
+struct PhaseBand {
+    std::string phase;
+    uint64_t seq_start = 0, seq_end = 0;
+    uint64_t t_start_ns = 0, t_end_ns = 0;
+};
+
+struct StepMark {
+    uint64_t step = 0;
+    uint64_t seq = 0;
+    uint64_t t_ns = 0;
+};
+
+struct TimelinePoint {
+    uint64_t seq = 0;
+    uint64_t t_ns = 0;
+    uint64_t segment_bytes = 0;  // device segments
+    uint64_t block_bytes = 0;
+    std::vector<uint64_t> layer_bytes;  // owner pool, per Timeline::layers
+};
+
+// Live bytes over the trace, at most `points` samples: each sample is the
+// moment of the largest owner-pool total within its stretch of events, so
+// peaks are never sampled away.
+struct Timeline {
+    // Numbered layers ("layers.3") or whole module names, the largest by
+    // their own peak; the last entry is "(other)" when some were folded.
+    std::vector<std::string> layers;
+    std::vector<TimelinePoint> points;
+    std::vector<PhaseBand> bands;
+    std::vector<StepMark> steps;
+};
+
+struct Site {
+    uint32_t stack = 0;  // the trace's stack id, 0: no stack captured
+    uint64_t bytes = 0;
+    uint64_t count = 0;
+    // The tag holding most of its bytes.
+    std::string layer;
+    std::string phase;
+};
+
+struct AnalysisOptions {
+    size_t timeline_points = 800;
+    size_t timeline_layers = 12;
+    size_t top_sites = 10;
+};
+
+struct TraceAnalysis {
+    std::string path;
+    TraceHeader header;
+    bool truncated = false;
+    std::string truncation_message;
+    uint64_t events = 0;
+    uint64_t span_ns = 0;
+    uint64_t unknown_frees = 0;
+    uint64_t double_frees = 0;
+    uint64_t failed_frees = 0;
+    uint64_t oom_events = 0;
+    uint64_t largest_failed_request = 0;
+    uint64_t steps = 0;  // distinct steps seen
+    struct Count {
+        std::string what;
+        uint64_t n = 0;
+    };
+    std::vector<Count> events_by_kind;  // "alloc block", "tag_push", ...
+    std::vector<Count> calls_by_api;    // allocation calls: "cudaMalloc", ...
+
+    Pool owner = Pool::device_segment;
+    std::vector<PoolSummary> pools;  // those with allocations
+    std::vector<TagStats> tags;      // by allocated bytes, largest first
+    Timeline timeline;
+    std::vector<Site> sites_at_peak;  // by bytes, largest first
+    std::vector<Site> sites_at_exit;
+
+    const PoolSummary* pool(Pool p) const;
+};
+
+TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options = {});
+
+// The numbered layer of a module path: its shortest prefix whose last
+// component is a number ("model.layers.3.mlp" -> "model.layers.3"); the
+// whole path when no component is; "(untagged)" for "".
+std::string layer_group(const std::string& layer);
+
+}  // namespace allocscope

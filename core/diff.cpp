@@ -1,0 +1,326 @@
+#include "diff.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <unordered_map>
+
+#include "analysis.h"
+#include "findings.h"
+#include "replay.h"
+
+namespace allocscope {
+
+namespace {
+
+std::string_view base_phase(std::string_view phase) {
+    return phase.substr(0, phase.find('/'));
+}
+
+struct StepData {
+    std::vector<std::pair<std::string, uint64_t>> ends;  // layer, live after its forward
+    std::optional<uint64_t> after_forward;
+    std::optional<uint64_t> after_backward;
+};
+
+std::string signed_bytes(double bytes) {
+    const double magnitude = std::fabs(bytes);
+    const std::string text = human_bytes(uint64_t(std::llround(magnitude)));
+    return (bytes < 0 ? "-" : "+") + text;
+}
+
+std::string plain_bytes(double bytes) {
+    return bytes < 0 ? "-" + human_bytes(uint64_t(std::llround(-bytes)))
+                     : human_bytes(uint64_t(std::llround(bytes)));
+}
+
+std::string number(double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+}
+
+std::string optional_number(const std::optional<double>& v) {
+    return v ? number(*v) : "null";
+}
+
+}  // namespace
+
+RunMeasure measure_run(const Trace& t) {
+    RunMeasure m;
+    m.path = t.path;
+    m.rank = t.header.rank;
+
+    bool any_block = false;
+    std::unordered_map<uint32_t, uint64_t> pushes;
+    for (const Event& e : t.events) {
+        any_block |= e.kind == EventKind::alloc && e.level == Level::block;
+        if (e.kind == EventKind::tag_push) ++pushes[e.tid];
+    }
+    const Pool owner = any_block ? Pool::device_block : Pool::device_segment;
+    uint32_t main_tid = 0;
+    uint64_t most = 0;
+    for (const auto& [tid, n] : pushes) {
+        if (n > most || (n == most && tid < main_tid)) main_tid = tid, most = n;
+    }
+
+    Replay replay;
+    std::map<uint64_t, StepData> steps;
+    struct Frame {
+        uint32_t layer, phase;
+        bool backward;
+    };
+    std::vector<Frame> stack;  // the training thread's tags
+    int open_backward = 0;
+    uint64_t current_step = 0;
+    bool any_event = false;
+    auto live = [&] { return replay.totals(owner).live_bytes; };
+    auto end_step = [&](uint64_t step) {
+        auto it = steps.find(step);
+        if (it != steps.end() && it->second.after_forward && !it->second.after_backward)
+            it->second.after_backward = live();
+    };
+    for (const Event& e : t.events) {
+        if (any_event && e.step != current_step) end_step(current_step);
+        current_step = e.step;
+        any_event = true;
+        replay.apply(e);
+        if (e.tid != main_tid) continue;
+        if (e.kind == EventKind::tag_push) {
+            const std::string_view phase =
+                base_phase(e.phase < t.strings.size() ? t.str(e.phase) : "");
+            const bool backward = phase == "backward";
+            StepData& s = steps[e.step];
+            if (backward && !s.after_forward) s.after_forward = live();
+            if (phase == "optimizer" && s.after_forward && !s.after_backward)
+                s.after_backward = live();
+            stack.push_back({e.layer, e.phase, backward});
+            open_backward += backward;
+        } else if (e.kind == EventKind::tag_pop && !stack.empty()) {
+            const Frame f = stack.back();
+            stack.pop_back();
+            open_backward -= f.backward;
+            if (f.layer >= t.strings.size() || f.phase >= t.strings.size()) continue;
+            const std::string& layer = t.str(f.layer);
+            // The layer's own forward scope: exactly "forward" (its
+            // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
+            if (open_backward == 0 && t.str(f.phase) == "forward" && !layer.empty() &&
+                layer_group(layer) == layer) {
+                steps[e.step].ends.emplace_back(layer, live());
+            }
+        }
+    }
+    if (any_event) end_step(current_step);
+
+    // Forward: steps with at least two layer ends.
+    std::vector<const StepData*> forward;
+    std::vector<const StepData*> backward;
+    for (const auto& [step, s] : steps) {
+        if (s.ends.size() >= 2) forward.push_back(&s);
+        if (s.after_forward && s.after_backward) backward.push_back(&s);
+    }
+    if (forward.size() >= 2) {
+        forward.erase(forward.begin());
+        m.warmup_dropped = true;
+    }
+    if (backward.size() >= 2) {
+        backward.erase(backward.begin());
+        m.warmup_dropped = true;
+    }
+    std::vector<double> sum;
+    std::vector<uint64_t> count;
+    double total = 0;
+    uint64_t increments = 0;
+    for (const StepData* s : forward) {
+        for (size_t k = 1; k < s->ends.size(); ++k) {
+            if (sum.size() < k) {
+                sum.resize(k, 0);
+                count.resize(k, 0);
+                m.layers.push_back(s->ends[k].first);
+            }
+            const double inc = double(s->ends[k].second) - double(s->ends[k - 1].second);
+            sum[k - 1] += inc;
+            ++count[k - 1];
+            total += inc;
+            ++increments;
+        }
+    }
+    for (size_t k = 0; k < sum.size(); ++k)
+        m.layer_increments.push_back(sum[k] / double(count[k]));
+    if (increments > 0) m.forward_mean = total / double(increments);
+    m.forward_steps = forward.size();
+    if (!backward.empty()) {
+        double d = 0;
+        for (const StepData* s : backward)
+            d += double(*s->after_backward) - double(*s->after_forward);
+        m.backward_delta = d / double(backward.size());
+    }
+    m.backward_steps = backward.size();
+
+    // What scopes kept alive at their end, by layer group and base phase.
+    std::map<std::pair<std::string, std::string>, uint64_t> kept;
+    AnalysisOptions options;
+    options.timeline_points = 1;
+    options.top_sites = 0;
+    for (const TagStats& s : analyze(t, options).tags) {
+        if (s.retained_max == 0) continue;
+        uint64_t& k = kept[{layer_group(s.layer), std::string(base_phase(s.phase))}];
+        k = std::max(k, s.retained_max);
+    }
+    for (const auto& [key, bytes] : kept)
+        m.kept.push_back({key.first, key.second, bytes});
+    return m;
+}
+
+RankDiff diff_runs(RunMeasure base, RunMeasure cand, const DiffThresholds& thresholds) {
+    RankDiff d;
+    if (base.forward_mean && cand.forward_mean) {
+        d.forward_excess = *cand.forward_mean - *base.forward_mean;
+        d.forward_exceeded = *d.forward_excess > double(thresholds.forward);
+    }
+    if (base.backward_delta && cand.backward_delta) {
+        d.backward_excess = *cand.backward_delta - *base.backward_delta;
+        d.backward_exceeded = *d.backward_excess > double(thresholds.backward);
+    }
+    std::map<std::pair<std::string, std::string>, RankDiff::Row> rows;
+    for (const RunMeasure::Kept& k : base.kept) {
+        RankDiff::Row& r = rows[{k.layer, k.phase}];
+        r.layer = k.layer;
+        r.phase = k.phase;
+        r.base = k.bytes;
+    }
+    for (const RunMeasure::Kept& k : cand.kept) {
+        RankDiff::Row& r = rows[{k.layer, k.phase}];
+        r.layer = k.layer;
+        r.phase = k.phase;
+        r.cand = k.bytes;
+    }
+    for (auto& [key, r] : rows) {
+        r.excess = int64_t(r.cand) - int64_t(r.base);
+        if (r.excess != 0) d.kept.push_back(r);
+    }
+    std::stable_sort(
+        d.kept.begin(), d.kept.end(),
+        [](const RankDiff::Row& a, const RankDiff::Row& b) { return a.excess > b.excess; });
+    d.base = std::move(base);
+    d.cand = std::move(cand);
+    return d;
+}
+
+std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds) {
+    std::string out;
+    bool exceeded = false;
+    for (const RankDiff& d : diffs) {
+        out += "== " +
+               (d.cand.rank >= 0 ? "rank " + std::to_string(d.cand.rank) : std::string("no rank")) +
+               " ==\n  base: " + printable(d.base.path) + "\n  cand: " + printable(d.cand.path) +
+               "\n";
+        out += "\nforward, mean increment per layer (live " +
+               std::string(d.cand.layers.empty() ? "bytes" : "bytes after each layer's forward") +
+               "):\n";
+        if (!d.forward_excess) {
+            out += "  not measurable: " + std::string(!d.base.forward_mean ? "BASE" : "CAND") +
+                   " has no step with two numbered layers' forward scopes (tags like "
+                   "layers.N / forward)\n";
+        } else {
+            out += "  base " + plain_bytes(*d.base.forward_mean) + "  cand " +
+                   plain_bytes(*d.cand.forward_mean) + "  excess " +
+                   signed_bytes(*d.forward_excess) + " (threshold " +
+                   human_bytes(thresholds.forward) +
+                   "): " + (d.forward_exceeded ? "EXCEEDED" : "ok") + "\n";
+            out += "    " + std::string("layer") + std::string(22, ' ') +
+                   "base         cand       excess\n";
+            const size_t n =
+                std::max(d.base.layer_increments.size(), d.cand.layer_increments.size());
+            for (size_t k = 0; k < n; ++k) {
+                const std::string name = k < d.cand.layers.size()   ? d.cand.layers[k]
+                                         : k < d.base.layers.size() ? d.base.layers[k]
+                                                                    : "?";
+                const double b =
+                    k < d.base.layer_increments.size() ? d.base.layer_increments[k] : 0;
+                const double c =
+                    k < d.cand.layer_increments.size() ? d.cand.layer_increments[k] : 0;
+                char line[200];
+                std::snprintf(line, sizeof line, "    %-24s %12s %12s %12s\n",
+                              printable(name).c_str(), plain_bytes(b).c_str(),
+                              plain_bytes(c).c_str(), signed_bytes(c - b).c_str());
+                out += line;
+            }
+        }
+        out += "\nbackward, post-backward minus post-forward:\n";
+        if (!d.backward_excess) {
+            out += "  not measurable: " + std::string(!d.base.backward_delta ? "BASE" : "CAND") +
+                   " has no step with a backward phase\n";
+        } else {
+            out += "  base " + signed_bytes(*d.base.backward_delta) + "  cand " +
+                   signed_bytes(*d.cand.backward_delta) + "  excess " +
+                   signed_bytes(*d.backward_excess) + " (threshold " +
+                   human_bytes(thresholds.backward) +
+                   "): " + (d.backward_exceeded ? "EXCEEDED" : "ok") + "\n";
+        }
+        out += "  steps used: forward " + std::to_string(d.cand.forward_steps) + ", backward " +
+               std::to_string(d.cand.backward_steps) +
+               (d.cand.warmup_dropped ? " (first step dropped as warm-up)" : "") + "\n";
+        if (!d.kept.empty()) {
+            out +=
+                "\nkept alive at the end of their scopes, CAND minus BASE (by layer and phase):\n";
+            for (size_t k = 0; k < d.kept.size() && k < 20; ++k) {
+                const RankDiff::Row& r = d.kept[k];
+                char line[240];
+                std::snprintf(line, sizeof line, "    %-24s %-12s %12s %12s %12s\n",
+                              printable(r.layer).c_str(), printable(r.phase).c_str(),
+                              human_bytes(r.base).c_str(), human_bytes(r.cand).c_str(),
+                              signed_bytes(double(r.excess)).c_str());
+                out += line;
+            }
+        }
+        out += "\n";
+        exceeded |= d.forward_exceeded || d.backward_exceeded;
+    }
+    out += exceeded ? "result: a threshold is exceeded\n" : "result: within the thresholds\n";
+    return out;
+}
+
+std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds) {
+    std::string out = "{\"thresholds\": {\"forward\": " + std::to_string(thresholds.forward) +
+                      ", \"backward\": " + std::to_string(thresholds.backward) +
+                      "},\n \"ranks\": [";
+    bool exceeded = false;
+    for (size_t i = 0; i < diffs.size(); ++i) {
+        const RankDiff& d = diffs[i];
+        exceeded |= d.forward_exceeded || d.backward_exceeded;
+        auto measure = [&](const RunMeasure& m) {
+            std::string s =
+                "{\"trace\": " + json_quote(m.path) + ", \"rank\": " + std::to_string(m.rank) +
+                ", \"forward_mean\": " + optional_number(m.forward_mean) +
+                ", \"forward_steps\": " + std::to_string(m.forward_steps) +
+                ", \"backward_delta\": " + optional_number(m.backward_delta) +
+                ", \"backward_steps\": " + std::to_string(m.backward_steps) + ", \"layers\": [";
+            for (size_t k = 0; k < m.layers.size(); ++k) {
+                s += (k ? ", " : "") + std::string("{\"layer\": ") + json_quote(m.layers[k]) +
+                     ", \"increment\": " + number(m.layer_increments[k]) + "}";
+            }
+            return s + "]}";
+        };
+        out += i ? ",\n  " : "\n  ";
+        out += "{\"base\": " + measure(d.base) + ",\n   \"cand\": " + measure(d.cand) +
+               ",\n   \"forward_excess\": " + optional_number(d.forward_excess) +
+               ", \"forward_exceeded\": " + (d.forward_exceeded ? "true" : "false") +
+               ", \"backward_excess\": " + optional_number(d.backward_excess) +
+               ", \"backward_exceeded\": " + (d.backward_exceeded ? "true" : "false") +
+               ",\n   \"kept\": [";
+        for (size_t k = 0; k < d.kept.size(); ++k) {
+            const RankDiff::Row& r = d.kept[k];
+            out += (k ? ", " : "") + std::string("{\"layer\": ") + json_quote(r.layer) +
+                   ", \"phase\": " + json_quote(r.phase) + ", \"base\": " + std::to_string(r.base) +
+                   ", \"cand\": " + std::to_string(r.cand) +
+                   ", \"excess\": " + std::to_string(r.excess) + "}";
+        }
+        out += "]}";
+    }
+    out += "],\n \"exceeded\": " + std::string(exceeded ? "true" : "false") + "}\n";
+    return out;
+}
+
+}  // namespace allocscope

@@ -1,0 +1,85 @@
+// The reference test's comparison of two runs (docs/TE-FSDP2-FP8-MEMORY.md,
+// "The reference test"), for any pair of traces of the same rank:
+//
+//   forward:  live bytes sampled when each numbered layer's forward ends
+//             (the pop of a "layers.3" / "forward" scope on the training
+//             thread, outside backward: not its sub-phases such as a
+//             prefetch's "forward/all_gather", not a recomputation); the per-layer increment is the
+//             difference to the previous layer's sample in the same step; the mean of the
+//             increments of CAND minus that of BASE must not exceed the forward threshold (50 KiB);
+//   backward: live bytes when backward begins (the first push of a backward
+//             phase in the step) and when it ends (the first push of the
+//             optimizer phase, else the step's end); the mean post-backward
+//             minus post-forward delta of CAND minus BASE's must not exceed
+//             the backward threshold (256 KiB).
+//
+// Live bytes are those of the owner pool (caching-allocator blocks, the
+// analogue of memory_allocated(); device segments when a trace has no block
+// events). The first measured step is dropped as warm-up when there are two
+// or more. Besides the two checks, the excess of CAND over BASE per (layer,
+// phase) of the bytes its scopes kept alive at their end.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trace_reader.h"
+
+namespace allocscope {
+
+struct RunMeasure {
+    std::string path;
+    int32_t rank = -1;
+    // Forward: per layer position (the order layers end in a step), the
+    // layer's name and its mean increment over the steps used; position 0
+    // (the first layer) has no increment and is not listed.
+    std::vector<std::string> layers;       // names by position, from 1
+    std::vector<double> layer_increments;  // mean increment by position, from 1
+    std::optional<double> forward_mean;    // mean over every increment used
+    uint64_t forward_steps = 0;
+    // Backward: mean post-backward − post-forward over the steps used.
+    std::optional<double> backward_delta;
+    uint64_t backward_steps = 0;
+    bool warmup_dropped = false;
+    // Per (layer group, base phase): the most bytes one scope kept alive at
+    // its end.
+    struct Kept {
+        std::string layer;
+        std::string phase;
+        uint64_t bytes = 0;
+    };
+    std::vector<Kept> kept;
+};
+
+RunMeasure measure_run(const Trace& trace);
+
+struct DiffThresholds {
+    uint64_t forward = 50 * 1024;
+    uint64_t backward = 256 * 1024;
+};
+
+struct RankDiff {
+    RunMeasure base;
+    RunMeasure cand;
+    std::optional<double> forward_excess;   // cand mean − base mean
+    std::optional<double> backward_excess;  // cand delta − base delta
+    bool forward_exceeded = false;
+    bool backward_exceeded = false;
+    struct Row {
+        std::string layer;
+        std::string phase;
+        uint64_t base = 0;
+        uint64_t cand = 0;
+        int64_t excess = 0;
+    };
+    std::vector<Row> kept;  // by excess, largest first; only rows that differ
+};
+
+RankDiff diff_runs(RunMeasure base, RunMeasure cand, const DiffThresholds& thresholds);
+
+std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds);
+std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds);
+
+}  // namespace allocscope

@@ -1,0 +1,172 @@
+// Exports of recorded traces for other tools (`allocscope export`):
+//
+//   * Perfetto / Chrome trace-event JSON: per rank a process ("rank R") with
+//     counter tracks of live bytes per pool and per layer group (of the
+//     owner pool, see core/analysis.h), the tag scopes of every thread as
+//     nested slices, step markers, and the findings as instant events;
+//   * collapsed stacks (flamegraph.pl, speedscope): the owner pool's live
+//     allocations at its peak, "layer;phase;outermost;...;innermost BYTES";
+//   * a PyTorch memory snapshot pickle (torch.cuda.memory._snapshot()'s
+//     dictionary) for torch.cuda._memory_viz and pytorch.org/memory_viz.
+//
+// Every export replays the events through Replay (core/replay.h), so live
+// and peak bytes are the ones the reports show.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "findings.h"
+#include "live_table.h"
+#include "replay.h"
+#include "trace_reader.h"
+
+namespace allocscope {
+
+class Symbolizer;
+
+// `progress(done, total)` as an export goes through a trace's events.
+using ExportProgress = std::function<void(size_t, size_t)>;
+
+// Where an export goes: a file, written in chunks as the buffer fills, or
+// memory (file nullptr; str() is the whole output). Write errors throw
+// std::runtime_error naming `name` and the reason.
+class ExportWriter {
+  public:
+    explicit ExportWriter(std::FILE* file = nullptr, std::string name = "output");
+    ExportWriter(const ExportWriter&) = delete;
+    ExportWriter& operator=(const ExportWriter&) = delete;
+
+    void put(std::string_view text) {
+        buffer_.append(text);
+        if (file_ && buffer_.size() >= kChunk) drain();
+    }
+    void put(char c) {
+        buffer_ += c;
+        if (file_ && buffer_.size() >= kChunk) drain();
+    }
+    // Writes what is buffered to the file (and fflush()es it).
+    void flush();
+    uint64_t bytes() const noexcept { return written_ + buffer_.size(); }
+    const std::string& str() const noexcept { return buffer_; }
+
+  private:
+    static constexpr size_t kChunk = size_t{1} << 20;
+    void drain();
+
+    std::FILE* file_;
+    std::string name_;
+    std::string buffer_;
+    uint64_t written_ = 0;
+};
+
+// One frame of an exported stack.
+struct ExportFrame {
+    std::string name;  // the function; the raw text ("module+0x1a2b", "0x7f...") when unknown
+    std::string file;  // the source file; the module path when unknown; "" when neither
+    uint32_t line = 0;
+    std::string text;  // SymbolizedFrame::text(): "function (file:line)", ...
+};
+
+// Frames by stack id (index = the trace's stack id), innermost first; empty
+// for stack 0 and for stacks that were not asked for.
+using StackFrames = std::vector<std::vector<ExportFrame>>;
+
+// Symbolizes the stacks `ids` of `trace` (each address once; `progress` as
+// it goes).
+StackFrames symbolize_stacks(const Trace& trace, Symbolizer& symbolizer,
+                             std::span<const uint32_t> ids, const ExportProgress& progress = {});
+// The same without module files: every frame is its raw address text.
+StackFrames raw_stacks(const Trace& trace, std::span<const uint32_t> ids);
+
+// --- Perfetto / Chrome trace-event JSON ----------------------------------------
+
+// {"displayTimeUnit": "ms", "traceEvents": [...]}: ts in microseconds since
+// `base_wall_ns` (the earliest start of the traces exported together, so
+// ranks line up), pid = rank (the process id for a trace without a rank),
+// tid = the recording thread. Per trace:
+//   * "M" process_name "rank R" (and process_sort_index), thread_name;
+//   * "C" counters "pool: <segment|block|host-pinned>" and "layer: <group>"
+//     (layer_group() of the owner pool's allocations), args {"bytes": N}: a
+//     sample at the trace start (0) and one at every change;
+//   * "B"/"E" slices of tag scopes (push/pop) per thread, named
+//     "layer (phase)", args {layer, phase, step}; scopes still open when the
+//     trace ends are closed there, innermost first;
+//   * "i" instants (thread scope): "step N" at step changes (cat "step"), and
+//     one per finding (cat "finding", "<severity>: <plugin>", args with the
+//     finding) at its first evidence's allocation, else at the trace end.
+class PerfettoExport {
+  public:
+    PerfettoExport(ExportWriter& out, uint64_t base_wall_ns);
+    // `findings`: this trace's (the caller picks them by rank).
+    void add(const Trace& trace, std::span<const Finding* const> findings,
+             const ExportProgress& progress = {});
+    // Closes the document; nothing may be added after.
+    void finish();
+
+  private:
+    ExportWriter& out_;
+    uint64_t base_wall_ns_;
+    bool first_ = true;
+    bool finished_ = false;
+};
+
+// --- Collapsed stacks ------------------------------------------------------------
+
+// The owner pool's live allocations at the moment of its peak (the first
+// event that reached it): Replay's peak, so the sizes add up to peak_bytes.
+struct PeakSnapshot {
+    Pool owner = Pool::device_segment;
+    uint64_t peak_bytes = 0;
+    uint64_t peak_seq = 0;
+    std::vector<LiveRecord> live;  // by address
+};
+PeakSnapshot live_at_peak(const Trace& trace);
+
+// The stack ids of `snapshot`'s allocations (sorted, without 0).
+std::vector<uint32_t> stack_ids(std::span<const LiveRecord> records);
+
+// Folded stacks, one line per (layer, phase, stack): "layer;phase;frame;...
+// ;frame BYTES", frames outermost first. An empty layer is "(untagged)", an
+// empty phase "(no phase)"; a missing stack leaves only layer;phase. ';' in
+// a name becomes ',' and control characters become ' '. Traces added
+// together are summed line by line (each at its own peak).
+class CollapsedExport {
+  public:
+    void add(const Trace& trace, const PeakSnapshot& snapshot, const StackFrames& frames);
+    void write(ExportWriter& out) const;  // sorted by line
+    const std::map<std::string, uint64_t>& lines() const noexcept { return lines_; }
+
+  private:
+    std::map<std::string, uint64_t> lines_;
+};
+
+// --- PyTorch memory snapshot -------------------------------------------------------
+
+// Stack ids of the device-memory events a memory-viz export shows.
+std::vector<uint32_t> memory_viz_stacks(const Trace& trace);
+
+// A pickle (protocol 4) of torch.cuda.memory._snapshot()'s dictionary:
+//   {"segments": [Segment], "device_traces": [[TraceEntry] per device]}
+// Segments are the device segments live at the end of the trace, each with
+// its blocks tiling it ("active_allocated" for live caching-allocator
+// blocks inside it, "inactive" for the gaps); without block events each
+// segment is one block. device_traces lists, in event order: block
+// alloc -> "alloc", block free -> "free_requested" + "free_completed",
+// segment alloc/free -> "segment_alloc"/"segment_free", failed allocations
+// -> "oom" (device_free 0: not recorded). A block outside every live
+// segment gets a segment of its own (segment_alloc before its alloc,
+// segment_free after its free). Without block events every segment is also
+// the block in it (segment_alloc + alloc, free_requested + free_completed +
+// segment_free). Pinned host memory and frees that freed nothing are left
+// out. Tagged entries carry "user_metadata" = "layer L, phase P, step S".
+void export_memory_viz(const Trace& trace, const StackFrames& frames, ExportWriter& out,
+                       const ExportProgress& progress = {});
+
+}  // namespace allocscope

@@ -1,0 +1,327 @@
+// Chrome / Perfetto trace-event JSON (export.h).
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <unordered_map>
+
+#include "analysis.h"
+#include "export.h"
+#include "export_live.h"
+
+namespace allocscope {
+
+namespace {
+
+using export_detail::LiveTracker;
+
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
+void put_uint(std::string& s, uint64_t v) {
+    char buf[24];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    s.append(buf, end);
+}
+
+void put_int(std::string& s, int64_t v) {
+    char buf[24];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    s.append(buf, end);
+}
+
+// Microseconds with nanosecond digits: "1234.567", "1234" when whole.
+void put_us(std::string& s, uint64_t ns) {
+    put_uint(s, ns / 1000);
+    const unsigned frac = unsigned(ns % 1000);
+    if (frac == 0) return;
+    char buf[4] = {'.', char('0' + frac / 100), char('0' + frac / 10 % 10), char('0' + frac % 10)};
+    s.append(buf, 4);
+}
+
+std::string slice_name(const std::string& layer, const std::string& phase) {
+    if (layer.empty()) return phase.empty() ? "(untagged)" : phase;
+    return phase.empty() ? layer : layer + " (" + phase + ")";
+}
+
+// One trace's events, written as they go.
+class TraceWriter {
+  public:
+    TraceWriter(ExportWriter& out, bool& first, const Trace& t, uint64_t offset_ns)
+        : out_(out), first_(first), t_(t), offset_ns_(offset_ns) {
+        pid_ = t.header.rank >= 0 ? int64_t(t.header.rank) : int64_t(t.header.pid);
+    }
+
+    void run(std::span<const Finding* const> findings, const ExportProgress& progress) {
+        const Pool owner = export_detail::owner_pool(t_);
+        group_of_layer_.assign(t_.strings.size(), kNone);
+
+        // Which pools and groups have allocations, and the main thread (the
+        // one with the most tag pushes), for names and initial samples.
+        std::array<bool, kPoolCount> used{};
+        std::unordered_map<uint32_t, uint64_t> pushes;
+        for (const Event& e : t_.events) {
+            if (e.kind == EventKind::alloc) {
+                const Pool p = pool_of(e.level, e.memory);
+                used[int(p)] = true;
+                if (p == owner) group(e.layer);
+            } else if (e.kind == EventKind::tag_push) {
+                ++pushes[e.tid];
+            }
+        }
+        uint64_t most = 0;
+        for (const auto& [tid, n] : pushes) {
+            if (n > most || (n == most && tid < main_tid_)) main_tid_ = tid, most = n;
+        }
+        if (pushes.empty() && !t_.events.empty()) main_tid_ = t_.events.front().tid;
+
+        process_metadata();
+        for (int p = 0; p < kPoolCount; ++p) {
+            if (used[p]) counter(pool_counter_name(Pool(p)), 0, 0);
+        }
+        group_live_.assign(groups_.size(), 0);
+        for (uint32_t g = 0; g < groups_.size(); ++g)
+            counter(group_counter_name(g), 0, 0);
+
+        LiveTracker tracker;
+        FlatMap<uint32_t, uint32_t> depth;  // open scopes per thread
+        uint64_t last_step = std::numeric_limits<uint64_t>::max();
+        const size_t n = t_.events.size();
+        for (size_t i = 0; i < n; ++i) {
+            export_detail::report_progress(progress, i, n);
+            const Event& e = t_.events[i];
+            switch (e.kind) {
+                case EventKind::tag_push: {
+                    ++depth[e.tid];
+                    thread(e.tid);
+                    begin_event("B", e.tid, e.t_ns);
+                    line_ += ",\"cat\":\"tag\",\"name\":";
+                    line_ += json_quote(slice_name(str(e.layer), str(e.phase)));
+                    line_ += ",\"args\":{\"layer\":";
+                    line_ += json_quote(str(e.layer));
+                    line_ += ",\"phase\":";
+                    line_ += json_quote(str(e.phase));
+                    line_ += ",\"step\":";
+                    put_uint(line_, e.step);
+                    line_ += "}}";
+                    emit();
+                    break;
+                }
+                case EventKind::tag_pop: {
+                    uint32_t* d = depth.find(e.tid);
+                    if (!d || *d == 0) break;  // a pop without a push is ignored
+                    --*d;
+                    begin_event("E", e.tid, e.t_ns);
+                    line_ += '}';
+                    emit();
+                    break;
+                }
+                case EventKind::step:
+                    if (e.step != last_step) {
+                        last_step = e.step;
+                        thread(e.tid);
+                        begin_event("i", e.tid, e.t_ns);
+                        line_ += ",\"s\":\"t\",\"cat\":\"step\",\"name\":\"step ";
+                        put_uint(line_, e.step);
+                        line_ += "\",\"args\":{\"step\":";
+                        put_uint(line_, e.step);
+                        line_ += "}}";
+                        emit();
+                    }
+                    break;
+                default:
+                    break;
+            }
+            const LiveTracker::Change c = tracker.apply(e);
+            if (c.kind == LiveTracker::Change::Kind::none) continue;
+            counter(pool_counter_name(c.pool), e.t_ns, tracker.replay().totals(c.pool).live_bytes);
+            if (c.pool != owner) continue;
+            if (c.kind == LiveTracker::Change::Kind::alloc) {
+                const uint32_t g = group(c.record.layer);
+                if (c.replaced) {
+                    const uint32_t og = group(c.old.layer);
+                    group_live_[og] -= c.old.size;
+                    if (og != g) counter(group_counter_name(og), e.t_ns, group_live_[og]);
+                }
+                group_live_[g] += c.record.size;
+                counter(group_counter_name(g), e.t_ns, group_live_[g]);
+            } else {
+                const uint32_t g = group(c.record.layer);
+                group_live_[g] -= c.record.size;
+                counter(group_counter_name(g), e.t_ns, group_live_[g]);
+            }
+        }
+        export_detail::report_progress(progress, n, n);
+
+        // Scopes still open at the end close there, innermost first.
+        const uint64_t end_ns = n ? t_.events.back().t_ns : 0;
+        std::vector<std::pair<uint32_t, uint32_t>> open;
+        depth.for_each([&](uint32_t tid, uint32_t d) {
+            if (d) open.emplace_back(tid, d);
+        });
+        std::sort(open.begin(), open.end());
+        for (const auto& [tid, d] : open) {
+            for (uint32_t k = 0; k < d; ++k) {
+                begin_event("E", tid, end_ns);
+                line_ += '}';
+                emit();
+            }
+        }
+
+        for (const Finding* f : findings)
+            finding(*f, end_ns);
+    }
+
+  private:
+    const std::string& str(uint32_t id) const {
+        static const std::string empty;
+        return id < t_.strings.size() ? t_.strings[id] : empty;
+    }
+
+    uint32_t group(uint32_t layer) {
+        uint32_t* slot = layer < group_of_layer_.size() ? &group_of_layer_[layer] : nullptr;
+        if (slot && *slot != kNone) return *slot;
+        const std::string name = layer_group(str(layer));
+        auto [it, added] = group_ids_.try_emplace(name, uint32_t(groups_.size()));
+        if (added) {
+            groups_.push_back(name);
+            group_names_.push_back(json_quote("layer: " + name));
+            group_live_.push_back(0);
+        }
+        if (slot) *slot = it->second;
+        return it->second;
+    }
+
+    const std::string& group_counter_name(uint32_t g) const { return group_names_[g]; }
+
+    const std::string& pool_counter_name(Pool p) {
+        std::string& name = pool_names_[int(p)];
+        if (name.empty()) name = json_quote(std::string("pool: ") + to_string(p));
+        return name;
+    }
+
+    void begin_event(const char* ph, uint32_t tid, uint64_t t_ns) {
+        line_.clear();
+        line_ += "{\"ph\":\"";
+        line_ += ph;
+        line_ += "\",\"pid\":";
+        put_int(line_, pid_);
+        line_ += ",\"tid\":";
+        put_uint(line_, tid);
+        line_ += ",\"ts\":";
+        put_us(line_, offset_ns_ + t_ns);
+    }
+
+    void emit() {
+        out_.put(first_ ? "\n" : ",\n");
+        first_ = false;
+        out_.put(line_);
+    }
+
+    void counter(const std::string& quoted_name, uint64_t t_ns, uint64_t bytes) {
+        line_.clear();
+        line_ += "{\"ph\":\"C\",\"pid\":";
+        put_int(line_, pid_);
+        line_ += ",\"ts\":";
+        put_us(line_, offset_ns_ + t_ns);
+        line_ += ",\"name\":";
+        line_ += quoted_name;
+        line_ += ",\"args\":{\"bytes\":";
+        put_uint(line_, bytes);
+        line_ += "}}";
+        emit();
+    }
+
+    void process_metadata() {
+        const std::string name = t_.header.rank >= 0 ? "rank " + std::to_string(t_.header.rank)
+                                                     : "pid " + std::to_string(t_.header.pid);
+        line_ = "{\"ph\":\"M\",\"pid\":";
+        put_int(line_, pid_);
+        line_ += ",\"name\":\"process_name\",\"args\":{\"name\":" + json_quote(name) + "}}";
+        emit();
+        line_ = "{\"ph\":\"M\",\"pid\":";
+        put_int(line_, pid_);
+        line_ += ",\"name\":\"process_sort_index\",\"args\":{\"sort_index\":";
+        put_int(line_, pid_);
+        line_ += "}}";
+        emit();
+    }
+
+    void thread(uint32_t tid) {
+        if (threads_named_.contains(tid)) return;
+        threads_named_[tid] = true;
+        line_ = "{\"ph\":\"M\",\"pid\":";
+        put_int(line_, pid_);
+        line_ += ",\"tid\":";
+        put_uint(line_, tid);
+        line_ += ",\"name\":\"thread_name\",\"args\":{\"name\":\"thread ";
+        put_uint(line_, tid);
+        if (tid == main_tid_) line_ += " (main)";
+        line_ += "\"}}";
+        emit();
+    }
+
+    void finding(const Finding& f, uint64_t end_ns) {
+        uint64_t t_ns = end_ns;
+        uint32_t tid = main_tid_;
+        const uint64_t seq = f.evidence.empty() ? 0 : f.evidence.front().alloc_seq;
+        if (seq) {
+            auto it = std::lower_bound(t_.events.begin(), t_.events.end(), seq,
+                                       [](const Event& e, uint64_t s) { return e.seq < s; });
+            if (it != t_.events.end() && it->seq == seq) t_ns = it->t_ns, tid = it->tid;
+        }
+        thread(tid);
+        begin_event("i", tid, t_ns);
+        line_ += ",\"s\":\"t\",\"cat\":\"finding\",\"name\":";
+        line_ += json_quote(std::string(to_string(f.severity)) + ": " + f.plugin);
+        line_ += ",\"args\":{\"plugin\":" + json_quote(f.plugin);
+        line_ += ",\"severity\":" + json_quote(to_string(f.severity));
+        line_ += ",\"layer\":" + json_quote(f.layer);
+        line_ += ",\"phase\":" + json_quote(f.phase);
+        line_ += ",\"bytes\":";
+        put_uint(line_, f.bytes);
+        line_ += ",\"count\":";
+        put_uint(line_, f.count);
+        line_ += ",\"summary\":" + json_quote(f.summary);
+        line_ += ",\"alloc_seq\":";
+        put_uint(line_, seq);
+        line_ += "}}";
+        emit();
+    }
+
+    ExportWriter& out_;
+    bool& first_;
+    const Trace& t_;
+    uint64_t offset_ns_;
+    int64_t pid_ = 0;
+    uint32_t main_tid_ = 0;
+    std::string line_;
+    std::vector<uint32_t> group_of_layer_;
+    std::unordered_map<std::string, uint32_t> group_ids_;
+    std::vector<std::string> groups_;
+    std::vector<std::string> group_names_;  // quoted counter names
+    std::vector<uint64_t> group_live_;
+    std::array<std::string, kPoolCount> pool_names_;
+    FlatMap<uint32_t, bool> threads_named_;
+};
+
+}  // namespace
+
+PerfettoExport::PerfettoExport(ExportWriter& out, uint64_t base_wall_ns)
+    : out_(out), base_wall_ns_(base_wall_ns) {
+    out_.put("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+}
+
+void PerfettoExport::add(const Trace& trace, std::span<const Finding* const> findings,
+                         const ExportProgress& progress) {
+    if (finished_) throw std::logic_error("PerfettoExport::add after finish");
+    const uint64_t start = trace.header.start_wall_ns;
+    const uint64_t offset = start > base_wall_ns_ ? start - base_wall_ns_ : 0;
+    TraceWriter(out_, first_, trace, offset).run(findings, progress);
+}
+
+void PerfettoExport::finish() {
+    if (finished_) return;
+    finished_ = true;
+    out_.put("\n]}\n");
+}
+
+}  // namespace allocscope

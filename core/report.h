@@ -1,0 +1,45 @@
+// Attribution reports: one or more ranks' analyses (core/analysis.h), the
+// findings of the run, and the symbolized stacks both refer to, rendered as
+// text, JSON (schema in docs/REPORT.md) or one self-contained HTML file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "findings.h"
+
+namespace allocscope {
+
+struct RankReport {
+    TraceAnalysis analysis;
+    // Symbolized frames (innermost first) of every stack the report shows:
+    // the sites' and the evidence of this rank's findings.
+    std::map<uint32_t, std::vector<std::string>> stacks;
+};
+
+struct Report {
+    std::vector<RankReport> ranks;   // in rank order
+    FindingsFile findings;           // empty when the run had none / none found
+    bool findings_found = false;     // a findings file was read
+    std::vector<std::string> notes;  // warnings to show (symbolization, findings)
+};
+
+// The (layer, phase) rows of all ranks added up: bytes summed, the
+// retained maximum over ranks.
+std::vector<TagStats> merged_tags(const Report& report);
+
+// The rank a finding belongs to, as an index into report.ranks (the only
+// rank when there is one); -1 when none matches.
+int rank_index(const Report& report, int32_t rank);
+
+std::string render_text(const Report& report);
+std::string render_json(const Report& report);
+std::string render_html(const Report& report);
+
+// Text escaped for HTML element content and attribute values.
+std::string html_escape(std::string_view text);
+
+}  // namespace allocscope

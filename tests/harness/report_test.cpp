@@ -1,0 +1,270 @@
+// Reports and diffs on the sim harness's traces: what `allocscope run`
+// writes (report.txt, report.html), what the analysis says about a run
+// (checked against the trace itself), the HTML's escaping, and `allocscope
+// diff` on the reference test's comparisons.
+// Environment (tests/meson.build): E2E_CLI, HARNESS.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "diff.h"
+#include "fp8/layout.h"
+#include "replay.h"
+#include "report.h"
+#include "trace_reader.h"
+#include "trace_writer.h"
+
+namespace fs = std::filesystem;
+using namespace allocscope;
+namespace fp8 = allocscope::harness::fp8;
+
+namespace {
+
+std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
+    return v;
+}
+
+struct TempDir {
+    fs::path dir;
+    TempDir() {
+        char tmpl[] = "/tmp/allocscope-report-XXXXXX";
+        dir = mkdtemp(tmpl);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+    fs::path operator/(const std::string& name) const { return dir / name; }
+};
+
+int sh(const std::string& command) {
+    const int raw = std::system((command + " >/dev/null 2>&1").c_str());
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+const char* const kShape = " --ranks 2 --layers 2 --steps 3 --warmup 1";
+
+void run_harness(const fs::path& dir, const std::string& args) {
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + dir.string() + " -- " + env("HARNESS") +
+               " --backend sim" + kShape + " " + args) == 0);
+}
+
+// The seed-era forward copy of one layer's four GEMM weights.
+uint64_t forward_copy_bytes(fp8::Recipe recipe, fp8::Arch arch) {
+    const std::vector<fp8::Shape> weights = {{768, 256}, {256, 256}, {1024, 256}, {256, 1024}};
+    uint64_t total = 0;
+    for (const fp8::Shape& s : weights) {
+        fp8::QuantSpec spec;
+        spec.recipe = recipe;
+        spec.role = fp8::TensorRole::weight;
+        spec.arch = arch;
+        total += fp8::allocated_bytes(fp8::layout(s, spec));
+    }
+    return total;
+}
+
+}  // namespace
+
+TEST_CASE("allocscope run writes report.txt and report.html covering every rank and finding") {
+    TempDir t;
+    run_harness(t.dir, "--recipe delayed --te seed");
+    const std::string text = slurp(t / "report.txt");
+    const std::string html = slurp(t / "report.html");
+    REQUIRE_FALSE(text.empty());
+    REQUIRE_FALSE(html.empty());
+    CHECK(contains(text, "2 trace(s)"));
+    CHECK(contains(text, "== rank 0:"));
+    CHECK(contains(text, "== rank 1:"));
+    CHECK(contains(text, "== all ranks =="));
+    CHECK(contains(text, "top allocation sites at the peak"));
+    CHECK(contains(text, "weight-copy-accumulation"));
+    // Stacks are symbolized: the harness's own frames carry function names
+    // and source lines.
+    CHECK(contains(text, "trainer.cpp:"));
+    CHECK(contains(html, "<svg"));
+    CHECK(contains(html, "class=layer"));
+    CHECK(contains(html, "class=finding"));
+    CHECK_FALSE(contains(html, "<script"));
+    CHECK_FALSE(contains(html, "http://"));
+    CHECK_FALSE(contains(html, "https://"));
+}
+
+TEST_CASE("the analysis agrees with the trace: peaks, live bytes at the peak and at exit") {
+    TempDir t;
+    run_harness(t.dir, "--recipe delayed --te seed");
+    const Trace trace = load_trace((t / "rank0.trace").string());
+    const TraceAnalysis a = analyze(trace);
+    Replay replay;
+    for (const Event& e : trace.events)
+        replay.apply(e);
+    REQUIRE(a.owner == Pool::device_block);
+    const PoolSummary* blocks = a.pool(Pool::device_block);
+    REQUIRE(blocks);
+    CHECK(blocks->peak_bytes == replay.totals(Pool::device_block).peak_bytes);
+    CHECK(blocks->live_bytes_at_exit == replay.totals(Pool::device_block).live_bytes);
+    uint64_t at_peak = 0, at_exit = 0, allocated = 0;
+    for (const TagStats& s : a.tags) {
+        at_peak += s.at_peak;
+        at_exit += s.at_exit;
+        allocated += s.allocated_bytes;
+    }
+    CHECK(at_peak == blocks->peak_bytes);
+    CHECK(at_exit == blocks->live_bytes_at_exit);
+    CHECK(allocated == blocks->allocated_bytes);
+    uint64_t site_bytes = 0;
+    for (const Site& s : a.sites_at_peak)
+        site_bytes += s.bytes;
+    CHECK(site_bytes <= blocks->peak_bytes);
+    // The timeline keeps the peak and its layers add up to the block total.
+    uint64_t timeline_max = 0;
+    for (const TimelinePoint& p : a.timeline.points) {
+        timeline_max = std::max(timeline_max, p.block_bytes);
+        uint64_t sum = 0;
+        for (uint64_t b : p.layer_bytes)
+            sum += b;
+        CHECK(sum == p.block_bytes);
+    }
+    CHECK(timeline_max == blocks->peak_bytes);
+    CHECK(a.timeline.layers.size() >= 2);
+    CHECK(a.steps == 3);  // --steps counts the warm-up step
+    bool forward = false, backward = false, optimizer = false;
+    for (const PhaseBand& b : a.timeline.bands) {
+        forward |= b.phase == "forward";
+        backward |= b.phase == "backward";
+        optimizer |= b.phase == "optimizer";
+        CHECK(b.t_end_ns >= b.t_start_ns);
+    }
+    CHECK(forward);
+    CHECK(backward);
+    CHECK(optimizer);
+}
+
+TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
+    TempDir t;
+    const std::string evil = "<script>document.title='owned'</script><img src=x onerror=alert(1)>";
+    {
+        TraceWriter w;
+        TraceHeader h;
+        h.tool_version = "test";
+        h.pid = 7;
+        h.rank = 0;
+        h.world_size = 1;
+        std::string error;
+        REQUIRE_MESSAGE(w.open((t / "rank0.trace").string(), h, error), error);
+        w.string(1, evil);
+        w.string(2, "forward\"><script>alert(2)</script>");
+        uint64_t seq = 0;
+        auto event = [&](EventKind kind) {
+            Event e;
+            e.seq = ++seq;
+            e.t_ns = seq * 1000;
+            e.kind = kind;
+            e.tid = 1;
+            e.layer = 1;
+            e.phase = 2;
+            return e;
+        };
+        w.event(event(EventKind::tag_push));
+        Event a = event(EventKind::alloc);
+        a.level = Level::segment;
+        a.memory = MemoryKind::device;
+        a.api = Api::cudaMalloc;
+        a.address = 0x1000;
+        a.size = 4096;
+        w.event(a);
+        w.event(event(EventKind::tag_pop));
+        w.close(FooterRecord{});
+    }
+    const fs::path out = t / "report.html";
+    REQUIRE(sh(env("E2E_CLI") + " report " + (t / "rank0.trace").string() + " --format html -o " +
+               out.string()) == 0);
+    const std::string html = slurp(out);
+    CHECK(contains(html, "&lt;script&gt;document.title=&#39;owned&#39;&lt;/script&gt;"));
+    CHECK_FALSE(contains(html, "<script"));
+    CHECK_FALSE(contains(html, "<img"));
+}
+
+TEST_CASE("report refuses unreadable input and an unwritable output with exit 2") {
+    TempDir t;
+    CHECK(sh(env("E2E_CLI") + " report " + (t / "missing").string()) == 2);
+    std::ofstream((t / "bad.trace").string()) << "not a trace";
+    CHECK(sh(env("E2E_CLI") + " report " + (t / "bad.trace").string()) == 2);
+    run_harness(t / "run", "--recipe bf16");
+    CHECK(sh(env("E2E_CLI") + " report " + (t / "run").string() + " --format html -o " +
+             (t / "no-such-dir" / "r.html").string()) == 2);
+    CHECK(sh(env("E2E_CLI") + " report " + (t / "run").string() + " --format pdf") == 2);
+}
+
+TEST_CASE(
+    "diff: bf16 against itself passes, a seed run exceeds the forward threshold by its copies") {
+    TempDir bf16, bf16_again, seed, fixed;
+    run_harness(bf16.dir, "--recipe bf16");
+    run_harness(bf16_again.dir, "--recipe bf16");
+    run_harness(seed.dir, "--recipe delayed --te seed --arch sm90");
+    run_harness(fixed.dir, "--recipe delayed --te fixed --arch sm90");
+    const std::string cli = env("E2E_CLI");
+    CHECK(sh(cli + " diff " + bf16.dir.string() + " " + bf16_again.dir.string()) == 0);
+    CHECK(sh(cli + " diff " + bf16.dir.string() + " " + fixed.dir.string()) == 0);
+    const fs::path json = seed.dir / "diff.json";
+    CHECK(sh(cli + " diff " + bf16.dir.string() + " " + seed.dir.string() + " --format json -o " +
+             json.string()) == 3);
+    const std::string text = slurp(json);
+    CHECK(contains(text, "\"forward_exceeded\": true"));
+    CHECK(contains(text, "\"exceeded\": true"));
+    // The excess per layer is the quantized copy (two layers: one
+    // increment per step, the same on both ranks).
+    const Trace b = load_trace((bf16.dir / "rank0.trace").string());
+    const Trace s = load_trace((seed.dir / "rank0.trace").string());
+    const RankDiff d = diff_runs(measure_run(b), measure_run(s), {});
+    REQUIRE(d.forward_excess);
+    const double q = double(forward_copy_bytes(fp8::Recipe::delayed, fp8::Arch::sm90));
+    CHECK(*d.forward_excess == doctest::Approx(q).epsilon(0.05));
+    CHECK(d.base.layers == std::vector<std::string>{"layers.1"});
+    // A threshold above the excess passes.
+    CHECK(sh(cli + " diff " + bf16.dir.string() + " " + seed.dir.string() +
+             " --forward-threshold 4MiB") == 0);
+}
+
+TEST_CASE("diff: transposes kept after backward exceed the backward threshold") {
+    TempDir bf16, qi;
+    run_harness(bf16.dir, "--recipe bf16");
+    run_harness(qi.dir, "--recipe delayed --te seed --arch sm90 --quantized-init");
+    const Trace b = load_trace((bf16.dir / "rank0.trace").string());
+    const Trace c = load_trace((qi.dir / "rank0.trace").string());
+    const RankDiff d = diff_runs(measure_run(b), measure_run(c), {});
+    REQUIRE(d.backward_excess);
+    CHECK(d.backward_exceeded);
+    // At least the two layers' retained transposes (786,432 B each).
+    CHECK(*d.backward_excess >= 2 * 786432.0);
+    CHECK(sh(env("E2E_CLI") + " diff " + bf16.dir.string() + " " + qi.dir.string()) == 3);
+}
+
+TEST_CASE("diff refuses bad input with exit 2") {
+    TempDir t;
+    const std::string cli = env("E2E_CLI");
+    CHECK(sh(cli + " diff " + (t / "a").string() + " " + (t / "b").string()) == 2);
+    CHECK(sh(cli + " diff " + t.dir.string()) == 2);
+    CHECK(sh(cli + " diff a b --forward-threshold lots") == 2);
+}

@@ -1,0 +1,266 @@
+// allocscope export: traces in other tools' formats (core/export.h):
+// Perfetto / Chrome trace JSON, collapsed stacks for flame graphs, PyTorch
+// memory snapshots.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "export.h"
+#include "progress.h"
+#include "symbolize.h"
+#include "trace_reader.h"
+
+namespace allocscope::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kExportHelp =
+    R"(usage: allocscope export PATH... --format perfetto|collapsed|memory-viz
+                         [-o FILE] [--rank R]
+
+Exports traces for other tools. PATH is an output directory (every *.trace
+in it, and its findings.json) or trace files (with findings.<name>.json
+next to each when there is one).
+
+formats:
+  perfetto     Chrome / Perfetto trace-event JSON (ui.perfetto.dev,
+               chrome://tracing): per rank a process with counter tracks of
+               live bytes per pool (segment, block, host-pinned) and per
+               layer, the layer/phase scopes of every thread as slices, step
+               markers, and the findings as instant events
+  collapsed    folded stacks of the memory live at the peak, rooted at the
+               layer and phase: "layer;phase;frame;...;frame BYTES" for
+               flamegraph.pl and speedscope (ranks are added up)
+  memory-viz   a PyTorch memory snapshot pickle of one process: segments and
+               blocks at the end of the trace and the allocation history, for
+               pytorch.org/memory_viz and python -m torch.cuda._memory_viz
+
+options:
+  --format F   perfetto, collapsed or memory-viz
+  -o FILE      write to FILE instead of standard output
+  --rank R     only the traces of rank R (memory-viz needs one process)
+
+examples:
+  allocscope export allocscope-out --format perfetto -o trace.json
+  allocscope export allocscope-out --format collapsed | flamegraph.pl > peak.svg
+  allocscope export allocscope-out --rank 0 --format memory-viz -o rank0.pickle
+)";
+
+// The output: standard output, or FILE written through a temporary file in
+// its directory and renamed when complete, so a failed export leaves no
+// half-written FILE behind.
+class Output {
+  public:
+    explicit Output(std::string path) : path_(std::move(path)) {
+        if (path_.empty()) {
+            file_ = stdout;
+            return;
+        }
+        std::error_code ec;
+        if (fs::is_directory(path_, ec))
+            throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(EISDIR));
+        tmp_ = path_ + ".tmp" + std::to_string(getpid());
+        file_ = std::fopen(tmp_.c_str(), "wb");
+        if (!file_) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    }
+    ~Output() {
+        if (!tmp_.empty() && file_) {
+            std::fclose(file_);
+            std::remove(tmp_.c_str());
+        }
+    }
+    Output(const Output&) = delete;
+    Output& operator=(const Output&) = delete;
+
+    std::FILE* file() const noexcept { return file_; }
+    const std::string& name() const noexcept { return path_.empty() ? stdout_name_ : path_; }
+
+    // After the writer's flush().
+    void commit() {
+        if (tmp_.empty()) return;
+        std::FILE* f = file_;
+        file_ = nullptr;
+        if (std::fclose(f) != 0) {
+            const int err = errno;
+            std::remove(tmp_.c_str());
+            throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(err));
+        }
+        if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+            const int err = errno;
+            std::remove(tmp_.c_str());
+            throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(err));
+        }
+        tmp_.clear();
+    }
+
+  private:
+    std::string path_, tmp_;
+    std::string stdout_name_ = "standard output";
+    std::FILE* file_ = nullptr;
+};
+
+struct Selected {
+    std::string path;
+    TraceHeader header;
+};
+
+std::string rank_name(const TraceHeader& h) {
+    return h.rank >= 0 ? "rank " + std::to_string(h.rank) : "pid " + std::to_string(h.pid);
+}
+
+}  // namespace
+
+int export_command(const std::vector<std::string>& args) {
+    std::vector<std::string> paths;
+    long rank = -1;
+    std::string format, output;
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        if (a == "--help" || a == "-h") {
+            std::fputs(kExportHelp, stdout);
+            return 0;
+        }
+        if (a == "--rank" || a == "--format" || a == "-o") {
+            if (i + 1 >= args.size()) return fail(a + " needs a value");
+            const std::string& v = args[++i];
+            if (a == "--format") {
+                if (v != "perfetto" && v != "collapsed" && v != "memory-viz")
+                    return fail("--format expects perfetto, collapsed or memory-viz, got '" + v +
+                                "'");
+                format = v;
+            } else if (a == "-o") {
+                if (v.empty()) return fail("-o needs a file name");
+                output = v;
+            } else {
+                char* end = nullptr;
+                errno = 0;
+                const long n = std::strtol(v.c_str(), &end, 10);
+                if (v.empty() || *end != '\0' || n < 0 || errno == ERANGE ||
+                    n > std::numeric_limits<int32_t>::max())
+                    return fail("--rank expects a non-negative integer, got '" + v + "'");
+                rank = n;
+            }
+        } else if (a.rfind("-", 0) == 0 && a != "-") {
+            return fail("unknown option '" + a + "' for export (see allocscope export --help)");
+        } else {
+            paths.push_back(a);
+        }
+    }
+    if (paths.empty()) return fail("export needs a trace file or directory (see --help)");
+    if (format.empty())
+        return fail("export needs --format perfetto, collapsed or memory-viz (see --help)");
+
+    const TraceInputs in = expand_trace_paths(paths);
+    std::vector<Selected> selected;
+    std::set<int32_t> ranks;
+    for (const std::string& path : in.traces) {
+        const TraceHeader header = TraceReader(path).header();  // TraceError names the file
+        ranks.insert(header.rank);
+        if (rank >= 0 && header.rank != rank) continue;
+        selected.push_back({path, header});
+    }
+    if (selected.empty()) {
+        std::string have;
+        for (int32_t r : ranks)
+            have += (have.empty() ? "" : ", ") + std::to_string(r);
+        return fail("no trace of rank " + std::to_string(rank) + " (ranks: " + have + ")");
+    }
+    if (format == "memory-viz" && selected.size() > 1) {
+        std::string have;
+        for (const Selected& s : selected)
+            have += (have.empty() ? "" : ", ") + rank_name(s.header);
+        return fail("memory-viz exports one process, these are " + std::to_string(selected.size()) +
+                    " (" + have + "): pick one with --rank R or name one trace file");
+    }
+    if (format == "memory-viz" && output.empty() && isatty(STDOUT_FILENO))
+        return fail("memory-viz writes a binary pickle: give -o FILE");
+    std::stable_sort(selected.begin(), selected.end(), [](const Selected& a, const Selected& b) {
+        return a.header.rank < b.header.rank;
+    });
+
+    std::vector<std::string> notes;
+    FindingsFile findings;
+    if (format == "perfetto" && !in.findings.empty()) {
+        try {
+            findings = merge_findings_files(in.findings);
+        } catch (const std::exception& e) {
+            notes.push_back(std::string("findings not exported: ") + e.what());
+        }
+    }
+
+    Output out(output);
+    ExportWriter writer(out.file(), out.name());
+    Progress progress;
+    uint64_t events = 0;
+    const auto warn = [&notes](const std::string& w) { notes.push_back(w); };
+    auto load = [&](const Selected& s, size_t i) {
+        progress.show("reading " + s.path, i, selected.size());
+        Trace t = load_trace(s.path);
+        if (t.truncated) notes.push_back(t.truncation_message + "; exported up to there");
+        events += t.events.size();
+        return t;
+    };
+    auto show = [&progress](const std::string& what) {
+        return [&progress, what](size_t done, size_t total) { progress.show(what, done, total); };
+    };
+
+    if (format == "perfetto") {
+        uint64_t base = std::numeric_limits<uint64_t>::max();
+        for (const Selected& s : selected)
+            base = std::min(base, s.header.start_wall_ns);
+        PerfettoExport perfetto(writer, base);
+        const bool only = in.traces.size() == 1;
+        for (size_t i = 0; i < selected.size(); ++i) {
+            const Trace t = load(selected[i], i);
+            std::vector<const Finding*> mine;
+            for (const Finding& f : findings.findings) {
+                if (only || f.rank == t.header.rank) mine.push_back(&f);
+            }
+            perfetto.add(t, mine, show("exporting " + rank_name(t.header)));
+        }
+        perfetto.finish();
+    } else if (format == "collapsed") {
+        CollapsedExport collapsed;
+        for (size_t i = 0; i < selected.size(); ++i) {
+            const Trace t = load(selected[i], i);
+            const PeakSnapshot peak = live_at_peak(t);
+            Symbolizer symbolizer(t.modules, warn);
+            const StackFrames frames =
+                symbolize_stacks(t, symbolizer, stack_ids(peak.live), show("symbolizing"));
+            collapsed.add(t, peak, frames);
+        }
+        collapsed.write(writer);
+    } else {
+        const Trace t = load(selected.front(), 0);
+        Symbolizer symbolizer(t.modules, warn);
+        const StackFrames frames =
+            symbolize_stacks(t, symbolizer, memory_viz_stacks(t), show("symbolizing"));
+        export_memory_viz(t, frames, writer, show("exporting " + rank_name(t.header)));
+    }
+    writer.flush();
+    out.commit();
+    progress.done();
+
+    for (const std::string& note : notes)
+        std::fprintf(stderr, "allocscope: note: %s\n", printable(note).c_str());
+    if (!output.empty()) {
+        std::fprintf(stderr, "allocscope: wrote %s (%s, %llu events of %zu trace%s)\n",
+                     output.c_str(), format.c_str(), static_cast<unsigned long long>(events),
+                     selected.size(), selected.size() == 1 ? "" : "s");
+    }
+    return 0;
+}
+
+}  // namespace allocscope::cli
