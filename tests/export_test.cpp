@@ -23,6 +23,7 @@
 #include "findings.h"
 #include "json.h"
 #include "replay.h"
+#include "support.h"
 #include "trace_reader.h"
 #include "trace_writer.h"
 
@@ -31,41 +32,7 @@ using namespace allocscope;
 
 namespace {
 
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
-    return v;
-}
-
-struct TempDir {
-    fs::path dir;
-    TempDir() {
-        char tmpl[] = "/tmp/allocscope-export-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-    fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-// Runs `command`; its exit status, standard output and error.
-int sh(const std::string& command, std::string* out = nullptr, std::string* err = nullptr) {
-    TempDir t;
-    const int raw =
-        std::system((command + " >" + (t / "o").string() + " 2>" + (t / "e").string()).c_str());
-    if (out) *out = slurp(t / "o");
-    if (err) *err = slurp(t / "e");
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-}
+using namespace allocscope::test;
 
 size_t lines_in(const std::string& text) {
     return size_t(std::count(text.begin(), text.end(), '\n'));

@@ -22,6 +22,7 @@
 
 #include "findings.h"
 #include "fp8/layout.h"
+#include "support.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
@@ -29,28 +30,7 @@ namespace fp8 = allocscope::harness::fp8;
 
 namespace {
 
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
-    return v;
-}
-
-struct TempDir {
-    fs::path dir;
-    TempDir() {
-        char tmpl[] = "/tmp/allocscope-matrix-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-};
-
-int sh(const std::string& command) {
-    const int raw = std::system((command + " >/dev/null 2>&1").c_str());
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-}
+using namespace allocscope::test;
 
 constexpr int kLayers = 2;
 const char* const kShape = " --ranks 2 --layers 2 --steps 3 --warmup 1";

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "support.h"
 #include "trace_reader.h"
 
 namespace fs = std::filesystem;
@@ -21,39 +22,7 @@ using namespace allocscope;
 
 namespace {
 
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
-    return v;
-}
-
-struct Scratch {
-    fs::path dir;
-    Scratch() {
-        char tmpl[] = "/tmp/allocscope-harness-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~Scratch() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-};
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-int sh(const std::string& command, std::string* out = nullptr, std::string* err = nullptr) {
-    Scratch s;
-    int raw = std::system(
-        (command + " >" + (s.dir / "o").string() + " 2>" + (s.dir / "e").string()).c_str());
-    if (out) *out = slurp(s.dir / "o");
-    if (err) *err = slurp(s.dir / "e");
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-}
+using namespace allocscope::test;
 
 // (size, layer, phase) of every block allocation, in order.
 using BlockSequence = std::vector<std::tuple<uint64_t, std::string, std::string>>;
@@ -69,7 +38,7 @@ BlockSequence blocks(const Trace& t) {
 }
 
 struct HarnessRun {
-    Scratch scratch;
+    TempDir scratch;
     int status = -1;
     std::string out;
     std::vector<Trace> traces;  // by rank

@@ -7,7 +7,6 @@
 // Environment (tests/meson.build): E2E_CLI, HARNESS.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,18 +17,14 @@
 #include <sstream>
 #include <string>
 
-#include "trace_writer.h"
+#include "support.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
 
 namespace {
 
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
-    return v;
-}
+using namespace allocscope::test;
 
 std::string find_browser() {
     if (const char* b = std::getenv("CHROMIUM"); b && *b) return b;
@@ -46,45 +41,6 @@ std::string find_browser() {
     return {};
 }
 
-struct TempDir {
-    fs::path dir;
-    TempDir() {
-        char tmpl[] = "/tmp/allocscope-browser-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-    fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-int status_of(const std::string& command) {
-    const int raw = std::system(command.c_str());
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-}
-
-// Runs `command` with its output discarded.
-int sh(const std::string& command) {
-    return status_of(command + " >/dev/null 2>&1");
-}
-
-// Runs `command` with its standard output into `out`.
-int sh_to(const std::string& command, const fs::path& out) {
-    return status_of(command + " 2>/dev/null >" + out.string());
-}
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
-
 std::string browser_command(const std::string& args) {
     // A throwaway profile; no sandbox (tests may run as root in CI).
     return find_browser() + " --headless --no-sandbox --disable-gpu --no-first-run " +
@@ -92,9 +48,10 @@ std::string browser_command(const std::string& args) {
 }
 
 // The serialized DOM after the page loaded.
-std::string dom_of(const fs::path& html, const fs::path& out) {
-    REQUIRE(sh_to(browser_command("--dump-dom file://" + html.string()), out) == 0);
-    return slurp(out);
+std::string dom_of(const fs::path& html) {
+    std::string dom;
+    REQUIRE(sh(browser_command("--dump-dom file://" + html.string()), &dom) == 0);
+    return dom;
 }
 
 // Pixel counts of a PNG: "total", "nonwhite", and one per named colour
@@ -142,10 +99,10 @@ for y in range(h):
                 counts[name] += 1
 print(' '.join('%s=%d' % kv for kv in counts.items()))
 )PY";
-    const fs::path out = work / "pixels.txt";
-    REQUIRE(sh_to("python3 " + script.string() + " " + png.string(), out) == 0);
+    std::string text;
+    REQUIRE(sh("python3 " + script.string() + " " + png.string(), &text) == 0);
     std::map<std::string, long> counts;
-    std::stringstream words(slurp(out));
+    std::stringstream words(text);
     std::string word;
     while (words >> word) {
         const size_t eq = word.find('=');
@@ -165,7 +122,7 @@ TEST_CASE("a run's HTML report renders its timeline and findings in a browser") 
     const fs::path html = t / "run" / "report.html";
     REQUIRE(fs::exists(html));
 
-    const std::string dom = dom_of(html, t / "dom.html");
+    const std::string dom = dom_of(html);
     CHECK(contains(dom, "<svg"));
     CHECK(contains(dom, "<polygon class=\"layer\""));
     CHECK(contains(dom, "<details class=\"finding\""));
@@ -188,43 +145,13 @@ TEST_CASE("a run's HTML report renders its timeline and findings in a browser") 
 TEST_CASE(
     "markup in a trace's strings stays text in the browser: no script runs, no element added") {
     TempDir t;
-    {
-        TraceWriter w;
-        TraceHeader h;
-        h.tool_version = "test";
-        h.pid = 7;
-        h.rank = 0;
-        h.world_size = 1;
-        std::string error;
-        REQUIRE_MESSAGE(w.open((t / "rank0.trace").string(), h, error), error);
-        w.string(1, "<script>document.title='owned'</script><img id=injected src=x>");
-        w.string(2, "forward\"><script>document.title='owned2'</script>");
-        uint64_t seq = 0;
-        auto event = [&](EventKind kind) {
-            Event e;
-            e.seq = ++seq;
-            e.t_ns = seq * 1000;
-            e.kind = kind;
-            e.tid = 1;
-            e.layer = 1;
-            e.phase = 2;
-            return e;
-        };
-        w.event(event(EventKind::tag_push));
-        Event a = event(EventKind::alloc);
-        a.level = Level::segment;
-        a.memory = MemoryKind::device;
-        a.api = Api::cudaMalloc;
-        a.address = 0x1000;
-        a.size = 1 << 20;
-        w.event(a);
-        w.event(event(EventKind::tag_pop));
-        w.close(FooterRecord{});
-    }
+    write_tagged_trace(t / "rank0.trace",
+                       "<script>document.title='owned'</script><img id=injected src=x>",
+                       "forward\"><script>document.title='owned2'</script>");
     const fs::path html = t / "report.html";
     REQUIRE(sh(env("E2E_CLI") + " report " + (t / "rank0.trace").string() + " --format html -o " +
                html.string()) == 0);
-    const std::string dom = dom_of(html, t / "dom.html");
+    const std::string dom = dom_of(html);
     CHECK(contains(dom, "<title>allocscope report</title>"));
     CHECK_FALSE(contains(dom, "owned</title>"));
     CHECK_FALSE(contains(dom, "<img"));

@@ -4,14 +4,9 @@
 // diff` on the reference test's comparisons.
 // Environment (tests/meson.build): E2E_CLI, HARNESS.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,8 +15,8 @@
 #include "fp8/layout.h"
 #include "replay.h"
 #include "report.h"
+#include "support.h"
 #include "trace_reader.h"
-#include "trace_writer.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
@@ -29,40 +24,7 @@ namespace fp8 = allocscope::harness::fp8;
 
 namespace {
 
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
-    return v;
-}
-
-struct TempDir {
-    fs::path dir;
-    TempDir() {
-        char tmpl[] = "/tmp/allocscope-report-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-    fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-int sh(const std::string& command) {
-    const int raw = std::system((command + " >/dev/null 2>&1").c_str());
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-}
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-bool contains(const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-}
+using namespace allocscope::test;
 
 const char* const kShape = " --ranks 2 --layers 2 --steps 3 --warmup 1";
 
@@ -164,39 +126,7 @@ TEST_CASE("the analysis agrees with the trace: peaks, live bytes at the peak and
 TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
     TempDir t;
     const std::string evil = "<script>document.title='owned'</script><img src=x onerror=alert(1)>";
-    {
-        TraceWriter w;
-        TraceHeader h;
-        h.tool_version = "test";
-        h.pid = 7;
-        h.rank = 0;
-        h.world_size = 1;
-        std::string error;
-        REQUIRE_MESSAGE(w.open((t / "rank0.trace").string(), h, error), error);
-        w.string(1, evil);
-        w.string(2, "forward\"><script>alert(2)</script>");
-        uint64_t seq = 0;
-        auto event = [&](EventKind kind) {
-            Event e;
-            e.seq = ++seq;
-            e.t_ns = seq * 1000;
-            e.kind = kind;
-            e.tid = 1;
-            e.layer = 1;
-            e.phase = 2;
-            return e;
-        };
-        w.event(event(EventKind::tag_push));
-        Event a = event(EventKind::alloc);
-        a.level = Level::segment;
-        a.memory = MemoryKind::device;
-        a.api = Api::cudaMalloc;
-        a.address = 0x1000;
-        a.size = 4096;
-        w.event(a);
-        w.event(event(EventKind::tag_pop));
-        w.close(FooterRecord{});
-    }
+    write_tagged_trace(t / "rank0.trace", evil, "forward\"><script>alert(2)</script>");
     const fs::path out = t / "report.html";
     REQUIRE(sh(env("E2E_CLI") + " report " + (t / "rank0.trace").string() + " --format html -o " +
                out.string()) == 0);

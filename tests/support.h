@@ -1,0 +1,106 @@
+// What the end-to-end suites share: their environment, scratch
+// directories, running commands, reading files, and a trace whose strings
+// carry markup (for the HTML report's escaping).
+#pragma once
+
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "trace_writer.h"
+
+namespace allocscope::test {
+
+namespace fs = std::filesystem;
+
+// The value of an environment variable tests/meson.build sets.
+inline std::string env(const char* name) {
+    const char* v = std::getenv(name);
+    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see tests/meson.build)");
+    return v;
+}
+
+// A fresh directory under /tmp, removed with everything in it.
+struct TempDir {
+    fs::path dir;
+    TempDir() {
+        char tmpl[] = "/tmp/allocscope-test-XXXXXX";
+        dir = mkdtemp(tmpl);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    fs::path operator/(const std::string& name) const { return dir / name; }
+};
+
+inline std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+// Runs `command` through the shell: its exit status (128 + signal when
+// killed); its standard output and error into `out` / `err` when given,
+// discarded otherwise.
+inline int sh(const std::string& command, std::string* out = nullptr, std::string* err = nullptr) {
+    TempDir t;
+    const int raw =
+        std::system((command + " >" + (t / "o").string() + " 2>" + (t / "e").string()).c_str());
+    if (out) *out = slurp(t / "o");
+    if (err) *err = slurp(t / "e");
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+// A one-rank trace with one 1 MiB allocation under the tag (layer, phase),
+// both strings taken as they are (markup, quotes, anything).
+inline void write_tagged_trace(const fs::path& path, const std::string& layer,
+                               const std::string& phase) {
+    TraceWriter w;
+    TraceHeader h;
+    h.tool_version = "test";
+    h.pid = 7;
+    h.rank = 0;
+    h.world_size = 1;
+    std::string error;
+    REQUIRE_MESSAGE(w.open(path.string(), h, error), error);
+    w.string(1, layer);
+    w.string(2, phase);
+    uint64_t seq = 0;
+    auto event = [&](EventKind kind) {
+        Event e;
+        e.seq = ++seq;
+        e.t_ns = seq * 1000;
+        e.kind = kind;
+        e.tid = 1;
+        e.layer = 1;
+        e.phase = 2;
+        return e;
+    };
+    w.event(event(EventKind::tag_push));
+    Event a = event(EventKind::alloc);
+    a.level = Level::segment;
+    a.memory = MemoryKind::device;
+    a.api = Api::cudaMalloc;
+    a.address = 0x1000;
+    a.size = 1 << 20;
+    w.event(a);
+    w.event(event(EventKind::tag_pop));
+    w.close(FooterRecord{});
+}
+
+}  // namespace allocscope::test
