@@ -55,6 +55,16 @@ class Tables {
         return g;
     }
 
+    // An owner-pool allocation's record (no scope yet).
+    Live live_of(const Event& e) {
+        Live l;
+        l.size = e.size;
+        l.tag = tag(e.layer, e.phase);
+        l.group = group(e.layer);
+        l.stack = e.stack;
+        return l;
+    }
+
     std::vector<TagStats> tags;
     std::vector<std::string> groups;
 
@@ -279,11 +289,7 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             }
         }
         if (live.is_owner_alloc(e)) {
-            Live l;
-            l.size = e.size;
-            l.tag = tables.tag(e.layer, e.phase);
-            l.group = tables.group(e.layer);
-            l.stack = e.stack;
+            Live l = tables.live_of(e);
             const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
             if (s && !s->empty()) l.scope = s->back();
             TagStats& ts = tables.tags[l.tag];
@@ -382,11 +388,7 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
         if (again.is_owner_alloc(e)) {
-            Live l;
-            l.size = e.size;
-            l.tag = tables.tag(e.layer, e.phase);
-            l.group = tables.group(e.layer);
-            l.stack = e.stack;
+            const Live l = tables.live_of(e);
             group_live[l.group] += e.size;
             const Live old = again.insert(e.address, l);
             if (old.tag != kNone) group_live[old.group] -= old.size;

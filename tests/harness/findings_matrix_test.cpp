@@ -23,6 +23,7 @@
 #include "findings.h"
 #include "fp8/layout.h"
 #include "support.h"
+#include "weight_sizes.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
@@ -59,20 +60,6 @@ std::map<std::string, std::vector<Finding>> problems(const FindingsFile& f) {
         if (x.severity != Severity::info) out[x.plugin].push_back(x);
     }
     return out;
-}
-
-// The buffers of the seed-era forward copy of one layer's four GEMM weights.
-uint64_t forward_copy_bytes(fp8::Recipe recipe, fp8::Arch arch) {
-    const std::vector<fp8::Shape> weights = {{768, 256}, {256, 256}, {1024, 256}, {256, 1024}};
-    uint64_t total = 0;
-    for (const fp8::Shape& s : weights) {
-        fp8::QuantSpec spec;
-        spec.recipe = recipe;
-        spec.role = fp8::TensorRole::weight;
-        spec.arch = arch;
-        total += fp8::allocated_bytes(fp8::layout(s, spec));
-    }
-    return total;
 }
 
 struct Config {

@@ -17,6 +17,7 @@
 #include "report.h"
 #include "support.h"
 #include "trace_reader.h"
+#include "weight_sizes.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
@@ -31,20 +32,6 @@ const char* const kShape = " --ranks 2 --layers 2 --steps 3 --warmup 1";
 void run_harness(const fs::path& dir, const std::string& args) {
     REQUIRE(sh(env("E2E_CLI") + " run --force --out " + dir.string() + " -- " + env("HARNESS") +
                " --backend sim" + kShape + " " + args) == 0);
-}
-
-// The seed-era forward copy of one layer's four GEMM weights.
-uint64_t forward_copy_bytes(fp8::Recipe recipe, fp8::Arch arch) {
-    const std::vector<fp8::Shape> weights = {{768, 256}, {256, 256}, {1024, 256}, {256, 1024}};
-    uint64_t total = 0;
-    for (const fp8::Shape& s : weights) {
-        fp8::QuantSpec spec;
-        spec.recipe = recipe;
-        spec.role = fp8::TensorRole::weight;
-        spec.arch = arch;
-        total += fp8::allocated_bytes(fp8::layout(s, spec));
-    }
-    return total;
 }
 
 }  // namespace
