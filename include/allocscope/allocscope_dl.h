@@ -40,27 +40,44 @@ typedef struct allocscope_dl_table {
     int (*check_end)(uint64_t, allocscope_check_visitor, void*, char*, size_t);
 } allocscope_dl_table;
 
+static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
+    *(void**)&t->push = dlsym(RTLD_DEFAULT, "allocscope_push");
+    *(void**)&t->pop = dlsym(RTLD_DEFAULT, "allocscope_pop");
+    *(void**)&t->step = dlsym(RTLD_DEFAULT, "allocscope_step");
+    *(void**)&t->register_param = dlsym(RTLD_DEFAULT, "allocscope_register_param");
+    *(void**)&t->mark = dlsym(RTLD_DEFAULT, "allocscope_mark");
+    *(void**)&t->block_alloc = dlsym(RTLD_DEFAULT, "allocscope_block_alloc");
+    *(void**)&t->block_free = dlsym(RTLD_DEFAULT, "allocscope_block_free");
+    *(void**)&t->check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
+    *(void**)&t->check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
+}
+
 /* The resolved table; members are NULL when the interposer is absent.
  * Resolution runs once per translation unit; a thread that arrives while
- * another resolves waits for it (a handful of dlsym calls). */
+ * another resolves waits for it (a handful of dlsym calls). A wait that
+ * does not end within about a millisecond means the resolving thread is
+ * gone (a child forked while another thread was resolving): the waiter
+ * then resolves a table of its own rather than hang. */
 static inline const allocscope_dl_table* allocscope_dl(void) {
     static allocscope_dl_table table;
     static int state; /* 0 unresolved, 1 resolving, 2 resolved */
+    static __thread allocscope_dl_table own;
+    static __thread int own_state;
     if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 2) return &table;
     int expected = 0;
     if (__atomic_compare_exchange_n(&state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        *(void**)&table.push = dlsym(RTLD_DEFAULT, "allocscope_push");
-        *(void**)&table.pop = dlsym(RTLD_DEFAULT, "allocscope_pop");
-        *(void**)&table.step = dlsym(RTLD_DEFAULT, "allocscope_step");
-        *(void**)&table.register_param = dlsym(RTLD_DEFAULT, "allocscope_register_param");
-        *(void**)&table.mark = dlsym(RTLD_DEFAULT, "allocscope_mark");
-        *(void**)&table.block_alloc = dlsym(RTLD_DEFAULT, "allocscope_block_alloc");
-        *(void**)&table.block_free = dlsym(RTLD_DEFAULT, "allocscope_block_free");
-        *(void**)&table.check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
-        *(void**)&table.check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
+        allocscope_dl_fill_(&table);
         __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
+        return &table;
     }
-    while (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 2) {
+    for (long spins = 0; __atomic_load_n(&state, __ATOMIC_ACQUIRE) != 2; ++spins) {
+        if (spins > 1000000) {
+            if (!own_state) {
+                allocscope_dl_fill_(&own);
+                own_state = 1;
+            }
+            return &own;
+        }
     }
     return &table;
 }
