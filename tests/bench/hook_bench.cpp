@@ -7,7 +7,14 @@
 //               (stack capture cost grows with the frames walked)
 //   --streams legacy|per-thread   all threads on the legacy default stream
 //               (default), or each on a stream of its own
-// Prints: "ns_per_pair <median over threads' runs>".
+// Prints: "ns_per_pair <median over threads' runs>" (the latency a thread
+// sees, waits for a core included when threads outnumber cores),
+// "cpu_ns_per_pair <process CPU time / all pairs>" (every thread's CPU,
+// allocscope's writer included: the cost that does not depend on how many
+// cores there are) and "wall_ns_per_pair <wall time / all pairs>" (inverse
+// throughput), the last two over the threads' whole run.
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +54,12 @@ __attribute__((noinline)) double nest(int depth, cudaStream_t stream) {
     return r;
 }
 
+double process_cpu_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) * 1e9 + double(ts.tv_nsec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +93,8 @@ int main(int argc, char** argv) {
     }
     std::vector<double> per_thread(static_cast<size_t>(g_threads));
     std::vector<std::thread> threads;
+    const double cpu0 = process_cpu_ns();
+    const auto wall0 = std::chrono::steady_clock::now();
     for (int t = 0; t < g_threads; ++t) {
         threads.emplace_back([t, &per_thread] {
             cudaStream_t stream = nullptr;
@@ -90,7 +105,13 @@ int main(int argc, char** argv) {
     }
     for (auto& th : threads)
         th.join();
+    const double wall =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - wall0).count();
+    const double cpu = process_cpu_ns() - cpu0;
+    const double all_pairs = double(g_pairs) * g_threads;
     std::sort(per_thread.begin(), per_thread.end());
     std::printf("ns_per_pair %.1f\n", per_thread[per_thread.size() / 2]);
+    std::printf("cpu_ns_per_pair %.1f\n", cpu / all_pairs);
+    std::printf("wall_ns_per_pair %.1f\n", wall / all_pairs);
     return 0;
 }

@@ -13,6 +13,9 @@
 //   deep-tags    a pop without push, then 70 nested tags around one allocation
 //   fork-busy    fork 50 times while 4 threads allocate and tag without pause;
 //                each child uses the C API and exits (it must not hang)
+//   stress T P   T threads, P cudaMalloc/cudaFree pairs each, every fourth
+//                allocation freed by the next thread; kStressKeep per thread
+//                stay alive until exit. Prints the exact call counts.
 //
 // It checks every return code it gets against what the runtime must return
 // and exits 1 on a mismatch, so a changed result is caught with or without
@@ -29,6 +32,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -227,11 +232,131 @@ int run_fork() {
     return ok ? 0 : 1;
 }
 
+// stress: the conservation load. Thread t hands every fourth allocation to
+// thread (t + 1) % T through a mutex-protected queue; the receiver frees it.
+// The first kStressKeep allocations of each thread are never freed.
+constexpr long kStressKeep = 2;
+constexpr size_t kStressKeepBytes = size_t{1} << 20;
+constexpr size_t kStressBacklog = 4096;  // a producer waits above this
+
+struct Handoff {
+    std::mutex mutex;
+    std::vector<void*> items;
+    std::atomic<size_t> size{0};
+};
+
+std::atomic<int> g_stress_failures{0};
+
+void stress_rc(cudaError_t got, const char* what) {
+    if (got != cudaSuccess) {
+        std::fprintf(stderr, "preload_program: %s returned %d\n", what, int(got));
+        ++g_stress_failures;
+    }
+}
+
+struct StressCounts {
+    std::atomic<uint64_t> mallocs{0}, frees{0}, handed_off{0}, tags{0}, kept_bytes{0};
+};
+
+// Frees what other threads handed to `box`; returns how many.
+uint64_t drain(Handoff& box) {
+    if (box.size.load(std::memory_order_acquire) == 0) return 0;
+    std::vector<void*> items;
+    {
+        std::lock_guard lock(box.mutex);
+        items.swap(box.items);
+        box.size.store(0, std::memory_order_release);
+    }
+    for (void* p : items)
+        stress_rc(cudaFree(p), "cudaFree(handed off)");
+    return items.size();
+}
+
+void stress_thread(int t, int threads, long pairs, std::vector<Handoff>& boxes,
+                   std::atomic<int>& finished, StressCounts& counts) {
+    const std::string layer = "stress." + std::to_string(t);
+    Handoff& mine = boxes[size_t(t)];
+    Handoff& next = boxes[size_t((t + 1) % threads)];
+    uint64_t mallocs = 0, frees = 0, handed = 0, tags = 0, kept_bytes = 0;
+    for (long i = 0; i < pairs; ++i) {
+        // A training loop tags part of its work: 4 of every 16 pairs.
+        const bool tagged = i % 16 >= 12;
+        if (tagged) {
+            allocscope_dl_push(layer.c_str(), (i / 16) % 2 ? "backward" : "forward");
+            ++tags;
+        }
+        const bool keep = i < kStressKeep;
+        const size_t bytes = keep ? kStressKeepBytes : 256 + size_t((i * 7 + t) % 64) * 128;
+        void* p = nullptr;
+        stress_rc(cudaMalloc(&p, bytes), "cudaMalloc");
+        ++mallocs;
+        if (keep) {
+            kept_bytes += bytes;
+        } else if (i % 4 == 3) {
+            while (next.size.load(std::memory_order_relaxed) > kStressBacklog) {
+                frees += drain(mine);  // the receiver may be waiting on us
+                std::this_thread::yield();
+            }
+            std::lock_guard lock(next.mutex);
+            next.items.push_back(p);
+            next.size.store(next.items.size(), std::memory_order_release);
+            ++handed;
+        } else {
+            stress_rc(cudaFree(p), "cudaFree");
+            ++frees;
+        }
+        if (tagged) allocscope_dl_pop();
+        frees += drain(mine);
+    }
+    // Everything handed to this thread is in its box once all producers are
+    // done; it drains until then, then once more.
+    finished.fetch_add(1, std::memory_order_acq_rel);
+    while (finished.load(std::memory_order_acquire) < threads) {
+        frees += drain(mine);
+        std::this_thread::yield();
+    }
+    frees += drain(mine);
+    counts.mallocs += mallocs;
+    counts.frees += frees;
+    counts.handed_off += handed;
+    counts.tags += tags;
+    counts.kept_bytes += kept_bytes;
+}
+
+int run_stress(int threads, long pairs) {
+    if (threads < 1 || pairs < kStressKeep) {
+        std::fprintf(stderr, "preload_program: stress needs THREADS >= 1, PAIRS >= %ld\n",
+                     kStressKeep);
+        return 2;
+    }
+    std::vector<Handoff> boxes(static_cast<size_t>(threads));
+    std::atomic<int> finished{0};
+    StressCounts counts;
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+        workers.emplace_back(stress_thread, t, threads, pairs, std::ref(boxes), std::ref(finished),
+                             std::ref(counts));
+    }
+    for (auto& w : workers)
+        w.join();
+    const uint64_t kept = counts.mallocs - counts.frees;
+    std::printf(
+        "stress done: mallocs %llu frees %llu handed_off %llu kept %llu kept_bytes %llu "
+        "tags %llu failures %d\n",
+        (unsigned long long)counts.mallocs.load(), (unsigned long long)counts.frees.load(),
+        (unsigned long long)counts.handed_off.load(), (unsigned long long)kept,
+        (unsigned long long)counts.kept_bytes.load(), (unsigned long long)counts.tags.load(),
+        g_stress_failures.load());
+    const bool ok = g_stress_failures == 0 && kept == uint64_t(threads) * kStressKeep;
+    return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        std::fprintf(stderr, "usage: preload_program probe|script|fork|exec|exit N|churn N\n");
+        std::fprintf(stderr,
+                     "usage: preload_program probe|script|fork|exec|exit N|churn N|stress T P\n");
         return 2;
     }
     if (const char* path = std::getenv("E2E_LOG")) g_log = std::fopen(path, "a");
@@ -297,6 +422,7 @@ int main(int argc, char** argv) {
         std::printf("deep-tags done\n");
         return g_failures == 0 ? 0 : 1;
     }
+    if (mode == "stress" && argc > 3) return run_stress(std::atoi(argv[2]), std::atol(argv[3]));
     if (mode == "churn" && argc > 2) {
         long n = std::atol(argv[2]);
         for (long i = 0; i < n; ++i)
