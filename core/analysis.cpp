@@ -13,10 +13,6 @@ namespace {
 
 constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
 
-std::string_view base_phase(std::string_view phase) {
-    return phase.substr(0, phase.find('/'));
-}
-
 // An owner-pool allocation, live.
 struct Live {
     uint64_t size = 0;
@@ -173,6 +169,27 @@ std::string layer_group(const std::string& layer) {
     return layer;
 }
 
+TraceShape trace_shape(const Trace& t) {
+    bool any_block = false;
+    std::unordered_map<uint32_t, uint64_t> pushes;
+    for (const Event& e : t.events) {
+        any_block |= e.kind == EventKind::alloc && e.level == Level::block;
+        if (e.kind == EventKind::tag_push) ++pushes[e.tid];
+    }
+    TraceShape s;
+    s.owner = any_block ? Pool::device_block : Pool::device_segment;
+    uint64_t most = 0;
+    for (const auto& [tid, n] : pushes) {
+        if (n > most || (n == most && tid < s.main_tid)) s.main_tid = tid, most = n;
+    }
+    if (pushes.empty() && !t.events.empty()) s.main_tid = t.events.front().tid;
+    return s;
+}
+
+std::string_view base_phase(std::string_view phase) {
+    return phase.substr(0, phase.find('/'));
+}
+
 const PoolSummary* TraceAnalysis::pool(Pool p) const {
     for (const PoolSummary& s : pools) {
         if (s.pool == p) return &s;
@@ -190,13 +207,12 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     a.span_ns = t.events.empty() ? 0 : t.events.back().t_ns;
 
     // Pass 0: the owner pool, the training thread, counts.
-    bool any_block = false;
-    std::unordered_map<uint32_t, uint64_t> pushes;
+    const TraceShape shape = trace_shape(t);
+    a.owner = shape.owner;
+    const uint32_t main_tid = shape.main_tid;
     std::map<std::pair<EventKind, Level>, uint64_t> by_kind;
     std::map<Api, uint64_t> by_api;
     for (const Event& e : t.events) {
-        any_block |= e.kind == EventKind::alloc && e.level == Level::block;
-        if (e.kind == EventKind::tag_push) ++pushes[e.tid];
         ++by_kind[{e.kind, e.level}];
         if (e.kind == EventKind::alloc || e.kind == EventKind::oom) ++by_api[e.api];
     }
@@ -207,12 +223,6 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     }
     for (const auto& [api, count] : by_api)
         a.calls_by_api.push_back({std::string(to_string(api)), count});
-    a.owner = any_block ? Pool::device_block : Pool::device_segment;
-    uint32_t main_tid = 0;
-    uint64_t most = 0;
-    for (const auto& [tid, n] : pushes) {
-        if (n > most || (n == most && tid < main_tid)) main_tid = tid, most = n;
-    }
 
     // Pass 1: totals, tags, scopes, bands, steps, sample points.
     Tables tables(t);

@@ -131,6 +131,20 @@ struct TraceAnalysis {
 
 TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options = {});
 
+// Where a trace's tensors are (the owner pool: blocks when the trace has any
+// block allocation, else device segments) and which thread trains (the one
+// that pushed the most tags, the lowest id among equals; the first event's
+// thread when none did).
+struct TraceShape {
+    Pool owner = Pool::device_segment;
+    uint32_t main_tid = 0;
+};
+TraceShape trace_shape(const Trace& trace);
+
+// The well-known phase a (sub-)phase belongs to: "forward/quantize" ->
+// "forward".
+std::string_view base_phase(std::string_view phase);
+
 // The numbered layer of a module path: its shortest prefix whose last
 // component is a number ("model.layers.3.mlp" -> "model.layers.3"); the
 // whole path when no component is; "(untagged)" for "".

@@ -101,19 +101,9 @@ Config parse_config(const EnvLookup& env) {
         }
     }
     if (const char* v = env("ALLOCSCOPE_PLUGIN_OPTIONS"); v && *v) {
-        std::string_view s(v);
         PluginOptions options;
         std::string problem;
-        while (problem.empty()) {
-            size_t comma = s.find(',');
-            std::string key, value;
-            if (parse_plugin_option(s.substr(0, comma), key, value, problem)) {
-                options[key] = value;
-            }
-            if (comma == std::string_view::npos) break;
-            s.remove_prefix(comma + 1);
-        }
-        if (problem.empty()) {
+        if (parse_plugin_options(v, options, problem)) {
             c.plugin_options = std::move(options);
         } else {
             c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGIN_OPTIONS='") +
@@ -127,6 +117,19 @@ Config parse_config(const EnvLookup& env) {
     c.world_size =
         first_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, c.warnings);
     return c;
+}
+
+bool parse_plugin_options(std::string_view text, PluginOptions& options, std::string& problem) {
+    options.clear();
+    if (text.empty()) return true;
+    for (;;) {
+        const size_t comma = text.find(',');
+        std::string key, value;
+        if (!parse_plugin_option(text.substr(0, comma), key, value, problem)) return false;
+        options[key] = value;
+        if (comma == std::string_view::npos) return true;
+        text.remove_prefix(comma + 1);
+    }
 }
 
 bool parse_plugin_list(std::string_view text, std::vector<std::string>& entries, bool& off,

@@ -54,6 +54,11 @@ bool parse_plugin_list(std::string_view text, std::vector<std::string>& entries,
 bool parse_plugin_option(std::string_view entry, std::string& key, std::string& value,
                          std::string& error);
 
+// Parses a comma-separated list of "<plugin>.<key>=<value>"
+// (ALLOCSCOPE_PLUGIN_OPTIONS, a check's options); "" is no option. On
+// failure returns false with `problem` naming the bad entry.
+bool parse_plugin_options(std::string_view text, PluginOptions& options, std::string& problem);
+
 // "rank<R>.trace" when the rank is known, else "pid<PID>.trace".
 std::string trace_file_name(const Config& config, uint32_t pid);
 

@@ -14,10 +14,6 @@ namespace allocscope {
 
 namespace {
 
-std::string_view base_phase(std::string_view phase) {
-    return phase.substr(0, phase.find('/'));
-}
-
 struct StepData {
     std::vector<std::pair<std::string, uint64_t>> ends;  // layer, live after its forward
     std::optional<uint64_t> after_forward;
@@ -52,18 +48,9 @@ RunMeasure measure_run(const Trace& t) {
     m.path = t.path;
     m.rank = t.header.rank;
 
-    bool any_block = false;
-    std::unordered_map<uint32_t, uint64_t> pushes;
-    for (const Event& e : t.events) {
-        any_block |= e.kind == EventKind::alloc && e.level == Level::block;
-        if (e.kind == EventKind::tag_push) ++pushes[e.tid];
-    }
-    const Pool owner = any_block ? Pool::device_block : Pool::device_segment;
-    uint32_t main_tid = 0;
-    uint64_t most = 0;
-    for (const auto& [tid, n] : pushes) {
-        if (n > most || (n == most && tid < main_tid)) main_tid = tid, most = n;
-    }
+    const TraceShape shape = trace_shape(t);
+    const Pool owner = shape.owner;
+    const uint32_t main_tid = shape.main_tid;
 
     Replay replay;
     std::map<uint64_t, StepData> steps;

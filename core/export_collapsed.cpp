@@ -1,6 +1,7 @@
 // Collapsed stacks at the owner pool's peak (export.h).
 #include <algorithm>
 
+#include "analysis.h"
 #include "export.h"
 #include "export_live.h"
 
@@ -21,7 +22,7 @@ void append_name(std::string& line, std::string_view name) {
 
 PeakSnapshot live_at_peak(const Trace& t) {
     PeakSnapshot s;
-    s.owner = export_detail::owner_pool(t);
+    s.owner = trace_shape(t).owner;
     Replay first;
     for (const Event& e : t.events)
         first.apply(e);

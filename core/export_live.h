@@ -66,15 +66,6 @@ class LiveTracker {
     std::array<FlatMap<uint64_t, LiveRecord>, kPoolCount> live_;
 };
 
-// The owner pool (core/analysis.h): blocks when the trace has any block
-// allocation, else device segments.
-inline Pool owner_pool(const Trace& t) {
-    for (const Event& e : t.events) {
-        if (e.kind == EventKind::alloc && e.level == Level::block) return Pool::device_block;
-    }
-    return Pool::device_segment;
-}
-
 // Calls `progress` every 64 Ki events and at the end.
 template <class F>
 inline void report_progress(const F& progress, size_t i, size_t n) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "analysis.h"
 #include "export.h"
 #include "export_live.h"
 #include "json.h"
@@ -179,7 +180,7 @@ class MemoryViz {
   public:
     MemoryViz(const Trace& t, const StackFrames& frames, ExportWriter& out)
         : t_(t), frames_(frames), p_(out), frames_memo_(t.stacks.size() + 1, kUnset) {
-        blocks_ = export_detail::owner_pool(t) == Pool::device_block;
+        blocks_ = trace_shape(t).owner == Pool::device_block;
     }
 
     void run(const ExportProgress& progress) {

@@ -51,27 +51,20 @@ class TraceWriter {
     }
 
     void run(std::span<const Finding* const> findings, const ExportProgress& progress) {
-        const Pool owner = export_detail::owner_pool(t_);
+        const TraceShape shape = trace_shape(t_);
+        const Pool owner = shape.owner;
+        main_tid_ = shape.main_tid;
         group_of_layer_.assign(t_.strings.size(), kNone);
 
         // Which pools and groups have allocations, and the main thread (the
         // one with the most tag pushes), for names and initial samples.
         std::array<bool, kPoolCount> used{};
-        std::unordered_map<uint32_t, uint64_t> pushes;
         for (const Event& e : t_.events) {
-            if (e.kind == EventKind::alloc) {
-                const Pool p = pool_of(e.level, e.memory);
-                used[int(p)] = true;
-                if (p == owner) group(e.layer);
-            } else if (e.kind == EventKind::tag_push) {
-                ++pushes[e.tid];
-            }
+            if (e.kind != EventKind::alloc) continue;
+            const Pool p = pool_of(e.level, e.memory);
+            used[int(p)] = true;
+            if (p == owner) group(e.layer);
         }
-        uint64_t most = 0;
-        for (const auto& [tid, n] : pushes) {
-            if (n > most || (n == most && tid < main_tid_)) main_tid_ = tid, most = n;
-        }
-        if (pushes.empty() && !t_.events.empty()) main_tid_ = t_.events.front().tid;
 
         process_metadata();
         for (int p = 0; p < kPoolCount; ++p) {

@@ -66,18 +66,9 @@ uint64_t CheckSet::begin(const std::string& plugins, const std::string& options,
         error = "a check needs at least one plugin (the list is 'none')";
         return 0;
     }
-    std::string_view rest = options;
-    while (!rest.empty()) {
-        const size_t comma = rest.find(',');
-        const std::string_view entry = rest.substr(0, comma);
-        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-        if (entry.empty()) continue;
-        std::string key, value;
-        if (!parse_plugin_option(entry, key, value, error)) {
-            error = "bad plugin option: " + error;
-            return 0;
-        }
-        check->options[key] = value;
+    if (!parse_plugin_options(options, check->options, error)) {
+        error = "bad plugin option: " + error;
+        return 0;
     }
     check->settings = settings;
 
@@ -89,8 +80,8 @@ uint64_t CheckSet::begin(const std::string& plugins, const std::string& options,
     check->id = next_id_++;
     checks_.push_back(check);
     active_.fetch_add(1, std::memory_order_acq_rel);
-    const bool answered = changed_.wait_for(
-        lock, kPatience, [&] { return check->state != Check::State::requested; });
+    const bool answered =
+        changed_.wait_for(lock, kPatience, [&] { return check->state != Check::State::requested; });
     if (!answered) {
         error = "the recorder did not load the plugins within 60 s";
         check->state = Check::State::done;  // the writer skips it
