@@ -83,14 +83,10 @@ class OwnerLive {
   public:
     OwnerLive(Pool owner) : owner_(owner) {}
     bool is_owner_alloc(const Event& e) const {
-        return e.kind == EventKind::alloc && pool_of(e.level, e.memory) == owner_;
+        return e.kind == EventKind::alloc && pool_of(e) == owner_;
     }
     bool is_owner_free(const Event& e) const {
-        if (e.kind != EventKind::free || e.result != 0) return false;
-        return owner_ == Pool::device_block
-                   ? e.level == Level::block
-                   : e.level != Level::block && e.memory != MemoryKind::host_pinned &&
-                         e.api != Api::cudaFreeHost;
+        return e.kind == EventKind::free && e.result == 0 && pool_of(e) == owner_;
     }
     // The record replaced (size 0 when none).
     Live insert(uint64_t address, const Live& live) {

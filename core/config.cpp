@@ -21,6 +21,17 @@ bool valid_plugin_entry(std::string_view entry) {
     return true;
 }
 
+// A value echoed in a warning: control characters become '?' so a value
+// cannot break the one-line message or drive a terminal; long ones are cut.
+std::string shown(std::string_view v) {
+    std::string out(v.substr(0, 200));
+    for (char& ch : out) {
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    }
+    if (v.size() > 200) out += "...";
+    return out;
+}
+
 bool plugin_name_char(char c) noexcept {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
 }
@@ -36,7 +47,7 @@ int32_t first_int(const EnvLookup& env, std::initializer_list<const char*> names
         if (parse_int(v, value) && value >= min_value && value <= INT32_MAX) {
             return static_cast<int32_t>(value);
         }
-        warnings.push_back(std::string("allocscope: ignoring ") + name + "='" + v +
+        warnings.push_back(std::string("allocscope: ignoring ") + name + "='" + shown(v) +
                            "': expected an integer >= " + std::to_string(min_value));
     }
     return -1;
@@ -44,17 +55,26 @@ int32_t first_int(const EnvLookup& env, std::initializer_list<const char*> names
 
 }  // namespace
 
+std::optional<bool> parse_switch(std::string_view s) noexcept {
+    if (s == "1" || s == "true" || s == "yes") return true;
+    if (s.empty() || s == "0" || s == "false" || s == "no") return false;
+    return std::nullopt;
+}
+
 Config parse_config(const EnvLookup& env) {
     Config c;
-    if (const char* v = env("ALLOCSCOPE_DISABLE")) {
-        std::string_view s(v);
-        if (s == "1" || s == "true" || s == "yes") {
-            c.disabled = true;
-        } else if (!(s.empty() || s == "0" || s == "false" || s == "no")) {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_DISABLE='") + v +
+    auto flag = [&](const char* name, bool& out) {
+        const char* v = env(name);
+        if (!v) return;
+        if (std::optional<bool> b = parse_switch(v)) {
+            out = *b;
+        } else {
+            c.warnings.push_back(std::string("allocscope: ignoring ") + name + "='" + shown(v) +
                                  "': accepted values are 1, 0, true, false, yes, no");
         }
-    }
+    };
+    flag("ALLOCSCOPE_DISABLE", c.disabled);
+    flag("ALLOCSCOPE_DRIVER_HOOKS", c.driver_hooks);
     if (const char* v = env("ALLOCSCOPE_OUT")) {
         if (*v) {
             c.out_dir = v;
@@ -69,8 +89,8 @@ Config parse_config(const EnvLookup& env) {
         if (parse_int(v, depth) && depth >= 0 && depth <= Config::kMaxStackDepth) {
             c.stack_depth = static_cast<uint32_t>(depth);
         } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_STACK_DEPTH='") + v +
-                                 "': expected an integer from 0 (stacks off) to " +
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_STACK_DEPTH='") +
+                                 shown(v) + "': expected an integer from 0 (stacks off) to " +
                                  std::to_string(Config::kMaxStackDepth) + "; using " +
                                  std::to_string(Config::kDefaultStackDepth));
         }
@@ -84,7 +104,7 @@ Config parse_config(const EnvLookup& env) {
         } else if (s == "debug") {
             c.log = LogLevel::debug;
         } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_LOG='") + v +
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_LOG='") + shown(v) +
                                  "': accepted values are quiet, info, debug; using info");
         }
     }
@@ -96,8 +116,8 @@ Config parse_config(const EnvLookup& env) {
             c.plugins = std::move(entries);
             c.plugins_off = off;
         } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGINS='") + v +
-                                 "': " + problem + "; using the default plugins");
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGINS='") +
+                                 shown(v) + "': " + problem + "; using the default plugins");
         }
     }
     if (const char* v = env("ALLOCSCOPE_PLUGIN_OPTIONS"); v && *v) {
@@ -107,7 +127,7 @@ Config parse_config(const EnvLookup& env) {
             c.plugin_options = std::move(options);
         } else {
             c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGIN_OPTIONS='") +
-                                 v + "': " + problem +
+                                 shown(v) + "': " + problem +
                                  "; expected a comma-separated list of <plugin>.<key>=<value>; "
                                  "using no options");
         }
@@ -164,7 +184,7 @@ bool parse_plugin_option(std::string_view entry, std::string& key, std::string& 
     const size_t eq = entry.find('=');
     const size_t dot = entry.substr(0, eq).find('.');
     if (eq == std::string_view::npos || dot == std::string_view::npos) {
-        error = "'" + std::string(entry) + "' is not <plugin>.<key>=<value>";
+        error = "'" + shown(entry) + "' is not <plugin>.<key>=<value>";
         return false;
     }
     const std::string_view name = entry.substr(0, dot);
@@ -174,17 +194,17 @@ bool parse_plugin_option(std::string_view entry, std::string& key, std::string& 
     for (char c : name)
         name_ok = name_ok && plugin_name_char(c);
     if (!name_ok) {
-        error = "'" + std::string(entry) + "': plugin names are made of a-z, 0-9 and '-'";
+        error = "'" + shown(entry) + "': plugin names are made of a-z, 0-9 and '-'";
         return false;
     }
     if (k.empty()) {
-        error = "'" + std::string(entry) + "' has an empty key";
+        error = "'" + shown(entry) + "' has an empty key";
         return false;
     }
     for (std::string_view part : {k, val}) {
         for (char c : part) {
             if (c == ',' || static_cast<unsigned char>(c) < 0x20) {
-                error = "'" + std::string(entry) +
+                error = "'" + shown(entry) +
                         "': keys and values cannot hold ',' or "
                         "control characters";
                 return false;

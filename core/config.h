@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,7 @@ struct Config {
     std::string plugin_dir;                     // ALLOCSCOPE_PLUGIN_DIR ("" = found by the host)
     LogLevel log = LogLevel::info;              // ALLOCSCOPE_LOG
     bool disabled = false;                      // ALLOCSCOPE_DISABLE
+    bool driver_hooks = true;                   // ALLOCSCOPE_DRIVER_HOOKS
     int32_t rank = -1;        // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
     int32_t world_size = -1;  // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
 
@@ -40,6 +42,9 @@ struct Config {
 using EnvLookup = std::function<const char*(const char*)>;
 
 Config parse_config(const EnvLookup& getenv_fn);
+
+// A yes/no variable: 1/true/yes, 0/false/no or empty; nullopt otherwise.
+std::optional<bool> parse_switch(std::string_view value) noexcept;
 
 // Parses a plugin list (ALLOCSCOPE_PLUGINS, --plugins): comma-separated
 // names or paths, no empty entries; "none" alone sets `off`. On failure

@@ -50,6 +50,10 @@ std::string_view to_string(MemoryKind memory) noexcept {
             return "managed";
         case MemoryKind::host_pinned:
             return "host_pinned";
+        case MemoryKind::physical:
+            return "physical";
+        case MemoryKind::address_range:
+            return "address_range";
     }
     return "unknown";
 }
@@ -90,8 +94,50 @@ std::string_view to_string(Api api) noexcept {
             return "allocscope_block_free";
         case Api::c_api:
             return "allocscope_c_api";
+        case Api::cuMemAlloc_v2:
+            return "cuMemAlloc_v2";
+        case Api::cuMemAllocPitch_v2:
+            return "cuMemAllocPitch_v2";
+        case Api::cuMemFree_v2:
+            return "cuMemFree_v2";
+        case Api::cuMemAllocAsync:
+            return "cuMemAllocAsync";
+        case Api::cuMemAllocAsync_ptsz:
+            return "cuMemAllocAsync_ptsz";
+        case Api::cuMemFreeAsync:
+            return "cuMemFreeAsync";
+        case Api::cuMemFreeAsync_ptsz:
+            return "cuMemFreeAsync_ptsz";
+        case Api::cuMemAllocFromPoolAsync:
+            return "cuMemAllocFromPoolAsync";
+        case Api::cuMemAllocFromPoolAsync_ptsz:
+            return "cuMemAllocFromPoolAsync_ptsz";
+        case Api::cuMemAllocManaged:
+            return "cuMemAllocManaged";
+        case Api::cuMemCreate:
+            return "cuMemCreate";
+        case Api::cuMemRelease:
+            return "cuMemRelease";
+        case Api::cuMemMap:
+            return "cuMemMap";
+        case Api::cuMemUnmap:
+            return "cuMemUnmap";
+        case Api::cuMemAddressReserve:
+            return "cuMemAddressReserve";
+        case Api::cuMemAddressFree:
+            return "cuMemAddressFree";
     }
     return "unknown";
+}
+
+std::string python_frame_text(std::string_view function, std::string_view file, int line) {
+    std::string text(function.empty() ? std::string_view("<module>") : function);
+    text += " (";
+    text += file;
+    text += ':';
+    text += std::to_string(line);
+    text += ')';
+    return text;
 }
 
 }  // namespace allocscope

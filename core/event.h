@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace allocscope {
@@ -11,8 +12,8 @@ namespace allocscope {
 enum class EventKind : uint8_t {
     alloc = 1,     // memory handed out (segment or block level)
     free = 2,      // memory returned; `result` != 0 means the real call failed
-    map = 3,       // a physical allocation mapped into a VA range (driver level)
-    unmap = 4,     // the reverse of map
+    map = 3,       // reserved (never written): driver-level mappings are recorded
+    unmap = 4,     // as alloc/free with api cuMemMap/cuMemUnmap, see Api
     oom = 5,       // the real allocation call failed; `size` is the request
     tag_push = 6,  // layer/phase entered on thread `tid`
     tag_pop = 7,   // layer/phase left on thread `tid`
@@ -35,7 +36,16 @@ enum class MemoryKind : uint8_t {
     device = 1,
     managed = 2,
     host_pinned = 3,
+    // Driver virtual memory management. A `physical` allocation is a
+    // cuMemCreate handle (address = the handle value, not a pointer); it holds
+    // memory but is reachable only through mappings, which are recorded as
+    // device segments (api cuMemMap). An `address_range` is a VA reservation
+    // (cuMemAddressReserve) and holds no memory. Both are accounted in pools
+    // of their own so mapped bytes are never counted twice.
+    physical = 4,
+    address_range = 5,
 };
+inline constexpr int kMemoryKindMax = 5;
 
 // The API entry point that produced the event.
 enum class Api : uint8_t {
@@ -56,8 +66,26 @@ enum class Api : uint8_t {
     block_alloc,  // allocscope_block_alloc (caching-allocator hook ABI)
     block_free,   // allocscope_block_free
     c_api,        // allocscope_push/pop/step/register_param/mark
+    // Driver entry points (interposer/hooks_driver.cpp). Appended: the trace
+    // stores the numeric value.
+    cuMemAlloc_v2,
+    cuMemAllocPitch_v2,
+    cuMemFree_v2,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemAllocManaged,
+    cuMemCreate,          // physical allocation (MemoryKind::physical)
+    cuMemRelease,         // ...its release
+    cuMemMap,             // a mapping: a device segment at the mapped VA
+    cuMemUnmap,           // ...removed (one free per mapping the range covers)
+    cuMemAddressReserve,  // VA reservation (MemoryKind::address_range)
+    cuMemAddressFree,     // ...its release
 };
-inline constexpr int kApiCount = static_cast<int>(Api::c_api) + 1;
+inline constexpr int kApiCount = static_cast<int>(Api::cuMemAddressFree) + 1;
 
 // Bits of Event::flags.
 enum EventFlag : uint32_t {
@@ -90,6 +118,24 @@ struct Event {
     MemoryKind memory = MemoryKind::none;
     Api api = Api::none;
 };
+
+// Python frames in recorded stacks. A stack is native return addresses,
+// innermost first; a caching allocator's bridge may append the Python frames
+// that called into the interpreter (allocscope_block_alloc_frames). Such a
+// frame is a pseudo-address: kPythonFrameTag | the trace string id of its
+// text, "function (file:line)". The tag is a non-canonical x86-64 / AArch64
+// address, never a real return address.
+inline constexpr uint64_t kPythonFrameTag = 0xF1ull << 56;
+inline constexpr bool is_python_frame(uint64_t address) noexcept {
+    return (address >> 56) == 0xF1;
+}
+inline constexpr uint64_t python_frame_address(uint32_t string_id) noexcept {
+    return kPythonFrameTag | string_id;
+}
+inline constexpr uint32_t python_frame_string(uint64_t address) noexcept {
+    return static_cast<uint32_t>(address);
+}
+std::string python_frame_text(std::string_view function, std::string_view file, int line);
 
 std::string_view to_string(EventKind kind) noexcept;
 std::string_view to_string(Level level) noexcept;

@@ -47,7 +47,7 @@ class LiveTracker {
         replay_.apply(e);
         if (e.kind != EventKind::alloc) return c;
         c.kind = Change::Kind::alloc;
-        c.pool = pool_of(e.level, e.memory);
+        c.pool = pool_of(e);
         c.record = LiveRecord::from(e);
         FlatMap<uint64_t, LiveRecord>& live = live_[int(c.pool)];
         if (const LiveRecord* old = live.find(e.address)) {

@@ -187,7 +187,7 @@ class MemoryViz {
         int devices = 1;
         for (const Event& e : t_.events) {
             if ((e.kind == EventKind::alloc || e.kind == EventKind::oom) &&
-                e.memory != MemoryKind::host_pinned)
+                is_device_pool(pool_of(e)))
                 devices = std::max(devices, device_of(e.device) + 1);
         }
         p_.proto();
@@ -230,9 +230,9 @@ class MemoryViz {
         for (size_t i = 0; i < n; ++i) {
             progress(i);
             const Event& e = t_.events[i];
-            if (e.kind == EventKind::oom && e.memory != MemoryKind::host_pinned) oom(e);
+            if (e.kind == EventKind::oom && is_device_pool(pool_of(e))) oom(e);
             const LiveTracker::Change c = tracker_->apply(e);
-            if (c.kind == LiveTracker::Change::Kind::none || c.pool == Pool::host_pinned) continue;
+            if (c.kind == LiveTracker::Change::Kind::none || !is_device_pool(c.pool)) continue;
             const uint64_t time_us = (t_.header.start_wall_ns + e.t_ns) / 1000;
             const LiveRecord& r = c.record;
             if (c.kind == LiveTracker::Change::Kind::alloc) {
@@ -534,7 +534,7 @@ std::vector<uint32_t> memory_viz_stacks(const Trace& t) {
     std::vector<bool> seen(t.stacks.size(), false);
     for (const Event& e : t.events) {
         if ((e.kind == EventKind::alloc || e.kind == EventKind::oom) &&
-            e.memory != MemoryKind::host_pinned && e.stack && e.stack < seen.size() &&
+            is_device_pool(pool_of(e)) && e.stack && e.stack < seen.size() &&
             !seen[e.stack]) {
             seen[e.stack] = true;
             ids.push_back(e.stack);

@@ -61,7 +61,7 @@ class TraceWriter {
         std::array<bool, kPoolCount> used{};
         for (const Event& e : t_.events) {
             if (e.kind != EventKind::alloc) continue;
-            const Pool p = pool_of(e.level, e.memory);
+            const Pool p = pool_of(e);
             used[int(p)] = true;
             if (p == owner) group(e.layer);
         }

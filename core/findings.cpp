@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "json.h"
+#include "output_file.h"
 
 namespace allocscope {
 
@@ -390,31 +391,10 @@ FindingsFile read_findings_file(const std::string& path) {
 }
 
 void write_findings_file(const std::string& path, const FindingsFile& file) {
-    const std::string text = to_json(file);
-    const std::string tmp = path + ".tmp" + std::to_string(getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) throw FindingsError("cannot write " + path + ": " + std::strerror(errno));
-    size_t done = 0;
-    while (done < text.size()) {
-        ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            const int err = n < 0 ? errno : EIO;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            throw FindingsError("cannot write " + path + ": " + std::strerror(err));
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::close(fd) != 0) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        throw FindingsError("cannot write " + path + ": " + std::strerror(err));
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        throw FindingsError("cannot write " + path + ": " + std::strerror(err));
+    try {
+        write_file_atomically(path, to_json(file));
+    } catch (const std::runtime_error& e) {
+        throw FindingsError(e.what());
     }
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "flat_map.h"
+#include "replay.h"
 #include "trace_reader.h"
 
 namespace allocscope {
@@ -346,6 +347,12 @@ void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
 
 void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const EventText& text,
                          uint32_t source) {
+    // Physical handles and VA reservations are not memory a tag owns at an
+    // address (the mappings are): plugins never see them.
+    if (e.kind == EventKind::alloc || e.kind == EventKind::free || e.kind == EventKind::oom) {
+        const Pool pool = pool_of(e);
+        if (pool == Pool::physical || pool == Pool::address_range) return;
+    }
     allocscope_event_v1 ev{};
     ev.seq = e.seq;
     ev.t_ns = e.t_ns;

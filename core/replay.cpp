@@ -10,27 +10,47 @@ const char* to_string(Pool pool) noexcept {
             return "block";
         case Pool::host_pinned:
             return "host-pinned";
+        case Pool::physical:
+            return "physical";
+        case Pool::address_range:
+            return "va-reserved";
     }
     return "unknown";
 }
 
 Pool pool_of(Level level, MemoryKind memory) noexcept {
     if (level == Level::block) return Pool::device_block;
-    if (memory == MemoryKind::host_pinned) return Pool::host_pinned;
-    return Pool::device_segment;
+    switch (memory) {
+        case MemoryKind::host_pinned:
+            return Pool::host_pinned;
+        case MemoryKind::physical:
+            return Pool::physical;
+        case MemoryKind::address_range:
+            return Pool::address_range;
+        default:
+            return Pool::device_segment;
+    }
 }
 
-Pool Replay::pool_for_free(const Event& e) const {
+Pool pool_of(const Event& e) noexcept {
     if (e.level == Level::block) return Pool::device_block;
     if (e.memory != MemoryKind::none) return pool_of(e.level, e.memory);
-    if (e.api == Api::cudaFreeHost) return Pool::host_pinned;
-    return Pool::device_segment;
+    switch (e.api) {
+        case Api::cudaFreeHost:
+            return Pool::host_pinned;
+        case Api::cuMemRelease:
+            return Pool::physical;
+        case Api::cuMemAddressFree:
+            return Pool::address_range;
+        default:
+            return Pool::device_segment;
+    }
 }
 
 FreeOutcome Replay::apply(const Event& e) {
     switch (e.kind) {
         case EventKind::alloc: {
-            Pool pool = pool_of(e.level, e.memory);
+            Pool pool = pool_of(e);
             const LiveRecord rec = LiveRecord::from(e);
             LiveTable& table = tables_[int(pool)];
             PoolTotals& t = totals_[int(pool)];
@@ -50,7 +70,7 @@ FreeOutcome Replay::apply(const Event& e) {
             return FreeOutcome::freed;
         }
         case EventKind::free: {
-            Pool pool = pool_for_free(e);
+            Pool pool = pool_of(e);
             LiveTable& table = tables_[int(pool)];
             PoolTotals& t = totals_[int(pool)];
             LiveRecord removed;

@@ -12,11 +12,27 @@
 namespace allocscope {
 
 // Where an allocation's bytes count. Host pinned memory is a segment-level
-// allocation but never counts towards device memory.
-enum class Pool : uint8_t { device_segment = 0, device_block = 1, host_pinned = 2 };
-inline constexpr int kPoolCount = 3;
+// allocation but never counts towards device memory. Driver VMM memory is
+// counted once: mappings are device segments; the physical handles behind
+// them (cuMemCreate) and the VA reservations they live in are pools of their
+// own, which no device total includes.
+enum class Pool : uint8_t {
+    device_segment = 0,
+    device_block = 1,
+    host_pinned = 2,
+    physical = 3,
+    address_range = 4,
+};
+inline constexpr int kPoolCount = 5;
 const char* to_string(Pool pool) noexcept;
 Pool pool_of(Level level, MemoryKind memory) noexcept;
+// The pool an alloc or free event acts on. A free carries no memory kind when
+// its address was unknown; then its api decides.
+Pool pool_of(const Event& e) noexcept;
+// Device memory a tag can own: the segment and block pools.
+inline bool is_device_pool(Pool pool) noexcept {
+    return pool == Pool::device_segment || pool == Pool::device_block;
+}
 
 struct PoolTotals {
     uint64_t live_bytes = 0;
@@ -42,10 +58,6 @@ class Replay {
     uint64_t largest_failed_request() const noexcept { return largest_failed_request_; }
 
   private:
-    // Frees carry no memory kind when their address was unknown; the pool is
-    // found by looking the address up where it can live for that level.
-    Pool pool_for_free(const Event& event) const;
-
     std::array<LiveTable, kPoolCount> tables_;
     std::array<PoolTotals, kPoolCount> totals_;
     uint64_t failed_frees_ = 0;

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -22,6 +23,7 @@
 #include <unordered_map>
 
 #include "elf_note.h"
+#include "event.h"
 
 #if ALLOCSCOPE_HAVE_LIBBACKTRACE
 #include <backtrace.h>
@@ -426,6 +428,7 @@ struct Symbolizer::Impl {
     Warn warn;
     std::unordered_map<uint64_t, SymbolizedFrame> frames;
     std::map<std::string, std::string> source_paths;  // as read -> normalized
+    const std::vector<std::string>* strings = nullptr;  // for Python frames
 
     Module* module_of(uint64_t address) {
         auto it = std::upper_bound(modules.begin(), modules.end(), address,
@@ -471,7 +474,29 @@ struct Symbolizer::Impl {
         return it->second;
     }
 
+    // "function (file:line)" as python_frame_text wrote it.
+    SymbolizedFrame python(uint64_t address) const {
+        SymbolizedFrame f;
+        f.address = address;
+        f.module = "python";
+        const uint32_t id = python_frame_string(address);
+        if (!strings || id == 0 || id >= strings->size()) return f;
+        const std::string& text = (*strings)[id];
+        const size_t open = text.rfind(" (");
+        const size_t colon = text.rfind(':');
+        if (open == std::string::npos || colon == std::string::npos || colon < open ||
+            text.back() != ')') {
+            f.function = text;
+            return f;
+        }
+        f.function = text.substr(0, open);
+        f.file = text.substr(open + 2, colon - open - 2);
+        f.line = static_cast<uint32_t>(std::strtoul(text.c_str() + colon + 1, nullptr, 10));
+        return f;
+    }
+
     SymbolizedFrame symbolize(uint64_t address) {
+        if (is_python_frame(address)) return python(address);
         SymbolizedFrame f;
         f.address = address;
         Module* module = module_of(address);
@@ -510,6 +535,10 @@ Symbolizer::Symbolizer(std::vector<ModuleRecord> modules, Warn warn)
 }
 
 Symbolizer::~Symbolizer() = default;
+
+void Symbolizer::use_strings(const std::vector<std::string>& strings) {
+    impl_->strings = &strings;
+}
 
 const SymbolizedFrame& Symbolizer::frame(uint64_t address) {
     auto it = impl_->frames.find(address);

@@ -48,6 +48,11 @@ class Symbolizer {
     Symbolizer(const Symbolizer&) = delete;
     Symbolizer& operator=(const Symbolizer&) = delete;
 
+    // The trace's string table, which names its Python frames (core/event.h,
+    // is_python_frame); it must outlive the Symbolizer. Without it a Python
+    // frame prints as "python+0x...".
+    void use_strings(const std::vector<std::string>& strings);
+
     // The frame at `address` (resolved on first use, then cached). The
     // reference stays valid for the Symbolizer's life. Recorded addresses
     // are return addresses: the location given is the call's (address - 1).

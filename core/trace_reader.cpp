@@ -226,7 +226,7 @@ void TraceReader::check_event(const Event& e, uint64_t offset) {
                          std::to_string(last_seq_) + ")");
     }
     if (static_cast<uint8_t>(e.kind) < 1 || static_cast<uint8_t>(e.kind) > kEventKindCount ||
-        static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > 3 ||
+        static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > kMemoryKindMax ||
         static_cast<uint8_t>(e.api) >= kApiCount) {
         fail(offset, "event has an invalid kind, level, memory kind or api");
     }

@@ -40,6 +40,22 @@ ALLOCSCOPE_EXPORT void allocscope_block_alloc(void* ptr, size_t size, int device
         ptr, 0);
 }
 
+ALLOCSCOPE_EXPORT uint64_t allocscope_python_frame(const char* function, const char* file,
+                                                   int line) {
+    return allocscope::recorder::python_frame(function, file, line);
+}
+
+ALLOCSCOPE_EXPORT void allocscope_block_alloc_frames(void* ptr, size_t size, int device,
+                                                     void* stream, const uint64_t* outer_frames,
+                                                     size_t outer_count) {
+    allocscope::recorder::HookGuard guard;
+    if (!guard.recording() || ptr == nullptr) return;
+    allocscope::recorder::record_alloc(
+        {allocscope::Api::block_alloc, allocscope::Level::block, allocscope::MemoryKind::device,
+         size, reinterpret_cast<uint64_t>(stream), device},
+        ptr, 0, {outer_frames, outer_frames ? outer_count : 0});
+}
+
 ALLOCSCOPE_EXPORT void allocscope_block_free(void* ptr) {
     allocscope::recorder::HookGuard guard;
     if (!guard.recording() || ptr == nullptr) return;

@@ -7,10 +7,10 @@
 namespace allocscope {
 
 void* resolve_real(const char* name) noexcept {
-    if (void* fn = dlsym(RTLD_NEXT, name)) return fn;
+    if (void* fn = next_symbol(RTLD_NEXT, name)) return fn;
     for (const char* soname : {"libcudart.so.13", "libcudart.so.12"}) {
         if (void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD)) {
-            void* fn = dlsym(handle, name);
+            void* fn = next_symbol(handle, name);
             dlclose(handle);  // RTLD_NOLOAD took a reference; the library stays loaded
             if (fn) return fn;
         }

@@ -9,6 +9,10 @@ namespace allocscope {
 // (dlopen RTLD_NOLOAD). Returns nullptr when no runtime is loaded.
 void* resolve_real(const char* name) noexcept;
 
+// glibc's dlsym called from liballocscope.so (so RTLD_NEXT means "after
+// liballocscope.so"), bypassing allocscope's own dlsym (hooks_driver.cpp).
+void* next_symbol(void* handle, const char* name) noexcept;
+
 template <typename Fn>
 Fn real_function(const char* name) noexcept {
     return reinterpret_cast<Fn>(resolve_real(name));

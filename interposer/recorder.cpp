@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
@@ -95,6 +96,7 @@ struct State {
     EventRing ring;
     LiveTable segments;
     LiveTable blocks;
+    LiveTable vmm_handles;  // cuMemCreate handles and cuMemAddressReserve ranges
     StackTable stacks;
     std::atomic<uint64_t> step{0};
     std::atomic<uint64_t> events_dropped{0};
@@ -132,6 +134,10 @@ pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
 // Never destroyed: hooks may run during static destruction of other objects.
 alignas(State) unsigned char g_storage[sizeof(State)];
 State* g = nullptr;
+// Set when the library is loaded (see note_how_loaded): its absolute path,
+// and the CUDA library that was loaded before it, if any.
+char g_self_path[PATH_MAX];
+char g_loaded_after[256];
 
 uint64_t mono_ns() noexcept {
     timespec ts;
@@ -261,11 +267,13 @@ void keep_definition(const Definition& d) {
 // tree, <build>/interposer/liballocscope.so -> <build>/plugins.
 std::string plugin_dir() {
     if (!g->config.plugin_dir.empty()) return g->config.plugin_dir;
-    Dl_info info;
-    if (!dladdr(reinterpret_cast<void*>(&plugin_dir), &info) || !info.dli_fname) return {};
-    std::string lib = info.dli_fname;
+    // The library's absolute path as it was when loaded: a relative
+    // LD_PRELOAD path must not make plugins load from wherever the program
+    // has chdir'ed to since, and nothing is looked up in "." implicitly.
+    const std::string lib = g_self_path;
     const size_t slash = lib.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : lib.substr(0, slash);
+    if (lib.empty() || lib[0] != '/' || slash == std::string::npos) return {};
+    const std::string dir = lib.substr(0, slash);
     std::vector<std::string> candidates{dir + "/allocscope/plugins"};
     if (dir.size() >= 11 && dir.compare(dir.size() - 11, 11, "/interposer") == 0) {
         candidates.push_back(dir + "/../plugins");
@@ -317,13 +325,42 @@ void feed_plugins(const std::vector<Event>& batch) {
 
 // findings.<stem>.json next to <stem>.trace: the trace's name is unique in
 // the directory, so is this one.
-void finish_plugins() {
-    if (!g->plugins) return;
+std::string trace_name() {
     const std::string& trace = g->writer.path();
     const size_t slash = trace.rfind('/');
-    std::string name = slash == std::string::npos ? trace : trace.substr(slash + 1);
-    std::string stem = name.size() > 6 ? name.substr(0, name.size() - 6) : name;
-    const std::string path = g->config.out_dir + "/findings." + stem + ".json";
+    return slash == std::string::npos ? trace : trace.substr(slash + 1);
+}
+
+std::string findings_path() {
+    const std::string name = trace_name();
+    const std::string stem = name.size() > 6 ? name.substr(0, name.size() - 6) : name;
+    return g->config.out_dir + "/findings." + stem + ".json";
+}
+
+// Findings emitted while the program runs are written out (the same file,
+// replaced atomically) at most once a second, so a process killed with
+// SIGKILL leaves those of about a second before; the file written at exit
+// replaces the last checkpoint. Built-in plugins emit at finish, so for them
+// this never writes. Failures stay silent: the final write reports them.
+void checkpoint_findings() {
+    static size_t written = 0;
+    static uint64_t last_ns = 0;
+    if (!g->plugins) return;
+    const size_t n = g->plugins->findings().size();
+    const uint64_t now = mono_ns();
+    if (n == written || (last_ns != 0 && now - last_ns < 1'000'000'000ull)) return;
+    last_ns = now;
+    try {
+        write_findings_file(findings_path(), g->plugins->findings_file(trace_name()));
+        written = n;
+    } catch (...) {
+    }
+}
+
+void finish_plugins() {
+    if (!g->plugins) return;
+    const std::string name = trace_name();
+    const std::string path = findings_path();
     try {
         g->plugins->finish();
         FindingsFile file = g->plugins->findings_file(name);
@@ -331,9 +368,13 @@ void finish_plugins() {
         log_line(LogLevel::info, "allocscope: wrote " + path + " (" +
                                      std::to_string(file.findings.size()) + " finding(s))");
     } catch (const std::exception& e) {
-        log_line(LogLevel::quiet, std::string("allocscope: findings not written: ") + e.what());
+        // After a failed trace write (disk full) its one warning has said
+        // that output is being lost; the findings share its fate.
+        if (!g->writer.failed()) {
+            log_line(LogLevel::quiet, std::string("allocscope: findings not written: ") + e.what());
+        }
     } catch (...) {
-        log_line(LogLevel::quiet, "allocscope: findings not written");
+        if (!g->writer.failed()) log_line(LogLevel::quiet, "allocscope: findings not written");
     }
 }
 
@@ -413,6 +454,7 @@ void* writer_main(void*) {
         g->checks.service(g->ring.consumed(), {g->written_strings, g->written_params});
         g->writer.flush();
         report_write_failure_once();
+        checkpoint_findings();
         if (n > 0) {
             sleep_us = 1000;
             continue;
@@ -436,8 +478,10 @@ void* writer_main(void*) {
     write_pending_definitions();
     FooterRecord footer;
     footer.events = g->writer.events_written();
-    footer.unknown_frees = g->segments.unknown_frees() + g->blocks.unknown_frees();
-    footer.double_frees = g->segments.double_frees() + g->blocks.double_frees();
+    footer.unknown_frees =
+        g->segments.unknown_frees() + g->blocks.unknown_frees() + g->vmm_handles.unknown_frees();
+    footer.double_frees =
+        g->segments.double_frees() + g->blocks.double_frees() + g->vmm_handles.double_frees();
     footer.stacks_dropped = g->stacks.dropped();
     footer.events_dropped = g->events_dropped.load() + (g->ring.reserved() - g->ring.consumed());
     footer.end_mono_ns = mono_ns();
@@ -531,6 +575,13 @@ void initialize() {
     g->config = parse_config([](const char* name) { return std::getenv(name); });
     for (const std::string& w : g->config.warnings)
         log_line(LogLevel::quiet, w);
+    if (g_loaded_after[0] && !g->config.disabled) {
+        log_line(LogLevel::quiet,
+                 std::string("allocscope: liballocscope.so was loaded after ") + g_loaded_after +
+                     " (by dlopen, not LD_PRELOAD): CUDA calls bound to it bypass the hooks, so "
+                     "the trace holds only what reaches allocscope directly (its C API, "
+                     "NVTX, allocator hooks); use allocscope run or LD_PRELOAD to record them all");
+    }
     if (g->config.disabled) {
         g_state.store(kOff, std::memory_order_release);
         return;
@@ -576,8 +627,46 @@ void on_fork_child() {
     g_state.store(kOff, std::memory_order_release);
 }
 
+// Hooks only see calls that bind to them, which needs the library ahead of
+// the CUDA runtime in the lookup order: LD_PRELOAD, or allocscope run. Loaded
+// later (dlopen once CUDA is in use), calls already bound to the runtime, and
+// most later ones, bypass the hooks; initialize() says so once and records
+// what still reaches it (the C API, allocator hooks).
+void note_how_loaded() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&note_how_loaded), &info) && info.dli_fname) {
+        if (!realpath(info.dli_fname, g_self_path)) g_self_path[0] = '\0';
+    }
+    struct Scan {
+        uintptr_t self;
+        char* after;
+    } scan{reinterpret_cast<uintptr_t>(info.dli_fbase), g_loaded_after};
+    dl_iterate_phdr(
+        [](dl_phdr_info* pi, size_t, void* arg) -> int {
+            auto* sc = static_cast<Scan*>(arg);
+            // Link-map order: everything after this library came later.
+            if (pi->dlpi_addr == sc->self ||
+                (pi->dlpi_phnum > 0 &&
+                 pi->dlpi_addr + pi->dlpi_phdr[0].p_vaddr - pi->dlpi_phdr[0].p_offset ==
+                     sc->self)) {
+                return 1;
+            }
+            const char* name = pi->dlpi_name ? pi->dlpi_name : "";
+            const char* base = std::strrchr(name, '/');
+            base = base ? base + 1 : name;
+            if (std::strncmp(base, "libcudart.so", 12) == 0 ||
+                std::strncmp(base, "libcuda.so", 10) == 0) {
+                std::snprintf(sc->after, sizeof g_loaded_after, "%s", base);
+                return 1;
+            }
+            return 0;
+        },
+        &scan);
+}
+
 __attribute__((constructor)) void install_fork_policy() {
     pthread_atfork(nullptr, nullptr, on_fork_child);
+    note_how_loaded();
 }
 
 __attribute__((destructor)) void finish_recording() {
@@ -624,10 +713,12 @@ uint32_t intern(const char* text) {
 // stack; how many depends on inlining, so they are dropped by address.
 constexpr size_t kOwnFramesMax = 8;
 
-uint32_t capture_stack_id() noexcept {
+// `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
+// native ones: they are the callers of the interpreter the native stack ends in.
+uint32_t capture_stack_id(std::span<const uint64_t> outer = {}) noexcept {
     const uint32_t depth = g->config.stack_depth;
     if (depth == 0) return 0;
-    uint64_t frames[Config::kMaxStackDepth + kOwnFramesMax];
+    uint64_t frames[Config::kMaxStackDepth + kOwnFramesMax + kMaxOuterFrames];
     size_t n = capture_stack(frames, depth + kOwnFramesMax, 0);
     size_t first = 0;
     while (first < n && first < kOwnFramesMax && frames[first] >= g->self_start &&
@@ -635,6 +726,9 @@ uint32_t capture_stack_id() noexcept {
         ++first;
     }
     n = std::min<size_t>(n - first, depth);
+    const size_t extra = std::min(outer.size(), kMaxOuterFrames);
+    std::copy_n(outer.begin(), extra, frames + first + n);
+    n += extra;
     if (n == 0) return 0;
     try {
         return g->stacks.intern({frames + first, n}, [](uint32_t id, std::span<const uint64_t> f) {
@@ -693,8 +787,11 @@ void emit_simple(EventKind kind, uint32_t layer, uint32_t phase, uint32_t aux,
     EventRing::publish(slot);
 }
 
-LiveTable& table_for(Level level) {
-    return level == Level::block ? g->blocks : g->segments;
+// Handles and VA ranges share a table: a handle value is no VA, and the two
+// pools are told apart by the record's memory kind.
+LiveTable& table_for(Level level, Pool pool) {
+    if (level == Level::block) return g->blocks;
+    return pool == Pool::physical || pool == Pool::address_range ? g->vmm_handles : g->segments;
 }
 
 // C API calls are not hooks, but CUDA calls they trigger must not be
@@ -717,11 +814,11 @@ HookGuard::~HookGuard() {
     if (outer_) t_thread.in_hook = false;
 }
 
-__attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address,
-                                            int result) noexcept {
+__attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address, int result,
+                                            std::span<const uint64_t> outer) noexcept {
     if (!ensure_started()) return;
     const bool ok = result == 0 && address != nullptr;
-    const uint32_t stack = ok ? capture_stack_id() : 0;
+    const uint32_t stack = ok ? capture_stack_id(outer) : 0;
     const EventKind kind = ok ? EventKind::alloc : EventKind::oom;
     EventRing::Slot* slot = begin_event(kind);
     // A dropped event still leaves its allocation in the in-process table;
@@ -740,7 +837,7 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
     e.api = info.api;
     if (ok) {
         try {
-            table_for(info.level).insert(LiveRecord::from(e));
+            table_for(info.level, pool_of(e)).insert(LiveRecord::from(e));
         } catch (...) {
             // Out of host memory while growing the table: the event is still
             // recorded; only the in-process view misses this allocation.
@@ -755,7 +852,11 @@ void begin_free(PendingFree& pending, Api api, Level level, void* address,
     if (!ensure_started()) return;
     pending.address = reinterpret_cast<uint64_t>(address);
     pending.level = level;
-    FreeOutcome outcome = table_for(level).remove(pending.address, &pending.removed);
+    Event probe;
+    probe.level = level;
+    probe.api = api;
+    pending.pool = pool_of(probe);
+    FreeOutcome outcome = table_for(level, pending.pool).remove(pending.address, &pending.removed);
     pending.restorable = outcome == FreeOutcome::freed;
     EventRing::Slot* slot = begin_event(EventKind::free);
     if (!slot) return;
@@ -776,7 +877,7 @@ void end_free(PendingFree& pending, int result) noexcept {
     if (result != 0 && pending.restorable) {
         // The real free refused: the memory is still allocated.
         try {
-            table_for(pending.level).insert(pending.removed);
+            table_for(pending.level, pending.pool).insert(pending.removed);
         } catch (...) {
         }
     }
@@ -786,16 +887,16 @@ void end_free(PendingFree& pending, int result) noexcept {
     EventRing::publish(slot);
 }
 
-void push_tag(const char* layer, const char* phase) noexcept {
+bool push_tag(const char* layer, const char* phase) noexcept {
     ApiScope scope;
-    if (!scope.active()) return;
+    if (!scope.active()) return false;
     TagEntry parent = current_tag();
     TagEntry tag = parent;
     try {
         if (layer) tag.layer = intern(layer);
         if (phase) tag.phase = intern(phase);
     } catch (...) {
-        return;
+        return false;
     }
     uint32_t flags = 0;
     if (t_thread.depth < kMaxTagDepth) {
@@ -806,6 +907,7 @@ void push_tag(const char* layer, const char* phase) noexcept {
     }
     ++t_thread.depth;
     emit_simple(EventKind::tag_push, tag.layer, tag.phase, 0, flags);
+    return true;
 }
 
 void pop_tag() noexcept {
@@ -862,6 +964,26 @@ void mark(const char* text) noexcept {
     }
     TagEntry tag = current_tag();
     emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
+}
+
+uint64_t python_frame(const char* function, const char* file, int line) noexcept {
+    ApiScope scope;
+    if (!scope.active() || !file) return 0;
+    try {
+        const uint32_t id = intern(python_frame_text(function ? function : "", file, line).c_str());
+        return id ? python_frame_address(id) : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+std::string current_phase() {
+    ApiScope scope;
+    if (!scope.active()) return {};
+    const uint32_t phase = current_tag().phase;
+    if (phase == 0) return {};
+    std::lock_guard lock(g->defs_mutex);
+    return g->strings.at(phase);
 }
 
 uint64_t check_begin(const char* plugins, const char* options, std::string& error) noexcept {

@@ -15,12 +15,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include <string>
 
 #include "checks.h"
 #include "event.h"
 #include "live_table.h"
+#include "replay.h"
 
 namespace allocscope::recorder {
 
@@ -54,8 +56,16 @@ struct AllocInfo {
 };
 
 // A successful allocation at `address`, or a failed one (`result` != 0,
-// recorded as oom with the requested size).
-void record_alloc(const AllocInfo& info, void* address, int result) noexcept;
+// recorded as oom with the requested size). `outer` frames, at most
+// kMaxOuterFrames, are appended to the captured native stack (Python frames
+// from python_frame()).
+inline constexpr size_t kMaxOuterFrames = 32;
+void record_alloc(const AllocInfo& info, void* address, int result,
+                  std::span<const uint64_t> outer = {}) noexcept;
+
+// The pseudo-address of a Python frame (core/event.h, python_frame_address):
+// its text is interned once. 0 when not recording.
+uint64_t python_frame(const char* function, const char* file, int line) noexcept;
 
 // A free is recorded in two halves around the real call so its seq precedes
 // any later allocation that reuses the address.
@@ -63,6 +73,7 @@ struct PendingFree {
     void* slot = nullptr;  // reserved ring slot, nullptr when not recording
     uint64_t address = 0;
     Level level = Level::none;
+    Pool pool = Pool::device_segment;
     bool restorable = false;  // the address was live before this free
     LiveRecord removed;
 };
@@ -70,13 +81,18 @@ void begin_free(PendingFree& pending, Api api, Level level, void* address,
                 uint64_t stream) noexcept;
 void end_free(PendingFree& pending, int result) noexcept;
 
-// Public C API backends.
-void push_tag(const char* layer, const char* phase) noexcept;
+// Public C API backends. push_tag returns whether the tag went onto the
+// thread's stack (false when not recording or inside a hook), so the NVTX
+// side pops only what it pushed.
+bool push_tag(const char* layer, const char* phase) noexcept;
 void pop_tag() noexcept;
 void set_step(uint64_t step) noexcept;
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept;
 void mark(const char* text) noexcept;
+// The phase of the calling thread's innermost tag ("" when untagged or not
+// recording): NVTX sub-phases are made from it.
+std::string current_phase();
 // allocscope_check_begin / _end (interposer/checks.h).
 uint64_t check_begin(const char* plugins, const char* options, std::string& error) noexcept;
 bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept;

@@ -147,6 +147,9 @@ std::string usage() {
            "                               layer (the layer's shard size)\n"
            "      leak-rank:RANK           rank RANK (below --ranks) adds one activation-sized\n"
            "                               block per step in layers.0's forward\n"
+           "  --nvtx                    tag through NVTX ranges (\"allocscope:<layer>/<phase>\",\n"
+           "                            the step as mark \"allocscope:step=<n>\") instead of the\n"
+           "                            C API; needs `allocscope run --nvtx`, tags are identical\n"
            "\n"
            "example: allocscope run -- allocscope-harness --recipe delayed --te seed --ranks 2\n";
 }
@@ -166,6 +169,10 @@ ParseResult parse_options(const std::vector<std::string>& args) {
         }
         if (a == "--quantized-init") {
             o.quantized_init = true;
+            continue;
+        }
+        if (a == "--nvtx") {
+            o.tagging = Tagging::nvtx;
             continue;
         }
         if (a.rfind("--", 0) != 0) return fail("unexpected argument '" + a + "'");

@@ -23,6 +23,11 @@ enum class TeBehaviour {
 // TE doc leaves open whether it is the full or the sharded weight.
 enum class Retain { full, sharded };
 
+// How the trainer tags its allocations (trainer/tagging.h): the C API, or
+// (--nvtx) NVTX ranges that liballocscope.so maps to the same tags when it
+// is the NVTX injection library (`allocscope run --nvtx`).
+enum class Tagging { c_api, nvtx };
+
 // Memory problems injected on purpose (--inject), so the detection plugins
 // are proven on the harness. Each keeps what it injects until the trainer is
 // destroyed (the end of the run); without injections the block allocation
@@ -52,6 +57,7 @@ struct Options {
     int warmup = 2;
     unsigned seed = 1234;
     Injections inject;
+    Tagging tagging = Tagging::c_api;
 };
 
 struct ParseResult {

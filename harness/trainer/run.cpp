@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "collective/launcher.h"
+#include "trainer/tagging.h"
 #include "trainer/trainer.h"
 
 namespace allocscope::harness::trainer {
@@ -76,6 +77,20 @@ std::optional<int> parse_command_line(int argc, char** argv, Options& options) {
         return 2;
     }
     options = parsed.options;
+    if (options.tagging == Tagging::nvtx) {
+        if (!nvtx_available()) {
+            std::fprintf(stderr,
+                         "allocscope-harness: --nvtx: this build has no NVTX (nvtx3/nvToolsExt.h "
+                         "was not found when it was configured); tag through the C API instead\n");
+            return 2;
+        }
+        // The launching process says it once; its ranks inherit the environment.
+        if (!std::getenv("NVTX_INJECTION64_PATH") && !std::getenv("RANK")) {
+            std::fprintf(stderr,
+                         "allocscope-harness: --nvtx without an NVTX injection library: the "
+                         "ranges tag nothing (run under `allocscope run --nvtx`)\n");
+        }
+    }
     return std::nullopt;
 }
 

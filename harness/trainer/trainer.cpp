@@ -14,6 +14,7 @@
 #include "fp8/quantize.h"
 #include "model/adam.h"
 #include "model/transformer_layer.h"
+#include "trainer/tagging.h"
 
 namespace allocscope::harness::trainer {
 
@@ -205,7 +206,7 @@ struct Trainer::State {
                         : spec.role == ParamRole::norm && spec.name == "weight" ? 1.0f
                                                                                 : 0.0f;
                 }
-                allocscope::ScopedTag tag(p.module.c_str(), "init");
+                ScopedTag tag(options.tagging, p.module.c_str(), "init");
                 p.master = block(shard * sizeof(float));
                 std::vector<float> mine(shard, 0.0f);
                 const size_t begin = size_t(r) * shard;
@@ -253,7 +254,7 @@ struct Trainer::State {
         std::normal_distribution<float> unit(0.0f, 1.0f);
         std::vector<float> values(th);
         std::vector<Bf16> bf16(th);
-        allocscope::ScopedTag tag("data", "init");
+        ScopedTag tag(options.tagging, "data", "init");
         input = block(th * sizeof(Bf16));
         for (float& v : values)
             v = unit(data_rng);
@@ -381,11 +382,11 @@ struct Trainer::State {
     // Forward: copy-out, then prefetch the next layer (which frees this
     // layer's flat buffer); the last layer's stays until backward.
     void unshard_forward(int i) {
-        allocscope::ScopedTag tag(nullptr, "forward/all_gather");
+        ScopedTag tag(options.tagging, nullptr, "forward/all_gather");
         if (gathered_layer != i) all_gather(i);
         copy_out(i);
         if (i + 1 < int(layers.size())) {
-            allocscope::ScopedTag next(layer_name(i + 1).c_str(), nullptr);
+            ScopedTag next(options.tagging, layer_name(i + 1).c_str(), nullptr);
             all_gather(i + 1);
         }
     }
@@ -393,13 +394,13 @@ struct Trainer::State {
     // Backward: the flat buffer goes right after copy-out, then the
     // previous layer is prefetched.
     void unshard_backward(int i) {
-        allocscope::ScopedTag tag(nullptr, "backward/all_gather");
+        ScopedTag tag(options.tagging, nullptr, "backward/all_gather");
         if (gathered_layer != i) all_gather(i);
         copy_out(i);
         gathered.reset();
         gathered_layer = -1;
         if (i > 0) {
-            allocscope::ScopedTag next(layer_name(i - 1).c_str(), nullptr);
+            ScopedTag next(options.tagging, layer_name(i - 1).c_str(), nullptr);
             all_gather(i - 1);
         }
     }
@@ -475,7 +476,7 @@ struct Trainer::State {
             p.retained.clear();
             if (!fp8() || p.spec.role != ParamRole::gemm_weight || p.quantized) continue;
             const bool seed = options.te == TeBehaviour::seed;
-            allocscope::ScopedTag tag(p.module.c_str(), "forward/quantize");
+            ScopedTag tag(options.tagging, p.module.c_str(), "forward/quantize");
             // Seed: a new copy with both usages, saved for backward (it is
             // not FSDP2's, so reshard does not free it). Fixed: row-wise only.
             QuantizedBlocks q = quantize_weight(p, true, seed);
@@ -503,7 +504,7 @@ struct Trainer::State {
             if (!fp8() || p.spec.role != ParamRole::gemm_weight) continue;
             if (p.quantized) {
                 if (!builds_columnwise(p)) continue;
-                allocscope::ScopedTag tag(p.module.c_str(), "backward/transpose");
+                ScopedTag tag(options.tagging, p.module.c_str(), "backward/transpose");
                 QuantizedBlocks q;
                 q.blocks = build_columnwise(p);
                 if (seed) {
@@ -516,7 +517,7 @@ struct Trainer::State {
                 set_fp8_operand(p, *p.fp8_copy);
                 p.operand.rowwise = nullptr;
             } else {
-                allocscope::ScopedTag tag(p.module.c_str(), "backward/quantize");
+                ScopedTag tag(options.tagging, p.module.c_str(), "backward/quantize");
                 QuantizedBlocks q = quantize_weight(p, false, true);
                 columnwise_values(p, q);
                 set_fp8_operand(p, q);
@@ -548,7 +549,7 @@ struct Trainer::State {
         const size_t th = config.tokens() * config.hidden;
         for (int i = 0; i < int(layers.size()); ++i) {
             Layer& layer = layers[size_t(i)];
-            allocscope::ScopedTag tag(layer_name(i).c_str(), "forward");
+            ScopedTag tag(options.tagging, layer_name(i).c_str(), "forward");
             unshard_forward(i);
             std::vector<QuantizedBlocks> transient;
             forward_weights(i, transient);
@@ -571,7 +572,7 @@ struct Trainer::State {
 
     double loss_and_gradient(Block& dy) {
         const size_t th = config.tokens() * config.hidden;
-        allocscope::ScopedTag tag("loss", "backward");
+        ScopedTag tag(options.tagging, "loss", "backward");
         dy = block(th * sizeof(Bf16));
         float loss =
             compute.mse(layers.back().output.as<Bf16>(), target.as<Bf16>(), th, dy.as<Bf16>());
@@ -585,7 +586,7 @@ struct Trainer::State {
         Block* previous_rs_input = nullptr;
         for (int i = int(layers.size()) - 1; i >= 0; --i) {
             Layer& layer = layers[size_t(i)];
-            allocscope::ScopedTag tag(layer_name(i).c_str(), "backward");
+            ScopedTag tag(options.tagging, layer_name(i).c_str(), "backward");
             unshard_backward(i);
             std::vector<QuantizedBlocks> transient;
             backward_weights(i, transient);
@@ -594,7 +595,7 @@ struct Trainer::State {
                 grad_ptrs[k] = layer.params[k].grad;
             Block dx;
             {
-                allocscope::ScopedTag dgrad(nullptr, "backward/dgrad");
+                ScopedTag dgrad(options.tagging, nullptr, "backward/dgrad");
                 dx = block(th * sizeof(Bf16));
             }
             compute.layer_backward(config, operands(i), layer_input(i), saved_pointers(layer),
@@ -616,7 +617,7 @@ struct Trainer::State {
             if (i > 0) layers[size_t(i) - 1].output.reset();
             std::vector<Block> unsharded_grads;
             {
-                allocscope::ScopedTag wgrad(nullptr, "backward/wgrad");
+                ScopedTag wgrad(options.tagging, nullptr, "backward/wgrad");
                 for (const Param& p : layer.params) {
                     const size_t padded = size_t(p.spec.shard_numel(w)) * size_t(w);
                     Block g = block(padded * sizeof(Bf16));
@@ -626,7 +627,7 @@ struct Trainer::State {
                 }
             }
             {
-                allocscope::ScopedTag rs(nullptr, "backward/reduce_scatter");
+                ScopedTag rs(options.tagging, nullptr, "backward/reduce_scatter");
                 layer.rs_input = block(size_t(w) * chunk * sizeof(Bf16));
                 for (size_t k = 0; k < layer.params.size(); ++k) {
                     const Param& p = layer.params[k];
@@ -651,7 +652,7 @@ struct Trainer::State {
     }
 
     void optimizer() {
-        allocscope::ScopedTag tag("optimizer", "optimizer");
+        ScopedTag tag(options.tagging, "optimizer", "optimizer");
         ++optimizer_steps;
         const int w = world();
         model::AdamConfig adam;
@@ -660,14 +661,14 @@ struct Trainer::State {
             if (options.inject.grow_optimizer) {
                 // --inject grow-optimizer: a state block per layer and step
                 // that nothing frees, as an optimizer that appends state.
-                allocscope::ScopedTag state(layer_name(int(i)).c_str(), nullptr);
+                ScopedTag state(options.tagging, layer_name(int(i)).c_str(), nullptr);
                 injected.push_back(block(chunk * sizeof(float)));
                 compute.zero(injected.back().as<void>(), chunk * sizeof(float));
             }
             for (Param& p : layer.params) {
                 const size_t shard = size_t(p.spec.shard_numel(w));
                 if (!p.exp_avg) {  // FusedAdam creates its state lazily
-                    allocscope::ScopedTag state(p.module.c_str(), nullptr);
+                    ScopedTag state(options.tagging, p.module.c_str(), nullptr);
                     p.exp_avg = block(shard * sizeof(float));
                     p.exp_avg_sq = block(shard * sizeof(float));
                     compute.zero(p.exp_avg.as<void>(), shard * sizeof(float));
@@ -696,7 +697,7 @@ Trainer::~Trainer() = default;
 StepResult Trainer::step(int step) {
     State& s = *state_;
     auto t0 = std::chrono::steady_clock::now();
-    allocscope_dl_step(uint64_t(step));
+    tag_step(s.options.tagging, uint64_t(step));
     StepResult result;
     s.forward(result.memory);
     result.memory.after_forward = s.allocated();

@@ -50,12 +50,36 @@ void allocscope_register_param(const char* layer, const char* name, uint64_t num
 /* Records a free-form note in the trace at this point. */
 void allocscope_mark(const char* text);
 
+/* NVTX. Under `allocscope run --nvtx` liballocscope.so is also the process's
+ * NVTX injection library (NVTX_INJECTION64_PATH), and NVTX ranges and marks
+ * with these names tag like the calls above (docs/DESIGN.md, "Tags", has
+ * every rule, FSDP2's own range names included):
+ *   range  ALLOCSCOPE_NVTX_PREFIX "<layer>/<phase>"  push/pop; the layer ends
+ *          at the first '/', an empty layer or phase keeps the enclosing one
+ *          (NULL in allocscope_push): "allocscope:layers.3/forward",
+ *          "allocscope:/backward/dgrad", "allocscope:layers.3.mlp/"
+ *   mark   ALLOCSCOPE_NVTX_STEP "<n>"                 allocscope_step(n)
+ *   mark   ALLOCSCOPE_NVTX_PREFIX "<text>"            allocscope_mark(text) */
+#define ALLOCSCOPE_NVTX_PREFIX "allocscope:"
+#define ALLOCSCOPE_NVTX_STEP "allocscope:step="
+
 /* Caching-allocator hook ABI: a caching allocator reports the blocks it hands
  * out and takes back, so per-tensor memory is visible even when the runtime
  * API only sees whole segments. Recorded at level "block". `stream` is the
  * cudaStream_t the block is associated with (NULL = legacy default). */
 void allocscope_block_alloc(void* ptr, size_t size, int device, void* stream);
 void allocscope_block_free(void* ptr);
+
+/* Python frames for block allocations (a bridge into a Python program's
+ * caching allocator, e.g. tools/torch_bridge). allocscope_python_frame
+ * returns a pseudo-address naming the frame (0 when not recording): call it
+ * once per (code object, line) and keep the result.
+ * allocscope_block_alloc_frames records a block like allocscope_block_alloc,
+ * its captured native stack followed by `outer_count` (at most 32) such
+ * frames, innermost first. Reports print them as "function (file:line)". */
+uint64_t allocscope_python_frame(const char* function, const char* file, int line);
+void allocscope_block_alloc_frames(void* ptr, size_t size, int device, void* stream,
+                                   const uint64_t* outer_frames, size_t outer_count);
 
 /* Checks: detection plugins (plugin_v1.h) run on a stretch of this
  * process's own allocation events, for a program's test suite to assert on

@@ -16,6 +16,18 @@
 //   stress T P   T threads, P cudaMalloc/cudaFree pairs each, every fourth
 //                allocation freed by the next thread; kStressKeep per thread
 //                stay alive until exit. Prints the exact call counts.
+//   fork-alloc   fork 50 times while 4 threads call cudaMalloc/cudaFree
+//                without pause; each child allocates (2222 B), frees, marks
+//                and exit()s within 10 s (tests/e2e/faults_test.cpp)
+//   dlopen-late LIB  cudaMalloc first, then dlopen LIB (liballocscope.so) and
+//                use its C API and allocator hooks around more CUDA calls
+//   until-killed allocate in a loop (steps, tags, some kept) until killed;
+//                creates $E2E_READY after the first 2000 allocations
+//   fail-calls   allocations the runtime refuses (out of memory with
+//                ALLOCSCOPE_SIM_MEMORY_LIMIT, invalid value) and bad frees;
+//                prints every return code and cudaGetLastError
+//   hostile-symbol  keeps 32 MiB allocated from a function whose symbol
+//                name is markup (x86-64; elsewhere an ordinary name)
 //
 // It checks every return code it gets against what the runtime must return
 // and exits 1 on a mismatch, so a changed result is caught with or without
@@ -24,6 +36,7 @@
 // stdout carries only output that must be identical with and without
 // allocscope.
 #include <allocscope/allocscope_dl.h>
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -351,7 +364,180 @@ int run_stress(int threads, long pairs) {
     return ok ? 0 : 1;
 }
 
+// fork-alloc: dataloader-style workers forked while other threads are
+// inside the hooks. The child allocates through the hooks too.
+int run_fork_alloc() {
+    // CUDA is in use before the workers start, as in a training process (and
+    // the runtime's own one-time setup is not what is being tested).
+    checked_free(checked_malloc(1024));
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < 4; ++t) {
+        workers.emplace_back([&stop, t] {
+            const std::string layer = "worker." + std::to_string(t);
+            size_t i = 0;
+            while (!stop.load()) {
+                allocscope_dl_push(layer.c_str(), "forward");
+                void* p = nullptr;
+                if (cudaMalloc(&p, 4096 + (i++ % 8) * 512) == cudaSuccess) cudaFree(p);
+                allocscope_dl_pop();
+            }
+        });
+    }
+    int ok_children = 0;
+    for (int i = 0; i < 50; ++i) {
+        std::fflush(nullptr);
+        pid_t child = fork();
+        if (child == 0) {
+            alarm(10);  // a deadlock in the child ends it with SIGALRM
+            void* p = nullptr;
+            if (cudaMalloc(&p, 2222) != cudaSuccess || cudaFree(p) != cudaSuccess) _exit(3);
+            allocscope_dl_push("child", "forward");
+            allocscope_dl_mark("in the child");
+            allocscope_dl_pop();
+            std::exit(0);  // atexit handlers and library destructors run
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        ok_children += ok;
+        if (!ok) {
+            std::fprintf(stderr, "preload_program: child %d: %s %d\n", i,
+                         WIFEXITED(status) ? "exit status" : "signal",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        }
+    }
+    stop = true;
+    for (auto& w : workers)
+        w.join();
+    std::printf("fork-alloc done: %d of 50 children exited cleanly\n", ok_children);
+    return ok_children == 50 ? 0 : 1;
+}
+
+int run_dlopen_late(const char* lib) {
+    void* before = checked_malloc(1111);
+    void* handle = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+        std::fprintf(stderr, "preload_program: dlopen: %s\n", dlerror());
+        return 1;
+    }
+    using Push = void (*)(const char*, const char*);
+    using Pop = void (*)();
+    using BlockAlloc = void (*)(void*, size_t, int, void*);
+    using BlockFree = void (*)(void*);
+    auto push = reinterpret_cast<Push>(dlsym(handle, "allocscope_push"));
+    auto pop = reinterpret_cast<Pop>(dlsym(handle, "allocscope_pop"));
+    auto block_alloc = reinterpret_cast<BlockAlloc>(dlsym(handle, "allocscope_block_alloc"));
+    auto block_free = reinterpret_cast<BlockFree>(dlsym(handle, "allocscope_block_free"));
+    if (!push || !pop || !block_alloc || !block_free) {
+        std::fprintf(stderr, "preload_program: the C API is missing from %s\n", lib);
+        return 1;
+    }
+    push("late", "forward");
+    void* after = checked_malloc(2222);
+    int storage[32];
+    block_alloc(storage, sizeof storage, 0, nullptr);
+    block_free(storage);
+    checked_free(after);
+    checked_free(before);  // allocated before allocscope was there
+    pop();
+    void* huge = nullptr;
+    expect_rc(cudaMalloc(&huge, size_t{1} << 50), cudaErrorMemoryAllocation, "cudaMalloc(1 PiB)");
+    std::printf("dlopen-late done: %d failure(s)\n", g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
+
+int run_until_killed() {
+    const char* ready = std::getenv("E2E_READY");
+    std::vector<void*> kept;
+    for (uint64_t i = 0;; ++i) {
+        if (i % 100 == 0) allocscope_dl_step(i / 100);
+        allocscope_dl_push(("layers." + std::to_string(i % 4)).c_str(), "forward");
+        void* p = checked_malloc(4096 + (i % 16) * 512);
+        if (i % 50 == 0) {
+            kept.push_back(p);
+        } else {
+            checked_free(p);
+        }
+        allocscope_dl_pop();
+        if (i == 2000 && ready) {
+            std::FILE* f = std::fopen(ready, "w");
+            if (f) std::fclose(f);
+        }
+        if (i >= 2000) usleep(200);
+    }
+}
+
+int run_fail_calls() {
+    // Out of memory: above ALLOCSCOPE_SIM_MEMORY_LIMIT (or no GPU's size).
+    void* p = reinterpret_cast<void*>(0x1234);
+    cudaError_t rc = cudaMalloc(&p, size_t{1} << 50);
+    std::printf("cudaMalloc(1 PiB) = %d, last error %d\n", int(rc), int(cudaGetLastError()));
+    void* q = nullptr;
+    rc = cudaMallocAsync(&q, size_t{3} << 48, nullptr);
+    std::printf("cudaMallocAsync(768 TiB) = %d, last error %d\n", int(rc), int(cudaGetLastError()));
+    // Invalid values: no out-parameter.
+    rc = cudaMalloc(nullptr, 4096);
+    std::printf("cudaMalloc(NULL, 4096) = %d\n", int(rc));
+    rc = cudaMallocPitch(&q, nullptr, 100, 10);
+    std::printf("cudaMallocPitch(pitch NULL) = %d\n", int(rc));
+    // Bad frees.
+    alignas(256) static char not_device[256];
+    rc = cudaFree(not_device);
+    std::printf("cudaFree(unknown) = %d, last error %d\n", int(rc), int(cudaGetLastError()));
+    void* ok = checked_malloc(8192);
+    checked_free(ok);
+    rc = cudaFree(ok);
+    std::printf("cudaFree(twice) = %d\n", int(rc));
+    std::printf("fail-calls done: %d failure(s)\n", g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
+
+// hostile-symbol: the allocation is made from a function whose ELF symbol
+// is HTML markup, so the report's stacks carry it.
+extern "C" void hostile_entry();
+extern "C" __attribute__((noinline, used)) void hostile_alloc_body() {
+    void* p = nullptr;
+    cudaMalloc(&p, size_t{32} << 20);  // kept: the peak's owner
+    asm volatile("" ::: "memory");     // not a tail call
+}
+// clang-format off
+#if defined(__x86_64__)
+#define HOSTILE_SYMBOL "<img src=x onerror=alert(1)>&'"
+__asm__(".text\n"
+        ".globl hostile_entry\n"
+        ".type hostile_entry, @function\n"
+        "hostile_entry:\n"
+        ".cfi_startproc\n"
+        "  subq $8, %rsp\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        "  call \"" HOSTILE_SYMBOL "\"\n"
+        "  addq $8, %rsp\n"
+        ".cfi_adjust_cfa_offset -8\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size hostile_entry, .-hostile_entry\n"
+        ".type \"" HOSTILE_SYMBOL "\", @function\n"
+        "\"" HOSTILE_SYMBOL "\":\n"
+        ".cfi_startproc\n"
+        "  subq $8, %rsp\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        "  call hostile_alloc_body@PLT\n"
+        "  addq $8, %rsp\n"
+        ".cfi_adjust_cfa_offset -8\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size \"" HOSTILE_SYMBOL "\", .-\"" HOSTILE_SYMBOL "\"\n");
+#else
+extern "C" __attribute__((noinline)) void hostile_entry() {
+    hostile_alloc_body();
+    asm volatile("" ::: "memory");
+}
+#endif
+// clang-format on
+
 
 int main(int argc, char** argv) {
     if (argc < 2) {
@@ -423,6 +609,15 @@ int main(int argc, char** argv) {
         return g_failures == 0 ? 0 : 1;
     }
     if (mode == "stress" && argc > 3) return run_stress(std::atoi(argv[2]), std::atol(argv[3]));
+    if (mode == "fork-alloc") return run_fork_alloc();
+    if (mode == "dlopen-late" && argc > 2) return run_dlopen_late(argv[2]);
+    if (mode == "until-killed") return run_until_killed();
+    if (mode == "fail-calls") return run_fail_calls();
+    if (mode == "hostile-symbol") {
+        hostile_entry();
+        std::printf("hostile-symbol done\n");
+        return 0;
+    }
     if (mode == "churn" && argc > 2) {
         long n = std::atol(argv[2]);
         for (long i = 0; i < n; ++i)

@@ -84,6 +84,15 @@ TEST_CASE("invalid combinations are refused with one message naming the problem"
           std::string::npos);
 }
 
+TEST_CASE("--nvtx tags through NVTX ranges instead of the C API, which stays the default") {
+    CHECK(parse({}).options.tagging == Tagging::c_api);
+    ParseResult r = parse({"--ranks", "1", "--nvtx", "--steps", "3"});
+    REQUIRE(r.error.empty());
+    CHECK(r.options.tagging == Tagging::nvtx);
+    CHECK(r.options.steps == 3);
+    CHECK(usage().find("--nvtx") != std::string::npos);
+}
+
 TEST_CASE("more ranks than GPUs is refused on the cuda backend only") {
     Options o = parse({"--ranks", "4"}).options;
     CHECK(check_devices(o, Backend::cuda, 2) == "--ranks 4 needs as many GPUs, but 2 are visible");

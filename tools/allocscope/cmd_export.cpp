@@ -10,12 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cli.h"
 #include "export.h"
+#include "output_file.h"
 #include "progress.h"
 #include "symbolize.h"
 #include "trace_reader.h"
@@ -58,57 +60,34 @@ examples:
   allocscope export allocscope-out --rank 0 --format memory-viz -o rank0.pickle
 )";
 
-// The output: standard output, or FILE written through a temporary file in
-// its directory and renamed when complete, so a failed export leaves no
-// half-written FILE behind.
+// The output: standard output, or FILE written through a fresh 0600 file in
+// its directory (O_EXCL | O_NOFOLLOW) renamed over FILE when complete, so a
+// failed export leaves no half-written FILE behind and a symlink planted at
+// FILE is replaced, never written through.
 class Output {
   public:
     explicit Output(std::string path) : path_(std::move(path)) {
-        if (path_.empty()) {
-            file_ = stdout;
-            return;
-        }
+        if (path_.empty()) return;
         std::error_code ec;
         if (fs::is_directory(path_, ec))
             throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(EISDIR));
-        tmp_ = path_ + ".tmp" + std::to_string(getpid());
-        file_ = std::fopen(tmp_.c_str(), "wb");
-        if (!file_) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
-    }
-    ~Output() {
-        if (!tmp_.empty() && file_) {
-            std::fclose(file_);
-            std::remove(tmp_.c_str());
-        }
+        file_.emplace(path_);
     }
     Output(const Output&) = delete;
     Output& operator=(const Output&) = delete;
 
-    std::FILE* file() const noexcept { return file_; }
+    std::FILE* file() noexcept { return file_ ? file_->stream() : stdout; }
     const std::string& name() const noexcept { return path_.empty() ? stdout_name_ : path_; }
 
     // After the writer's flush().
     void commit() {
-        if (tmp_.empty()) return;
-        std::FILE* f = file_;
-        file_ = nullptr;
-        if (std::fclose(f) != 0) {
-            const int err = errno;
-            std::remove(tmp_.c_str());
-            throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(err));
-        }
-        if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-            const int err = errno;
-            std::remove(tmp_.c_str());
-            throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(err));
-        }
-        tmp_.clear();
+        if (file_) file_->commit();
     }
 
   private:
-    std::string path_, tmp_;
+    std::string path_;
     std::string stdout_name_ = "standard output";
-    std::FILE* file_ = nullptr;
+    std::optional<OutputFile> file_;
 };
 
 struct Selected {
@@ -237,6 +216,7 @@ int export_command(const std::vector<std::string>& args) {
             const Trace t = load(selected[i], i);
             const PeakSnapshot peak = live_at_peak(t);
             Symbolizer symbolizer(t.modules, warn);
+            symbolizer.use_strings(t.strings);
             const StackFrames frames =
                 symbolize_stacks(t, symbolizer, stack_ids(peak.live), show("symbolizing"));
             collapsed.add(t, peak, frames);
@@ -245,6 +225,7 @@ int export_command(const std::vector<std::string>& args) {
     } else {
         const Trace t = load(selected.front(), 0);
         Symbolizer symbolizer(t.modules, warn);
+        symbolizer.use_strings(t.strings);
         const StackFrames frames =
             symbolize_stacks(t, symbolizer, memory_viz_stacks(t), show("symbolizing"));
         export_memory_viz(t, frames, writer, show("exporting " + rank_name(t.header)));

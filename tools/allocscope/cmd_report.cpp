@@ -12,6 +12,7 @@
 
 #include "analysis.h"
 #include "cli.h"
+#include "output_file.h"
 #include "progress.h"
 #include "report.h"
 #include "symbolize.h"
@@ -99,6 +100,7 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
         // Symbolize what the report shows, each address once.
         Symbolizer symbolizer(t.modules,
                               [&report](const std::string& w) { report.notes.push_back(w); });
+        symbolizer.use_strings(t.strings);
         const bool only = in.traces.size() == 1;
         std::vector<uint64_t> addresses;
         const std::set<uint32_t> ids =
@@ -125,12 +127,10 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
     return report;
 }
 
+// Through a fresh 0600 file renamed over `path`: a symlink or file planted
+// at `path` (a shared output directory) is replaced, never written through.
 void write_text_file(const std::string& path, const std::string& text) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    write_file_atomically(path, text);
 }
 
 int report_command(const std::vector<std::string>& args) {

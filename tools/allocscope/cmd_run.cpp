@@ -15,9 +15,16 @@
 
 #include "cli.h"
 #include "config.h"
+#include "output_file.h"
 
 #ifndef ALLOCSCOPE_INSTALL_LIBDIR
 #define ALLOCSCOPE_INSTALL_LIBDIR "lib"
+#endif
+#ifndef ALLOCSCOPE_INSTALL_DATADIR
+#define ALLOCSCOPE_INSTALL_DATADIR "share"
+#endif
+#ifndef ALLOCSCOPE_SOURCE_PYTHON_DIR
+#define ALLOCSCOPE_SOURCE_PYTHON_DIR ""
 #endif
 
 namespace allocscope::cli {
@@ -29,7 +36,7 @@ namespace fs = std::filesystem;
 constexpr const char* kRunHelp =
     R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
-                     [--check] [--fail-on info|warning|error] -- CMD [ARGS...]
+                     [--check] [--fail-on info|warning|error] [--nvtx] -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
@@ -53,9 +60,38 @@ options:
                      --fail-on severity; CMD's own failure status wins, and
                      no readable findings at all exits 2
   --fail-on SEV      info, warning or error (default error); implies --check
+  --nvtx             also make liballocscope.so CMD's NVTX injection library
+                     (NVTX_INJECTION64_PATH), so NVTX ranges tag allocations:
+                     "allocscope:<layer>/<phase>" (the layer ends at the first
+                     '/'; an empty part keeps the enclosing one), FSDP2's
+                     names such as FSDP::pre_forward (<fqn>) (layer <fqn>,
+                     phase forward, backward or a sub-phase such as
+                     forward/all_gather), marks "allocscope:step=<n>" (step)
+                     and "allocscope:<text>" (note). Names from
+                     torch.autograd.profiler.emit_nvtx() lose their ", seq = N"
+                     suffixes; other names tag nothing. Refused when
+                     NVTX_INJECTION64_PATH already names another tool (NVTX
+                     loads one per process)
+  --no-python        leave Python processes alone (see Python below)
 
 environment:
   ALLOCSCOPE_LIB     path of liballocscope.so to preload instead of the bundled one
+  ALLOCSCOPE_TORCH_BRIDGE
+                     path of the PyTorch bridge library instead of the bundled one
+
+Python: unless --no-python, run sets ALLOCSCOPE_PYTHON=1 and prepends
+allocscope's Python directory (sitecustomize.py and the allocscope package)
+to PYTHONPATH. A Python process that imports torch then tags allocations with
+the module running them (layer = the module's name, phase forward, backward or
+optimizer, steps counted by optimizer.step()) and registers the parameters,
+with no change to the script; others are untouched (python -E or -I ignore
+PYTHONPATH and run untagged). Under PyTorch's native caching allocator the
+tensors inside its segments are seen through the PyTorch bridge library
+(ALLOCSCOPE_TORCH_BRIDGE is set to it). Where the bridge was not built, run
+sets PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (added to the other keys
+of PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF, unless a backend is set
+there already) so that every tensor is a cudaMallocAsync call, and says so in
+one line.
 
 example:
   allocscope run --out /tmp/run1 -- torchrun --nproc_per_node 2 train.py
@@ -94,6 +130,116 @@ std::string find_interposer() {
                              " (set ALLOCSCOPE_LIB to its path)");
 }
 
+// allocscope's Python directory (tools/python): the source tree's for a build
+// tree, <prefix>/<datadir>/allocscope/python when installed; "" when absent.
+std::string find_python_dir() {
+    const fs::path dir = exe_dir();
+    std::error_code ec;
+    if (fs::exists(dir / ".." / "interposer" / "liballocscope.so", ec)) {
+        const fs::path source = ALLOCSCOPE_SOURCE_PYTHON_DIR;
+        if (fs::exists(source / "sitecustomize.py", ec)) return source.string();
+    }
+    const fs::path datadir = ALLOCSCOPE_INSTALL_DATADIR;
+    const fs::path installed =
+        (datadir.is_absolute() ? datadir : dir / ".." / datadir) / "allocscope" / "python";
+    if (fs::exists(installed / "sitecustomize.py", ec)) return fs::weakly_canonical(installed).string();
+    return {};
+}
+
+// The PyTorch bridge next to liballocscope.so `lib`: <libdir>/allocscope when
+// installed, <build>/tools/torch_bridge in a build tree; "" when not built.
+std::string find_torch_bridge(const std::string& lib) {
+    std::error_code ec;
+    if (const char* env = std::getenv("ALLOCSCOPE_TORCH_BRIDGE"); env && *env) {
+        if (access(env, R_OK) != 0) {
+            throw std::runtime_error(std::string("ALLOCSCOPE_TORCH_BRIDGE=") + env +
+                                     " is not readable: " + std::strerror(errno));
+        }
+        return fs::absolute(env).string();
+    }
+    const fs::path dir = fs::path(lib).parent_path();
+    for (const fs::path& candidate :
+         {dir / "allocscope" / "liballocscope_torch_bridge.so",
+          dir / ".." / "tools" / "torch_bridge" / "liballocscope_torch_bridge.so"}) {
+        if (fs::exists(candidate, ec)) return fs::weakly_canonical(candidate).string();
+    }
+    return {};
+}
+
+// True when the allocator configuration `conf` has a "backend" key.
+bool sets_backend(const std::string& conf) {
+    size_t start = 0;
+    while (start <= conf.size()) {
+        size_t end = conf.find(',', start);
+        if (end == std::string::npos) end = conf.size();
+        std::string key = conf.substr(start, end - start);
+        key = key.substr(0, key.find(':'));
+        const size_t b = key.find_first_not_of(" \t");
+        const size_t e = key.find_last_not_of(" \t");
+        if (b != std::string::npos && key.substr(b, e - b + 1) == "backend") return true;
+        start = end + 1;
+    }
+    return false;
+}
+
+// Without the bridge, PyTorch's cudaMallocAsync backend makes every tensor a
+// runtime-API call: add it to the allocator configuration unless the user
+// chose a backend. Says so in one line.
+void fall_back_to_cuda_malloc_async() {
+    static const char* const kVars[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+    for (const char* var : kVars) {
+        const char* v = std::getenv(var);
+        if (v && sets_backend(v)) return;
+    }
+    std::string shown;
+    for (const char* var : kVars) {
+        const char* v = std::getenv(var);
+        if (!v || !*v) continue;
+        const std::string value = std::string("backend:cudaMallocAsync,") + v;
+        setenv(var, value.c_str(), 1);
+        shown += std::string(shown.empty() ? "" : " ") + var + "=" + value;
+    }
+    if (shown.empty()) {
+        setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
+        shown = "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync";
+    }
+    std::fprintf(stderr,
+                 "allocscope: the PyTorch bridge is not built: running with %s so that every "
+                 "PyTorch tensor is a cudaMallocAsync call (set a backend yourself to choose "
+                 "another)\n",
+                 shown.c_str());
+}
+
+// ALLOCSCOPE_PYTHON, PYTHONPATH and the bridge (or its fallback) for Python
+// processes of the run.
+void set_up_python(const std::string& lib) {
+    const std::string dir = find_python_dir();
+    if (dir.empty()) {
+        std::fprintf(stderr,
+                     "allocscope: allocscope's Python directory is not installed next to %s: "
+                     "Python processes run untagged\n",
+                     exe_dir().c_str());
+        return;
+    }
+    setenv("ALLOCSCOPE_PYTHON", "1", 1);
+    std::string path = dir;
+    if (const char* existing = std::getenv("PYTHONPATH"); existing && *existing) {
+        const std::string rest = existing;
+        if (rest == dir || rest.rfind(dir + ":", 0) == 0) {
+            path = rest;
+        } else {
+            path += ":" + rest;
+        }
+    }
+    setenv("PYTHONPATH", path.c_str(), 1);
+    const std::string bridge = find_torch_bridge(lib);
+    if (!bridge.empty()) {
+        setenv("ALLOCSCOPE_TORCH_BRIDGE", bridge.c_str(), 1);
+    } else {
+        fall_back_to_cuda_malloc_async();
+    }
+}
+
 // Refuses (or with --force, clears) traces of an earlier run so two runs are
 // never mixed in one directory.
 void prepare_out_dir(const fs::path& dir, bool force) {
@@ -116,12 +262,10 @@ void prepare_out_dir(const fs::path& dir, bool force) {
             fs::remove(p, ec);
         return;
     }
-    fs::create_directories(dir, ec);
-    if (ec) {
-        throw std::runtime_error("cannot create output directory " + dir.string() + ": " +
-                                 ec.message());
-    }
-    fs::permissions(dir, fs::perms::owner_all, ec);
+    // Every directory created here is 0700 from the start (as the
+    // interposer's own), never briefly open to others.
+    std::string error;
+    if (!make_private_dirs(dir.string(), error)) throw std::runtime_error(error);
 }
 
 // Merges the processes' findings into DIR/findings.json and prints them.
@@ -161,6 +305,8 @@ int run_command(const std::vector<std::string>& args) {
     std::string plugin_dir;
     std::vector<std::string> plugin_options;
     bool check = false;
+    bool nvtx = false;
+    bool python = true;
     Severity threshold = Severity::error;
     size_t i = 0;
     for (; i < args.size(); ++i) {
@@ -197,6 +343,10 @@ int run_command(const std::vector<std::string>& args) {
             force = true;
         } else if (a == "--check") {
             check = true;
+        } else if (a == "--nvtx") {
+            nvtx = true;
+        } else if (a == "--no-python") {
+            python = false;
         } else if (a.rfind("--", 0) == 0) {
             return fail("unknown option '" + a + "' for run (see allocscope run --help)");
         } else {
@@ -241,6 +391,18 @@ int run_command(const std::vector<std::string>& args) {
     }
     const fs::path out_dir = fs::absolute(out).lexically_normal();
     const std::string lib = find_interposer();
+    if (nvtx) {
+        // NVTX loads one injection library per process: never replace another
+        // tool's (Nsight Systems sets the variable for the processes it runs).
+        const char* existing = std::getenv("NVTX_INJECTION64_PATH");
+        std::error_code ec;
+        if (existing && *existing && !fs::equivalent(existing, lib, ec)) {
+            return fail(std::string("--nvtx: NVTX_INJECTION64_PATH is already set to ") +
+                        existing +
+                        " (another NVTX tool, such as Nsight Systems); NVTX loads one injection "
+                        "library per process: unset it or run without --nvtx");
+        }
+    }
     prepare_out_dir(out_dir, force);
 
     std::string preload = lib;
@@ -253,6 +415,8 @@ int run_command(const std::vector<std::string>& args) {
     if (!plugins.empty()) setenv("ALLOCSCOPE_PLUGINS", plugins.c_str(), 1);
     if (!plugin_options.empty()) setenv("ALLOCSCOPE_PLUGIN_OPTIONS", options_env.c_str(), 1);
     if (!plugin_dir.empty()) setenv("ALLOCSCOPE_PLUGIN_DIR", plugin_dir.c_str(), 1);
+    if (nvtx) setenv("NVTX_INJECTION64_PATH", lib.c_str(), 1);
+    if (python) set_up_python(lib);
 
     std::vector<char*> argv;
     for (size_t k = i; k < args.size(); ++k)

@@ -1,0 +1,256 @@
+"""FSDP2 + FP8 training in plain PyTorch: the two memory problems of
+docs/TE-FSDP2-FP8-MEMORY.md, reproduced without TransformerEngine.
+
+    torchrun --standalone --nproc_per_node 2 tests/gpu/fsdp2_fp8_train.py --mode seed
+
+8 transformer-like layers (hidden 256, FFN 1024, 8 heads, fused QKV, bias,
+LayerNorm, GELU, bf16 parameters), each layer and the root sharded with
+fully_shard over the ranks; 48 x 2 = 96 tokens per rank, MSE loss, AdamW.
+The GEMMs of --mode seed/fixed are an FP8 linear (per-tensor current
+scaling, torch.float8_e4m3fn, torch._scaled_mm):
+
+  seed   the quantized FP8 copy of the weight is saved for backward (alive
+         from the layer's forward to its backward: problem 1), and backward
+         keeps the transposed FP8 copy it builds for the dgrad GEMM in a
+         module-level cache until that layer's next forward (problem 2)
+  fixed  forward quantizes, multiplies and frees; backward re-quantizes the
+         re-gathered weight, transposes, multiplies and frees: nothing
+         outlives its phase
+  bf16   plain bf16 nn.Linear layers
+
+It does not import allocscope: run it unchanged under `allocscope run`.
+
+The sizes a detector should find are printed per module on stdout, one JSON
+object a line after "ALLOCSCOPE_EXPECT ", and per layer after
+"ALLOCSCOPE_EXPECT_LAYER " (0 in modes where nothing is retained): an FP8
+e4m3 copy of a W x K weight is W*K bytes (262,144 B for 1024 x 256), its
+scale_inv 4 B.
+
+96 tokens, not the reference test's 64: with 64 tokens a bf16 Linear output
+(T x 4H bytes... = T*N*2) equals half a weight's numel in bytes, the size of
+an NVFP4 weight copy, and the detectors (which see sizes, not shapes) would
+take the outputs of the bf16 run for weight copies.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+HIDDEN = 256
+FFN = 1024
+HEADS = 8
+LAYERS = 8
+SEQ = 48
+BATCH = 2
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+# seed mode: layer key -> the transposed FP8 weight its last backward built.
+_TRANSPOSE_CACHE = {}
+
+
+def quantize(t):
+    """Per-tensor current scaling: (FP8 copy, scale_inv as a 0-dim fp32 tensor)."""
+    amax = t.detach().abs().amax().float().clamp(min=1e-12)
+    scale = FP8_MAX / amax
+    q = (t.detach().float() * scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale.reciprocal()
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, key, seed):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        xq, xs = quantize(x2)
+        wq, ws = quantize(weight)
+        # mat2 must be column-major: wq is (N, K) row-major, wq.t() (K, N) column-major.
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+        del xq, xs
+        if bias is not None:
+            y = y + bias
+        if seed:
+            ctx.save_for_backward(x2, wq, ws)  # the FP8 weight copy lives until backward
+        else:
+            ctx.save_for_backward(x2, weight)  # FSDP2 re-gathers it for backward
+            del wq, ws
+        ctx.key = key
+        ctx.seed = seed
+        ctx.has_bias = bias is not None
+        ctx.x_shape = shape
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        if ctx.seed:
+            x2, wq, ws = ctx.saved_tensors
+        else:
+            x2, weight = ctx.saved_tensors
+            wq, ws = quantize(weight)
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        # The column-wise form for the dgrad GEMM: the transposed FP8 weight
+        # (K, N) row-major, passed as its (N, K) column-major view.
+        wt = wq.t().contiguous()
+        del wq
+        dyq, dys = quantize(dy2)
+        dx = torch._scaled_mm(dyq, wt.t(), scale_a=dys, scale_b=ws, out_dtype=torch.bfloat16)
+        del dyq, dys
+        if ctx.seed:
+            _TRANSPOSE_CACHE[ctx.key] = wt  # retained until this layer's next forward
+        del wt
+        dw = dy2.t().matmul(x2)
+        db = dy2.sum(0) if ctx.has_bias else None
+        return dx.reshape(ctx.x_shape), dw, db, None, None
+
+
+class Fp8Linear(nn.Module):
+    def __init__(self, in_features, out_features, key, seed):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features))
+        self.key = key
+        self.seed = seed
+        bound = 1.0 / in_features**0.5
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x):
+        if self.seed:
+            _TRANSPOSE_CACHE.pop(self.key, None)  # the cached transpose dies here
+        return _Fp8LinearFn.apply(x, self.weight, self.bias, self.key, self.seed)
+
+
+def make_linear(in_features, out_features, key, mode):
+    if mode == "bf16":
+        return nn.Linear(in_features, out_features)
+    return Fp8Linear(in_features, out_features, key, mode == "seed")
+
+
+class Layer(nn.Module):
+    def __init__(self, index, mode):
+        super().__init__()
+        name = "layers.%d" % index
+        self.ln1 = nn.LayerNorm(HIDDEN)
+        self.qkv = make_linear(HIDDEN, 3 * HIDDEN, name + ".qkv", mode)
+        self.proj = make_linear(HIDDEN, HIDDEN, name + ".proj", mode)
+        self.ln2 = nn.LayerNorm(HIDDEN)
+        self.fc1 = make_linear(HIDDEN, FFN, name + ".fc1", mode)
+        self.fc2 = make_linear(FFN, HIDDEN, name + ".fc2", mode)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = (t.reshape(b, s, HEADS, h // HEADS).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, mode):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(i, mode) for i in range(LAYERS))
+        self.norm = nn.LayerNorm(HIDDEN)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+def expected_sizes(model, mode, rank):
+    """One line per FP8 module and per layer: what the detectors should find."""
+    for i, layer in enumerate(model.layers):
+        copy_bytes = 0
+        for name in ("qkv", "proj", "fc1", "fc2"):
+            w = getattr(layer, name).weight
+            numel = 1
+            for d in w.shape:  # the global shape (a DTensor's under FSDP2)
+                numel *= int(d)
+            fp8 = numel if mode != "bf16" else 0
+            copy_bytes += fp8
+            print(
+                "ALLOCSCOPE_EXPECT "
+                + json.dumps(
+                    {
+                        "rank": rank,
+                        "mode": mode,
+                        "layer": "layers.%d" % i,
+                        "module": "layers.%d.%s" % (i, name),
+                        "weight_shape": [int(d) for d in w.shape],
+                        "fp8_weight_bytes": fp8,
+                        "fp8_transpose_bytes": fp8,
+                        "scale_inv_bytes": 4 if mode != "bf16" else 0,
+                    },
+                    sort_keys=True,
+                ),
+                flush=True,
+            )
+        retained = mode == "seed"
+        print(
+            "ALLOCSCOPE_EXPECT_LAYER "
+            + json.dumps(
+                {
+                    "rank": rank,
+                    "mode": mode,
+                    "layer": "layers.%d" % i,
+                    "forward_copy_bytes": copy_bytes if retained else 0,
+                    "forward_scale_count": 4 if retained else 0,
+                    "transpose_bytes": copy_bytes if retained else 0,
+                },
+                sort_keys=True,
+            ),
+            flush=True,
+        )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("seed", "fixed", "bf16"), default="seed")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world,))
+
+    torch.manual_seed(args.seed)  # the same full model on every rank
+    model = Model(args.mode).to(device="cuda", dtype=torch.bfloat16)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    expected_sizes(model, args.mode, rank)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator(device="cuda").manual_seed(args.seed * 1000 + rank)
+    x = torch.randn(BATCH, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
+    target = torch.randn(BATCH, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for step in range(args.steps):
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        print(
+            "rank %d step %d loss %.6f allocated %d"
+            % (rank, step, loss.item(), torch.cuda.memory_allocated()),
+            flush=True,
+        )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""The PyTorch proof: tests/gpu/fsdp2_fp8_train.py on 2 GPUs under
+`allocscope run`, for each mode and allocator setting, checked against the
+findings.
+
+    E2E_CLI=build-gpu/tools/allocscope python3 tests/gpu/run_torch_fsdp2.py [--keep DIR]
+        [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
+
+Allocator settings: default (the native caching allocator: per-tensor blocks
+come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
+backend:cudaMallocAsync: every tensor is a runtime-API call) and expandable
+(expandable_segments:True: segments through cuMemCreate/cuMemMap, blocks from
+the bridge).
+
+Checks, on both ranks:
+  seed   a weight-copy-accumulation finding for each of layers.0..7 whose bytes
+         are the layer's FP8 weight copies (+ at most 4 KiB: the scales), and
+         a transpose-cache-retention finding for each whose bytes are its
+         transposed FP8 copies (+ at most 4 KiB)
+  fixed, bf16  neither plugin finds anything
+The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
+
+Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, 2 GPUs
+or FP8 support (sm_89 or newer).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "fsdp2_fp8_train.py")
+ALLOCATORS = {
+    "default": None,
+    "async": "backend:cudaMallocAsync",
+    "expandable": "expandable_segments:True",
+}
+SLACK = 4096  # scale_inv blocks (512 B each after rounding) on top of the data
+
+
+def skip(reason):
+    print("SKIP: " + reason)
+    sys.exit(77)
+
+
+def check_machine():
+    try:
+        import torch
+    except Exception as e:  # no torch
+        skip("python3 cannot import torch (%s)" % e)
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        skip("needs 2 CUDA GPUs (found %d)" % (torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+        skip("this torch has no float8_e4m3fn / _scaled_mm")
+    for d in range(2):
+        if torch.cuda.get_device_capability(d) < (8, 9):
+            skip("FP8 GEMMs need sm_89 or newer (GPU %d is sm_%d%d)" % ((d,) + torch.cuda.get_device_capability(d)))
+    return torch.__version__
+
+
+def run_one(cli, out_dir, mode, allocator, steps):
+    env = dict(os.environ)
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        env.pop(var, None)
+    if ALLOCATORS[allocator]:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[allocator]
+    cmd = [
+        cli, "run", "--out", out_dir, "--force", "--",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        SCRIPT, "--mode", mode, "--steps", str(steps),
+    ]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=600)
+    return proc
+
+
+def expectations(stdout):
+    layers = {}
+    for line in stdout.splitlines():
+        if line.startswith("ALLOCSCOPE_EXPECT_LAYER "):
+            e = json.loads(line[len("ALLOCSCOPE_EXPECT_LAYER "):])
+            layers[(e["rank"], e["layer"])] = e
+    return layers
+
+
+def check(mode, findings, expected, problems):
+    by = {}
+    for f in findings.get("findings", []):
+        if f["plugin"] in ("weight-copy-accumulation", "transpose-cache-retention"):
+            by.setdefault((f["plugin"], f["rank"]), []).append(f)
+    if mode != "seed":
+        for (plugin, rank), fs in sorted(by.items()):
+            for f in fs:
+                problems.append("%s rank %d: unexpected %s finding: %s %s %d B: %s"
+                                % (mode, rank, plugin, f["layer"], f["phase"], f["bytes"], f["summary"]))
+        return
+    for rank in (0, 1):
+        for i in range(8):
+            layer = "layers.%d" % i
+            e = expected.get((rank, layer))
+            if e is None:
+                problems.append("seed rank %d: the script printed no expectation for %s" % (rank, layer))
+                continue
+            for plugin, want in (("weight-copy-accumulation", e["forward_copy_bytes"]),
+                                 ("transpose-cache-retention", e["transpose_bytes"])):
+                got = [f for f in by.get((plugin, rank), []) if f["layer"] == layer]
+                if not got:
+                    problems.append("seed rank %d: no %s finding for %s (want %d B)" % (rank, plugin, layer, want))
+                    continue
+                b = got[0]["bytes"]
+                if not (want <= b <= want + SLACK):
+                    problems.append("seed rank %d: %s %s: %d B, want %d..%d B"
+                                    % (rank, plugin, layer, b, want, want + SLACK))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keep", help="keep every run's output under this directory")
+    parser.add_argument("--modes", default="seed,fixed,bf16")
+    parser.add_argument("--allocators", default="default,async,expandable")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    cli = os.environ.get("E2E_CLI")
+    if not cli or not os.access(cli, os.X_OK):
+        print("E2E_CLI must name the allocscope executable")
+        return 2
+    version = check_machine()
+    print("torch %s; allocscope %s" % (version, cli), flush=True)
+    root = args.keep or tempfile.mkdtemp(prefix="allocscope-torch-")
+    failed = []
+    try:
+        for allocator in args.allocators.split(","):
+            for mode in args.modes.split(","):
+                out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
+                label = "%s / %s" % (mode, allocator)
+                proc = run_one(cli, out_dir, mode, allocator, args.steps)
+                problems = []
+                if proc.returncode != 0:
+                    problems.append("exit status %d" % proc.returncode)
+                traces = sorted(f for f in os.listdir(out_dir) if f.endswith(".trace")) if os.path.isdir(out_dir) else []
+                for want in ("rank0.trace", "rank1.trace"):
+                    if want not in traces:
+                        problems.append("no %s (traces: %s)" % (want, ", ".join(traces) or "none"))
+                findings_path = os.path.join(out_dir, "findings.json")
+                findings = {}
+                if os.path.exists(findings_path):
+                    with open(findings_path) as f:
+                        findings = json.load(f)
+                else:
+                    problems.append("no findings.json")
+                if not problems or findings:
+                    check(mode, findings, expectations(proc.stdout), problems)
+                status = "ok" if not problems else "FAILED"
+                print("%-20s %s" % (label, status), flush=True)
+                for p in problems:
+                    print("    " + p)
+                if problems:
+                    failed.append(label)
+                    tail = "\n".join(proc.stderr.splitlines()[-40:])
+                    print("    --- stderr (last 40 lines) ---\n" + tail)
+                    summary = [f for f in findings.get("findings", [])
+                               if f["plugin"] in ("weight-copy-accumulation", "transpose-cache-retention")]
+                    for f in summary[:40]:
+                        print("    finding: %s rank %d %s %s %d B" % (f["plugin"], f["rank"], f["layer"], f["phase"], f["bytes"]))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    if failed:
+        print("FAILED: " + ", ".join(failed))
+        return 1
+    print("all %d runs passed" % (len(args.modes.split(",")) * len(args.allocators.split(","))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+// Table-driven tests of the two ways users configure allocscope (issue 7,
+// bad input): the ALLOCSCOPE_* environment (core/config.h), every variable
+// with good and bad values plus random values, and the CLI's arguments,
+// every subcommand with bad or missing arguments.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "support.h"
+
+using namespace allocscope;
+using namespace allocscope::test;
+
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+Config parse(const Env& env) {
+    return parse_config([&env](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+    });
+}
+
+struct EnvCase {
+    std::string variable;
+    std::vector<std::string> good;
+    std::vector<std::string> bad;
+    std::string accepted;  // what the warning lists as accepted
+};
+
+const std::vector<EnvCase>& env_cases() {
+    static const std::vector<EnvCase> cases = {
+        {"ALLOCSCOPE_DISABLE",
+         {"1", "0", "true", "false", "yes", "no", ""},
+         {"2", "on", "TRUE", " 1", "1\n"},
+         "1, 0, true, false, yes, no"},
+        {"ALLOCSCOPE_DRIVER_HOOKS",
+         {"1", "0", "true", "no", ""},
+         {"off", "enable", "-1"},
+         "1, 0, true, false, yes, no"},
+        {"ALLOCSCOPE_OUT", {"/tmp/x", "relative/dir", "a b"}, {""}, "directory path"},
+        {"ALLOCSCOPE_STACK_DEPTH",
+         {"0", "1", "128"},
+         {"129", "-1", "x", "", "1e3", "0x10", "99999999999999999999"},
+         "from 0 (stacks off) to 128"},
+        {"ALLOCSCOPE_LOG",
+         {"quiet", "info", "debug"},
+         {"", "verbose", "Info", "debug "},
+         "quiet, info, debug"},
+        {"ALLOCSCOPE_PLUGINS",
+         {"none", "a", "a,b", "/p/x.so,peak-owner"},
+         {"", ",", "a,,b", "none,a", "a,\tb"},
+         "plugin"},
+        {"ALLOCSCOPE_PLUGIN_OPTIONS",
+         {"", "a.k=v", "a.k=,b-2.x=1"},
+         {"novalue", "a.k", ".k=v", "A.k=v", "a.=v", "a.k=v,", "a.k=v\n"},
+         "<plugin>.<key>=<value>"},
+        {"RANK", {"0", "7", "2147483647"}, {"-1", "x", "1.5", "2147483648", ""}, "integer >= 0"},
+        {"OMPI_COMM_WORLD_RANK", {"3"}, {"-3", "three"}, "integer >= 0"},
+        {"SLURM_PROCID", {"0"}, {"a"}, "integer >= 0"},
+        {"WORLD_SIZE", {"1", "64"}, {"0", "-2", "big"}, "integer >= 1"},
+        {"OMPI_COMM_WORLD_SIZE", {"8"}, {"0"}, "integer >= 1"},
+        {"SLURM_NTASKS", {"2"}, {"x2"}, "integer >= 1"},
+    };
+    return cases;
+}
+
+bool printable_line(const std::string& s) {
+    for (char c : s) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("every configuration variable: good values pass silently, bad ones warn once") {
+    for (const EnvCase& c : env_cases()) {
+        CAPTURE(c.variable);
+        for (const std::string& v : c.good) {
+            CAPTURE(v);
+            CHECK(parse({{c.variable, v}}).warnings.empty());
+        }
+        for (const std::string& v : c.bad) {
+            CAPTURE(v);
+            const Config cfg = parse({{c.variable, v}});
+            REQUIRE(cfg.warnings.size() == 1);
+            const std::string& w = cfg.warnings[0];
+            CAPTURE(w);
+            CHECK(w.rfind("allocscope: ", 0) == 0);
+            CHECK(contains(w, c.variable));
+            CHECK(contains(w, c.accepted));
+            CHECK(printable_line(w));  // a value with a newline cannot forge lines
+        }
+    }
+}
+
+TEST_CASE("a bad value keeps that setting's default and leaves the others alone") {
+    const Config d;
+    Env all_bad;
+    for (const EnvCase& c : env_cases())
+        all_bad[c.variable] = c.bad.front();
+    all_bad["ALLOCSCOPE_PLUGIN_DIR"] = "/opt/plugins";
+    const Config cfg = parse(all_bad);
+    CHECK(cfg.disabled == d.disabled);
+    CHECK(cfg.out_dir == d.out_dir);
+    CHECK(cfg.stack_depth == d.stack_depth);
+    CHECK(cfg.log == d.log);
+    CHECK(cfg.plugins == d.plugins);
+    CHECK(cfg.plugins_off == d.plugins_off);
+    CHECK(cfg.plugin_options.empty());
+    CHECK(cfg.rank == -1);
+    CHECK(cfg.world_size == -1);
+    CHECK(cfg.plugin_dir == "/opt/plugins");
+    CHECK(cfg.warnings.size() == env_cases().size());
+}
+
+TEST_CASE("random values never throw and give at most one one-line warning per variable") {
+    std::mt19937_64 rng(7);
+    const std::string alphabet = std::string("0123456789-+.,=/ abcxyzAZ_\t\n\x01\x7f\xff", 38);
+    size_t warned = 0, tried = 0;
+    for (int round = 0; round < 3000; ++round) {
+        Env env;
+        for (const EnvCase& c : env_cases()) {
+            if (rng() % 3 == 0) continue;
+            std::string v;
+            const size_t n = rng() % 12;
+            for (size_t i = 0; i < n; ++i)
+                v += alphabet[rng() % alphabet.size()];
+            env[c.variable] = v;
+        }
+        Config cfg;
+        REQUIRE_NOTHROW(cfg = parse(env));
+        tried += env.size();
+        warned += cfg.warnings.size();
+        CHECK(cfg.warnings.size() <= env.size());
+        for (const std::string& w : cfg.warnings) {
+            CAPTURE(w);
+            CHECK(w.rfind("allocscope: ", 0) == 0);
+            CHECK(printable_line(w));
+        }
+        CHECK(cfg.stack_depth <= Config::kMaxStackDepth);
+    }
+    MESSAGE(tried << " random values, " << warned << " warnings");
+}
+
+namespace {
+
+struct CliCase {
+    std::string args;
+    std::string says;  // in the one error line
+};
+
+}  // namespace
+
+TEST_CASE("every subcommand refuses bad or missing arguments with exit 2 and one line") {
+    TempDir t;
+    const std::string missing = (t / "missing").string();
+    const std::vector<CliCase> cases = {
+        {"frobnicate", "unknown command 'frobnicate'"},
+        {"--frobnicate", "unknown command"},
+        // run
+        {"run", "run needs a command"},
+        {"run --out", "--out needs a value"},
+        {"run --bogus -- true", "unknown option '--bogus' for run"},
+        {"run --stack-depth 129 -- true", "--stack-depth expects an integer from 0 to 128"},
+        {"run --stack-depth -1 -- true", "--stack-depth expects"},
+        {"run --stack-depth 12x -- true", "--stack-depth expects"},
+        {"run --plugins a,,b -- true", "--plugins 'a,,b'"},
+        {"run --plugins none --check -- true", "--check needs plugins"},
+        {"run --plugin-option nodot=1 -- true", "--plugin-option"},
+        {"run --plugin-dir " + missing + " -- true", "is not a directory"},
+        {"run --fail-on fatal -- true", "--fail-on expects info, warning or error"},
+        // report
+        {"report", "report needs a trace file or directory"},
+        {"report " + missing, "no such file or directory"},
+        {"report --format pdf x", "--format expects text, json or html"},
+        {"report --top -1 x", "--top expects a non-negative integer"},
+        {"report --rank", "--rank needs a value"},
+        {"report --bogus x", "unknown option '--bogus' for report"},
+        // diff
+        {"diff", "diff needs BASE and CAND"},
+        {"diff a", "diff needs BASE and CAND"},
+        {"diff a b c", "diff needs BASE and CAND"},
+        {"diff --forward-threshold 12XB a b", "expects bytes"},
+        {"diff --format html a b", "--format expects text or json"},
+        {"diff --bogus a b", "unknown option '--bogus' for diff"},
+        // export
+        {"export", "export needs a trace file or directory"},
+        {"export x", "export needs --format"},
+        {"export --format svg x", "--format expects perfetto, collapsed or memory-viz"},
+        {"export --rank -2 --format perfetto x", "--rank expects a non-negative integer"},
+        {"export -o", "-o needs a value"},
+        {"export --bogus x", "unknown option '--bogus' for export"},
+        // replay
+        {"replay", "replay needs a trace file or directory"},
+        {"replay --plugins none,a x", "--plugins 'none,a'"},
+        {"replay --plugin-option A.b=1 x", "--plugin-option"},
+        {"replay --plugin-dir " + missing + " x", "is not a directory"},
+        {"replay -x", "unknown option '-x' for replay"},
+        // check
+        {"check", "check needs a PATH"},
+        {"check a b", "check takes one PATH"},
+        {"check --fail-on", "--fail-on needs a value"},
+        {"check --fail-on fatal x", "--fail-on expects info, warning or error"},
+        {"check " + missing, "no such file or directory"},
+        {"check --bogus", "unknown option '--bogus' for check"},
+    };
+    for (const CliCase& c : cases) {
+        CAPTURE(c.args);
+        std::string out, err;
+        const int status = sh(env("E2E_CLI") + " " + c.args, &out, &err);
+        CAPTURE(err);
+        CHECK(status == 2);
+        CHECK(out.empty());
+        std::istringstream lines(err);
+        std::vector<std::string> said;
+        for (std::string line; std::getline(lines, line);)
+            said.push_back(line);
+        REQUIRE(said.size() == 1);
+        CHECK(said[0].rfind("allocscope: ", 0) == 0);
+        CHECK(contains(said[0], c.says));
+    }
+}
+
+TEST_CASE("every subcommand's --help exits 0 with its usage; no command prints the usage, exit 2") {
+    for (const std::string cmd : {"run", "report", "diff", "export", "replay", "check"}) {
+        CAPTURE(cmd);
+        std::string out;
+        CHECK(sh(env("E2E_CLI") + " " + cmd + " --help", &out) == 0);
+        CHECK(out.rfind("usage: allocscope " + cmd, 0) == 0);
+    }
+    std::string out, err;
+    CHECK(sh(env("E2E_CLI"), &out, &err) == 2);
+    CHECK(out.empty());
+    CHECK(err.rfind("usage: allocscope", 0) == 0);
+    CHECK(sh(env("E2E_CLI") + " --version", &out) == 0);
+    CHECK(out.rfind("allocscope ", 0) == 0);
+}

@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""The Python shim without torch and without a GPU (meson test python_shim).
+
+* the allocscope package, preloaded interposer, host-memory CUDA runtime
+  (harness/sim_cudart): tags, steps, params and notes reach the trace;
+* without the interposer every call is a no-op with one warning;
+* tools/python/sitecustomize.py: nothing without ALLOCSCOPE_PYTHON=1, chains
+  to the sitecustomize it shadows, never imports torch itself and runs its
+  setup right after the program imports torch (a stand-in torch package);
+* `allocscope run` gives the child ALLOCSCOPE_PYTHON=1 and PYTHONPATH, and,
+  where the PyTorch bridge is not built, PYTORCH_CUDA_ALLOC_CONF with
+  backend:cudaMallocAsync plus one line saying so (--no-python: none of it).
+
+Environment (tests/meson.build): E2E_CLI, SIM_CUDART, ALLOCSCOPE_PYTHON_DIR,
+HAVE_TORCH_BRIDGE (1 when the bridge was built).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+CLI = os.environ["E2E_CLI"]
+SIM_CUDART = os.environ["SIM_CUDART"]
+PYDIR = os.environ["ALLOCSCOPE_PYTHON_DIR"]
+HAVE_BRIDGE = os.environ.get("HAVE_TORCH_BRIDGE") == "1"
+PY = sys.executable
+
+failures = []
+current = [""]
+
+
+def check(cond, what):
+    if not cond:
+        failures.append("%s: %s" % (current[0], what))
+        print("    FAILED: " + what)
+
+
+def clean_env(**extra):
+    env = dict(os.environ)
+    for var in ("ALLOCSCOPE_PYTHON", "PYTHONPATH", "LD_PRELOAD", "ALLOCSCOPE_OUT", "ALLOCSCOPE_LIB",
+                "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "ALLOCSCOPE_TORCH_BRIDGE",
+                "ALLOCSCOPE_PLUGINS", "PYTHONSTARTUP", "PYTHONNOUSERSITE"):
+        env.pop(var, None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(cmd, env, cwd=None):
+    p = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, timeout=120)
+    return p
+
+
+def test(fn):
+    current[0] = fn.__name__
+    print("test " + fn.__name__)
+    scratch = tempfile.mkdtemp(prefix="allocscope-pyshim-")
+    try:
+        fn(scratch)
+    except Exception as e:  # a broken test is a failure, not a crash
+        check(False, "raised %s: %s" % (type(e).__name__, e))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the package
+
+TAGGED_PROGRAM = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    import allocscope
+    assert allocscope.available(), "interposer not found"
+    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
+    process = ctypes.CDLL(None)
+    malloc, free = process.cudaMalloc, process.cudaFree
+    malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    free.argtypes = [ctypes.c_void_p]
+    allocscope.register_param("layers.1.fc1", "weight", 262144, "bf16", 131072)
+    held = []
+    for step in range(2):
+        allocscope.step(step)
+        with allocscope.scope("layers.1", "forward"):
+            with allocscope.scope("layers.1.fc1", "forward"):
+                p = ctypes.c_void_p()
+                assert malloc(ctypes.byref(p), 262144) == 0
+                held.append(p.value)
+        allocscope.mark("python-mark-%d" % step)
+        with allocscope.scope(None, "backward"):
+            p = ctypes.c_void_p()
+            assert malloc(ctypes.byref(p), 4096) == 0
+            free(p)
+    for ptr in held:
+        free(ctypes.c_void_p(ptr))
+    print("layer path:", allocscope.library_path())
+    """
+)
+
+
+@test
+def package_tags_reach_the_trace(scratch):
+    out = os.path.join(scratch, "out")
+    env = clean_env(SIM_CUDART=SIM_CUDART)
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c", TAGGED_PROGRAM], env)
+    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    check("liballocscope.so" in p.stdout, "library_path() did not find liballocscope.so: %r" % p.stdout)
+    traces = [f for f in os.listdir(out) if f.endswith(".trace")] if os.path.isdir(out) else []
+    check(len(traces) == 1, "one trace expected, found %s" % traces)
+    if not traces:
+        return
+    r = run([CLI, "report", out, "--format", "json"], clean_env())
+    check(r.returncode == 0, "report failed: %s" % r.stderr)
+    try:
+        rank = json.loads(r.stdout)["ranks"][0]
+    except (ValueError, KeyError, IndexError) as e:
+        check(False, "no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
+        return
+    kinds = rank.get("events_by_kind", {})
+    check(kinds.get("param") == 1, "param events: %r" % kinds)
+    check(kinds.get("mark") == 2, "mark events: %r" % kinds)
+    check(kinds.get("tag_push") == 6 and kinds.get("tag_pop") == 6, "tag events: %r" % kinds)
+    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+    fc1 = tags.get(("layers.1.fc1", "forward"))
+    check(fc1 is not None and fc1["allocations"] == 2 and fc1["allocated_bytes"] == 2 * 262144,
+          "layers.1.fc1 forward: %r (tags %r)" % (fc1, sorted(tags)))
+    bwd = [t for (layer, phase), t in tags.items() if phase == "backward"]
+    check(len(bwd) == 1 and bwd[0]["allocations"] == 2, "backward tag: %r" % sorted(tags))
+    steps = [s["step"] for s in rank.get("timeline", {}).get("steps", [])]
+    check(1 in steps, "steps %r" % steps)
+
+
+FRAMES_PROGRAM = textwrap.dedent(
+    """
+    import ctypes
+    process = ctypes.CDLL(None)
+    frame = process.allocscope_python_frame
+    frame.restype = ctypes.c_uint64
+    frame.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    alloc = process.allocscope_block_alloc_frames
+    alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    inner = frame(b"Block.forward", b"/src/model.py", 42)
+    outer = frame(b"train_step", b"/src/train.py", 7)
+    assert inner and outer and inner != outer
+    assert frame(b"Block.forward", b"/src/model.py", 42) == inner  # named once
+    frames = (ctypes.c_uint64 * 2)(inner, outer)
+    alloc(ctypes.c_void_p(0x7f0000100000), 1 << 20, 0, None, frames, 2)  # kept until exit
+    """
+)
+
+
+@test
+def python_frames_follow_the_native_stack_in_reports(scratch):
+    out = os.path.join(scratch, "out")
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
+             FRAMES_PROGRAM], clean_env())
+    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    r = run([CLI, "report", out, "--format", "json"], clean_env())
+    check(r.returncode == 0, "report failed: %s" % r.stderr)
+    try:
+        sites = json.loads(r.stdout)["ranks"][0]["sites_at_exit"]
+    except (ValueError, KeyError, IndexError) as e:
+        check(False, "no sites in the JSON report (%s): %r" % (e, r.stdout[:500]))
+        return
+    block = [s for s in sites if s["bytes"] == 1 << 20]
+    check(len(block) == 1, "the 1 MiB block at exit: %r" % sites)
+    if not block:
+        return
+    frames = block[0]["frames"]
+    check(len(frames) >= 3, "native frames and two Python frames: %r" % frames)
+    check(frames[-2:] == ["Block.forward (/src/model.py:42)", "train_step (/src/train.py:7)"],
+          "Python frames last, innermost first: %r" % frames)
+    check(not any("python+0x" in f for f in frames[:-2]), "native frames: %r" % frames)
+
+
+@test
+def package_without_interposer_is_a_noop_with_one_warning(scratch):
+    code = textwrap.dedent(
+        """
+        import allocscope
+        assert not allocscope.available()
+        for i in range(3):
+            allocscope.push("layers.0", "forward")
+            allocscope.register_param("layers.0", "weight", 10, "bf16")
+            allocscope.step(i)
+            allocscope.mark("x")
+            with allocscope.scope("a", "b"):
+                pass
+            allocscope.pop()
+        print("ok")
+        """
+    )
+    p = run([PY, "-c", code], clean_env(PYTHONPATH=PYDIR))
+    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    check(p.stdout.strip() == "ok", "stdout %r" % p.stdout)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("allocscope:")]
+    check(len(lines) == 1 and "not loaded" in lines[0], "want one warning, got %r" % p.stderr)
+
+
+# ------------------------------------------------------------------ sitecustomize
+
+PROBE = textwrap.dedent(
+    """
+    import sys
+    names = [type(f).__name__ for f in sys.meta_path]
+    print("finder=%s" % ("_AllocscopeTorchFinder" in names))
+    print("torch=%s" % ("torch" in sys.modules))
+    print("allocscope=%s" % ("allocscope" in sys.modules or "allocscope.torch" in sys.modules))
+    import builtins
+    print("chained=%s" % getattr(builtins, "CHAINED_SITECUSTOMIZE", False))
+    sc = sys.modules.get("sitecustomize")
+    print("sitecustomize=%s" % (getattr(sc, "__file__", None),))
+    """
+)
+
+
+def probe(env):
+    p = run([PY, "-c", PROBE], env)
+    values = dict(l.split("=", 1) for l in p.stdout.splitlines() if "=" in l)
+    return p, values
+
+
+def write_other_sitecustomize(scratch):
+    other = os.path.join(scratch, "other")
+    os.makedirs(other)
+    path = os.path.join(other, "sitecustomize.py")
+    with open(path, "w") as f:
+        f.write("import builtins\nbuiltins.CHAINED_SITECUSTOMIZE = True\n")
+    return other, path
+
+
+@test
+def sitecustomize_does_nothing_without_ALLOCSCOPE_PYTHON(scratch):
+    p, v = probe(clean_env(PYTHONPATH=PYDIR))
+    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    check(v.get("finder") == "False", "a finder was installed: %r" % p.stdout)
+    check(v.get("allocscope") == "False", "allocscope was imported: %r" % p.stdout)
+    check(p.stderr == "", "stderr: %r" % p.stderr)
+
+
+@test
+def sitecustomize_chains_to_the_one_it_shadows(scratch):
+    other, path = write_other_sitecustomize(scratch)
+    for flag in ("0", "1"):
+        p, v = probe(clean_env(PYTHONPATH=PYDIR + os.pathsep + other, ALLOCSCOPE_PYTHON=flag))
+        check(p.returncode == 0, "ALLOCSCOPE_PYTHON=%s: exit status %d: %s" % (flag, p.returncode, p.stderr))
+        check(v.get("chained") == "True", "ALLOCSCOPE_PYTHON=%s: the other sitecustomize did not run: %r" % (flag, p.stdout))
+        check(v.get("sitecustomize") == path,
+              "ALLOCSCOPE_PYTHON=%s: sys.modules['sitecustomize'] is %r, want %r" % (flag, v.get("sitecustomize"), path))
+        check(v.get("finder") == ("True" if flag == "1" else "False"),
+              "ALLOCSCOPE_PYTHON=%s: finder=%r" % (flag, v.get("finder")))
+
+
+@test
+def sitecustomize_waits_for_the_programs_import_torch(scratch):
+    fake = os.path.join(scratch, "fake")
+    os.makedirs(os.path.join(fake, "torch"))
+    with open(os.path.join(fake, "torch", "__init__.py"), "w") as f:
+        f.write("import sys\nsys.stdout.write('fake torch imported\\n')\nsys.stdout.flush()\n")
+    code = textwrap.dedent(
+        """
+        import sys
+        print("before: torch=%s finder=%s" % ("torch" in sys.modules,
+              any(type(f).__name__ == "_AllocscopeTorchFinder" for f in sys.meta_path)))
+        sys.stdout.flush()
+        import torch
+        print("after: finder=%s loader=%s" % (
+              any(type(f).__name__ == "_AllocscopeTorchFinder" for f in sys.meta_path),
+              type(torch.__loader__).__name__))
+        sys.stdout.flush()
+        """
+    )
+    env = clean_env(PYTHONPATH=os.pathsep.join([PYDIR, fake]), ALLOCSCOPE_PYTHON="1")
+    p = run([PY, "-u", "-c", code], env)
+    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    lines = p.stdout.splitlines()
+    check(lines[:1] == ["before: torch=False finder=True"], "stdout %r" % p.stdout)
+    check("fake torch imported" in lines, "the program's import torch did not run torch: %r" % p.stdout)
+    check(any(l.startswith("after: finder=False loader=") and "Allocscope" not in l for l in lines),
+          "finder left behind or loader not restored: %r" % p.stdout)
+    # The stand-in torch has nothing allocscope.torch needs: the setup ran
+    # (after the import) and said so in one line; the program went on.
+    said = [l for l in p.stderr.splitlines() if l.startswith("allocscope:")]
+    check(len(said) == 1, "want one allocscope line after import torch, got %r" % p.stderr)
+
+
+@test
+def sitecustomize_costs_a_non_torch_program_nothing(scratch):
+    code = "import json, sys; print(json.dumps(sorted(m for m in sys.modules if m.startswith(('torch', 'allocscope')))))"
+    p = run([PY, "-c", code], clean_env(PYTHONPATH=PYDIR, ALLOCSCOPE_PYTHON="1"))
+    check(p.returncode == 0 and p.stdout.strip() == "[]", "modules %r stderr %r" % (p.stdout, p.stderr))
+
+
+# ------------------------------------------------------------------ allocscope run
+
+
+def run_env(scratch, extra_args=(), **env_extra):
+    out = os.path.join(scratch, "out-%d" % len(os.listdir(scratch)))
+    p = run([CLI, "run", "--out", out, "--plugins", "none"] + list(extra_args) + ["--", "env"],
+            clean_env(**env_extra))
+    child = dict(l.split("=", 1) for l in p.stdout.splitlines() if "=" in l)
+    return p, child
+
+
+def fallback_lines(stderr):
+    return [l for l in stderr.splitlines() if "PyTorch bridge is not built" in l]
+
+
+@test
+def run_sets_python_environment(scratch):
+    p, child = run_env(scratch)
+    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    check(child.get("ALLOCSCOPE_PYTHON") == "1", "ALLOCSCOPE_PYTHON=%r" % child.get("ALLOCSCOPE_PYTHON"))
+    pp = child.get("PYTHONPATH", "")
+    first = pp.split(os.pathsep)[0]
+    check(os.path.exists(os.path.join(first, "sitecustomize.py")) and os.path.isdir(os.path.join(first, "allocscope")),
+          "PYTHONPATH %r does not start with the shim's directory" % pp)
+    p2, child2 = run_env(scratch, PYTHONPATH="/some/where")
+    check(child2.get("PYTHONPATH") == first + os.pathsep + "/some/where",
+          "PYTHONPATH not prepended: %r" % child2.get("PYTHONPATH"))
+    if HAVE_BRIDGE:
+        check(os.path.exists(child.get("ALLOCSCOPE_TORCH_BRIDGE", "")),
+              "ALLOCSCOPE_TORCH_BRIDGE=%r" % child.get("ALLOCSCOPE_TORCH_BRIDGE"))
+        check("PYTORCH_CUDA_ALLOC_CONF" not in child, "allocator changed although the bridge is built")
+        check(not fallback_lines(p.stderr), "fallback line although the bridge is built")
+    else:
+        check(child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync",
+              "PYTORCH_CUDA_ALLOC_CONF=%r" % child.get("PYTORCH_CUDA_ALLOC_CONF"))
+        check(len(fallback_lines(p.stderr)) == 1, "want one fallback line: %r" % p.stderr)
+        check("ALLOCSCOPE_TORCH_BRIDGE" not in child, "ALLOCSCOPE_TORCH_BRIDGE set without a bridge")
+
+
+@test
+def run_merges_the_fallback_with_the_users_allocator_settings(scratch):
+    if HAVE_BRIDGE:
+        print("    (bridge built: no fallback to check)")
+        return
+    p, child = run_env(scratch, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    check(child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync,expandable_segments:True",
+          "merged: %r" % child.get("PYTORCH_CUDA_ALLOC_CONF"))
+    check(len(fallback_lines(p.stderr)) == 1, "want one fallback line: %r" % p.stderr)
+    p, child = run_env(scratch, PYTORCH_ALLOC_CONF="max_split_size_mb:64")
+    check(child.get("PYTORCH_ALLOC_CONF") == "backend:cudaMallocAsync,max_split_size_mb:64",
+          "PYTORCH_ALLOC_CONF merged: %r" % child.get("PYTORCH_ALLOC_CONF"))
+    check("PYTORCH_CUDA_ALLOC_CONF" not in child, "PYTORCH_CUDA_ALLOC_CONF added next to PYTORCH_ALLOC_CONF")
+    for var, value in (("PYTORCH_CUDA_ALLOC_CONF", "backend:native"),
+                       ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True, backend : native"),
+                       ("PYTORCH_ALLOC_CONF", "backend:cudaMallocAsync")):
+        p, child = run_env(scratch, **{var: value})
+        check(child.get(var) == value, "%s=%r was changed to %r" % (var, value, child.get(var)))
+        check(not fallback_lines(p.stderr), "fallback line although %s sets a backend" % var)
+
+
+@test
+def run_no_python_leaves_python_alone(scratch):
+    p, child = run_env(scratch, ["--no-python"], PYTHONPATH="/some/where")
+    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    check("ALLOCSCOPE_PYTHON" not in child, "ALLOCSCOPE_PYTHON set")
+    check(child.get("PYTHONPATH") == "/some/where", "PYTHONPATH=%r" % child.get("PYTHONPATH"))
+    check("PYTORCH_CUDA_ALLOC_CONF" not in child and not fallback_lines(p.stderr), "allocator changed")
+    h = run([CLI, "run", "--help"], clean_env())
+    check("--no-python" in h.stdout and "PYTORCH_CUDA_ALLOC_CONF" in h.stdout, "usage text lacks the Python part")
+
+
+@test
+def python_under_run_is_tagged_without_changes(scratch):
+    # sitecustomize under `allocscope run` in a process that never imports
+    # torch: nothing of the shim is imported, the program is unchanged.
+    out = os.path.join(scratch, "out")
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c",
+             "import sys; print(sorted(m for m in sys.modules if m.startswith('allocscope')))"],
+            clean_env())
+    check(p.returncode == 0 and p.stdout.strip() == "[]", "stdout %r stderr %r" % (p.stdout, p.stderr))
+
+
+if failures:
+    print("\n%d check(s) failed" % len(failures))
+    sys.exit(1)
+print("\nall passed")

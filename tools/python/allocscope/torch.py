@@ -1,0 +1,589 @@
+"""allocscope for PyTorch: module, backward and optimizer hooks that tag every
+allocation with the module running it, parameter registration for the
+detectors, and the caching-allocator bridge.
+
+    import allocscope.torch
+    allocscope.torch.enable(model, optimizer)     # both optional
+
+`allocscope run` calls enable() with no arguments as soon as a traced Python
+process imports torch (tools/python/sitecustomize.py), so a training script
+needs no change.
+
+Tags (layer, phase), all per thread:
+
+* forward: a global forward pre-hook enters (layer = the module's qualified
+  name, "forward"); a global forward hook registered with always_call=True
+  leaves it, also when forward raises.
+* backward: global full backward pre-/post-hooks enter and leave
+  (layer, "backward") on the thread autograd runs them on. A module none of
+  whose inputs require grad (the root, the first layer) gets both hooks at
+  once, before its backward runs (PyTorch's rule, recognised by a grad_input
+  of Nones): its tag then stays until the backward pre-hook of a module
+  outside it, the end of that backward pass (an autograd final callback, when
+  it runs on the same thread) or the next iteration's backward, whichever
+  comes first. So the first layer's backward is tagged like the others, and
+  the root's ("") encloses the whole backward pass.
+* optimizer: global optimizer step pre-/post-hooks enter and leave
+  (enclosing layer, "optimizer"). After each step of the first optimizer
+  that steps (or the one passed to enable) the process-wide step is
+  incremented (allocscope_step).
+
+Layer names. Modules of a known model are named by its named_modules(): the
+model passed to enable(), else every *root* found lazily: the top-most module
+called on a thread whose tag stack is empty. The first root is the PyTorch
+root "" and its children are "layers.0", "layers.0.fc1", ...; a later, different
+root is named after its class ("Critic", "Critic.layers.0", ...). A module of
+no known model (called inside another module before any root saw it) is named
+lazily "<enclosing layer>.<ClassName>". When a root's first forward begins,
+every parameter of it is registered: numel from the (global) shape, sharded
+numel from DTensor.to_local() for FSDP2 parameters, the dtype as "bf16",
+"fp32", "fp8_e4m3", ....
+
+Pairing. The hooks keep a Python mirror of the thread's tag stack: a leave
+pops down to the matching enter (entries above it whose leave never came go
+with it) and a leave without an enter does nothing, so an exception never
+leaves the stack unbalanced. Backward entries left over from an earlier
+iteration (a post-hook that never ran) are dropped at the next backward
+pre-hook on that thread; optimizer entries of a step() that raised, at the
+next step().
+
+Environment: ALLOCSCOPE_PYTHON_BACKWARD=0 leaves out the backward hooks (full
+backward hooks wrap every module's inputs and outputs in an autograd
+function, which PyTorch refuses for modules that modify their input in place,
+e.g. ReLU(inplace=True)). ALLOCSCOPE_TORCH_BRIDGE: the bridge library's path.
+
+The bridge (tools/torch_bridge) attaches to the native caching allocator's
+trace tracker once CUDA is initialized and reports every tensor block to the
+interposer. With PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync it is not
+needed: every tensor is a cudaMallocAsync call the interposer sees.
+"""
+
+import ctypes
+import os
+import sys
+import threading
+import warnings
+import weakref
+
+import torch
+
+import allocscope as _allocscope
+
+__all__ = ["enable", "disable", "attach_bridge", "layer_name"]
+
+_lock = threading.RLock()
+_tls = threading.local()
+
+_enabled = False
+_handles = []
+_backward_hooks = False
+
+# id(module) -> (weakref to the module, name, provisional)
+_names = {}
+# id(root) -> [weakref, prefix, params registered]
+_roots = {}
+_root_prefixes = set()
+_generation = 0
+
+_primary_optimizer = None  # weakref
+_steps = 0
+
+_bridge_state = None  # None: not tried; True: attached or not needed; False: failed
+_said = set()
+
+
+def _say(key, text):
+    """One line on stderr, once per key."""
+    if key in _said:
+        return
+    _said.add(key)
+    rank = _allocscope.rank()
+    prefix = "allocscope" if rank is None else "allocscope[rank %d]" % rank
+    try:
+        sys.stderr.write("%s: %s\n" % (prefix, text))
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _compiling():
+    try:
+        return torch.compiler.is_compiling()
+    except Exception:
+        return False
+
+
+_DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+}
+for _attr, _text in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):
+    if hasattr(torch, _attr):
+        _DTYPES[getattr(torch, _attr)] = _text
+
+
+def _dtype_name(dtype):
+    return _DTYPES.get(dtype) or str(dtype).replace("torch.", "")
+
+
+def _dtensor_type():
+    for module in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            mod = __import__(module, fromlist=["DTensor"])
+            return getattr(mod, "DTensor")
+        except Exception:
+            continue
+    return None
+
+
+# ---------------------------------------------------------------- names
+
+
+def _join(prefix, name):
+    if not prefix:
+        return name
+    if not name:
+        return prefix
+    return prefix + "." + name
+
+
+def layer_name(module):
+    """The layer name allocscope gives `module`, or None when it has none yet."""
+    entry = _names.get(id(module))
+    if entry is not None and entry[0]() is module:
+        return entry[1]
+    return None
+
+
+def _set_name(module, name, provisional):
+    key = id(module)
+    try:
+        ref = weakref.ref(module, lambda _r, key=key: _forget(key, _r))
+    except TypeError:
+        return
+    _names[key] = (ref, name, provisional)
+
+
+def _forget(key, ref):
+    entry = _names.get(key)
+    if entry is not None and entry[0] is ref:
+        _names.pop(key, None)
+    root = _roots.get(key)
+    if root is not None and root[0] is ref:
+        _roots.pop(key, None)
+
+
+def _add_root(module, prefix=None):
+    """Names `module` and its sub-modules; returns the root's entry."""
+    with _lock:
+        entry = _roots.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry
+        if prefix is None:
+            if not _root_prefixes:
+                prefix = ""
+            else:
+                base = type(module).__name__
+                prefix, n = base, 2
+                while prefix in _root_prefixes:
+                    prefix = "%s#%d" % (base, n)
+                    n += 1
+        _root_prefixes.add(prefix)
+        for name, sub in module.named_modules():
+            existing = _names.get(id(sub))
+            if existing is not None and existing[0]() is sub and not existing[2] and sub is not module:
+                continue  # already named by another known model
+            _set_name(sub, _join(prefix, name), False)
+        entry = [weakref.ref(module), prefix, False]
+        _roots[id(module)] = entry
+        return entry
+
+
+def _register_params(root, prefix):
+    dtensor = _dtensor_type()
+    seen = set()
+    for name, sub in root.named_modules():
+        layer = _join(prefix, name)
+        for pname, p in sub.named_parameters(recurse=False):
+            key = (id(sub), pname)
+            if key in seen or p is None:
+                continue
+            seen.add(key)
+            try:
+                numel = int(p.numel())
+                sharded = numel
+                if dtensor is not None and isinstance(p, dtensor):
+                    sharded = int(p.to_local().numel())
+                _allocscope.register_param(layer, pname, numel, _dtype_name(p.dtype), sharded)
+            except Exception as e:  # never break the training step
+                _say("param", "cannot register parameter %s.%s: %s" % (layer, pname, e))
+
+
+# ---------------------------------------------------------------- the tag stack mirror
+
+
+def _stack():
+    s = getattr(_tls, "stack", None)
+    if s is None:
+        s = _tls.stack = []
+    return s
+
+
+def _enter(api, key, kind, layer, phase):
+    # entry: (key, kind, generation, layer)
+    api.push(None if layer is None else layer.encode("utf-8", "replace"), phase)
+    _stack().append((key, kind, _generation, layer))
+
+
+def _pop_to(api, s, index):
+    for _ in range(len(s) - index):
+        api.pop()
+    del s[index:]
+
+
+def _leave(key, kind):
+    s = _stack()
+    for i in range(len(s) - 1, -1, -1):
+        if s[i][0] == key and s[i][1] == kind:
+            api = _allocscope._get()
+            if api is not None:
+                _pop_to(api, s, i)
+            else:
+                del s[i:]
+            return
+
+
+def _drop_stale(api, s, kinds, older_than=None):
+    """Pops down to the lowest entry of one of `kinds` (of a generation
+    before `older_than`, when given)."""
+    for i, entry in enumerate(s):
+        if entry[1] in kinds and (older_than is None or entry[2] < older_than):
+            _pop_to(api, s, i)
+            return
+
+
+def _within(layer, scope):
+    """True when module `layer` is `scope` or inside it."""
+    return not scope or layer == scope or layer.startswith(scope + ".")
+
+
+def _drop_deferred_outside(api, s, layer):
+    """Pops down to the lowest deferred backward entry that does not enclose
+    `layer` (its module's backward is over: another module's has begun)."""
+    for i, entry in enumerate(s):
+        if entry[1] == "d" and not _within(layer, entry[3] or ""):
+            _pop_to(api, s, i)
+            return
+
+
+def _enclosing_layer(s):
+    for entry in reversed(s):
+        if entry[3] is not None:
+            return entry[3]
+    return ""
+
+
+# ---------------------------------------------------------------- hooks
+
+
+def _forward_pre(module, args):
+    global _generation
+    if _compiling():
+        return None
+    api = _allocscope._get()
+    if api is None:
+        return None
+    try:
+        s = _stack()
+        if not s:
+            _generation += 1
+            if _bridge_state is None:
+                _maybe_attach_bridge()
+        entry = _names.get(id(module))
+        name = entry[1] if entry is not None and entry[0]() is module else None
+        if name is None or (entry[2] and not s):
+            if not s:
+                _add_root(module)
+                name = layer_name(module)
+            else:
+                name = _join(_enclosing_layer(s), type(module).__name__)
+                _set_name(module, name, True)
+        root = _roots.get(id(module))
+        if root is not None and not root[2] and root[0]() is module:
+            root[2] = True
+            _register_params(module, root[1])
+        _enter(api, id(module), "f", name, b"forward")
+    except Exception as e:
+        _say("forward", "forward hook failed (tags may be missing): %s" % e)
+    return None
+
+
+def _forward_post(module, args, output):
+    if _compiling():
+        return None
+    try:
+        _leave(id(module), "f")
+    except Exception:
+        pass
+    return None
+
+
+def _backward_pre(module, grad_output):
+    api = _allocscope._get()
+    if api is None:
+        return None
+    try:
+        s = _stack()
+        if s:
+            _drop_stale(api, s, ("b", "d"), older_than=_generation)
+        name = layer_name(module)
+        if name is None:
+            name = _join(_enclosing_layer(s), type(module).__name__)
+        if s:
+            _drop_deferred_outside(api, s, name)
+        _enter(api, id(module), "b", name, b"backward")
+    except Exception as e:
+        _say("backward", "backward hook failed (tags may be missing): %s" % e)
+    return None
+
+
+def _backward_post(module, grad_input, grad_output):
+    try:
+        if isinstance(grad_input, tuple) and all(g is None for g in grad_input):
+            # Fired early: no input requires grad, the module's backward has
+            # not run yet. Keep its tag (see the module docstring).
+            s = _stack()
+            key = id(module)
+            for i in range(len(s) - 1, -1, -1):
+                if s[i][0] == key and s[i][1] == "b":
+                    s[i] = (key, "d", s[i][2], s[i][3])
+                    _queue_end_of_backward()
+                    return None
+            return None
+        _leave(id(module), "b")
+    except Exception:
+        pass
+    return None
+
+
+_end_queued = -1  # the generation whose backward has the callback queued
+
+
+def _queue_end_of_backward():
+    global _end_queued
+    if _end_queued == _generation:
+        return
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
+        _end_queued = _generation
+    except Exception:
+        pass
+
+
+def _end_of_backward():
+    global _end_queued
+    _end_queued = -1
+    try:
+        api = _allocscope._get()
+        s = _stack()
+        if api is not None and s:
+            _drop_stale(api, s, ("d",))
+    except Exception:
+        pass
+
+
+def _optimizer_pre(optimizer, args, kwargs):
+    api = _allocscope._get()
+    if api is None:
+        return None
+    try:
+        s = _stack()
+        if s:
+            _drop_stale(api, s, ("o",))
+        _enter(api, id(optimizer), "o", None, b"optimizer")
+    except Exception as e:
+        _say("optimizer", "optimizer hook failed (tags may be missing): %s" % e)
+    return None
+
+
+def _optimizer_post(optimizer, args, kwargs):
+    global _primary_optimizer, _steps
+    try:
+        _leave(id(optimizer), "o")
+        with _lock:
+            if _primary_optimizer is None or _primary_optimizer() is None:
+                _primary_optimizer = weakref.ref(optimizer)
+            primary = _primary_optimizer() is optimizer
+            if primary:
+                _steps += 1
+                steps = _steps
+        if primary:
+            _allocscope.step(steps)
+    except Exception as e:
+        _say("optimizer", "optimizer hook failed (tags may be missing): %s" % e)
+    return None
+
+
+# ---------------------------------------------------------------- the bridge
+
+
+def _bridge_candidates():
+    path = os.environ.get("ALLOCSCOPE_TORCH_BRIDGE")
+    if path:
+        return [path]
+    name = "liballocscope_torch_bridge.so"
+    out = []
+    lib = _allocscope.library_path()
+    if lib:
+        d = os.path.dirname(lib)
+        out.append(os.path.join(d, "allocscope", name))  # installed: <libdir>/allocscope
+        out.append(os.path.join(d, "..", "tools", "torch_bridge", name))  # build tree
+    return out
+
+
+def _allocator_backend():
+    try:
+        return torch.cuda.get_allocator_backend()
+    except Exception:
+        return None
+
+
+def attach_bridge():
+    """Attaches the caching-allocator bridge (CUDA must be initialized).
+    True when attached or not needed; says in one line why not otherwise."""
+    global _bridge_state
+    if not _allocscope.available():
+        return False
+    with _lock:
+        if _bridge_state is not None:
+            return _bridge_state
+        _bridge_state = _attach()
+        return _bridge_state
+
+
+def _attach():
+    if _allocator_backend() == "cudaMallocAsync":
+        return True  # every tensor reaches the runtime API
+    candidates = _bridge_candidates()
+    path = next((p for p in candidates if os.path.exists(p)), None)
+    if path is None:
+        _say(
+            "bridge",
+            "the PyTorch bridge is not built (looked for %s): per-tensor blocks of the caching "
+            "allocator are not recorded; set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
+            "to record every tensor" % (", ".join(candidates) or "ALLOCSCOPE_TORCH_BRIDGE"),
+        )
+        return False
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path))
+        attach = lib.allocscope_torch_bridge_attach
+        attach.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        attach.restype = ctypes.c_int
+    except (OSError, AttributeError) as e:
+        _say("bridge", "the PyTorch bridge %s cannot be loaded: %s" % (path, e))
+        return False
+    error = ctypes.create_string_buffer(512)
+    rc = attach(error, len(error))
+    if rc < 0:
+        _say(
+            "bridge",
+            "the PyTorch bridge did not attach: %s" % error.value.decode("utf-8", "replace"),
+        )
+        return False
+    return True
+
+
+def _attach_when_cuda_ready():
+    try:
+        attach_bridge()
+    except Exception as e:  # runs inside torch.cuda's lazy init: never raise
+        _say("bridge", "the PyTorch bridge did not attach: %s" % e)
+
+
+def _maybe_attach_bridge():
+    try:
+        if torch.cuda.is_initialized():
+            attach_bridge()
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------- enable / disable
+
+
+def _models(model):
+    if model is None:
+        return []
+    if isinstance(model, torch.nn.Module):
+        return [(None, model)]
+    if isinstance(model, dict):
+        return list(model.items())
+    return [(None, m) for m in model]
+
+
+def enable(model=None, optimizer=None):
+    """Installs the hooks (once per process) and names `model`'s modules.
+
+    model: a Module, a list of Modules (the first is the root "", the others
+    are named after their class) or a dict {prefix: Module}; None: roots are
+    found lazily. optimizer: the optimizer whose steps count as training
+    steps (default: the first one that steps). Without liballocscope.so in
+    the process this does nothing (one warning)."""
+    global _enabled, _backward_hooks, _primary_optimizer
+    if not _allocscope.available():
+        _allocscope._get()  # the one warning
+        return False
+    with _lock:
+        for prefix, m in _models(model):
+            _add_root(m, prefix)
+        if optimizer is not None:
+            _primary_optimizer = weakref.ref(optimizer)
+        if _enabled:
+            return True
+        _enabled = True
+        from torch.nn.modules import module as nn_module
+
+        _handles.append(nn_module.register_module_forward_pre_hook(_forward_pre))
+        _handles.append(nn_module.register_module_forward_hook(_forward_post, always_call=True))
+        if os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0":
+            try:
+                _handles.append(nn_module.register_module_full_backward_pre_hook(_backward_pre))
+                _handles.append(nn_module.register_module_full_backward_hook(_backward_post))
+                _backward_hooks = True
+                # Modules none of whose inputs require grad (the root, the first
+                # layer) make PyTorch warn once that the full backward hook fires
+                # early; the hooks are ours, not the program's.
+                warnings.filterwarnings(
+                    "ignore",
+                    message="Full backward hook is firing when gradients are computed with respect to module outputs",
+                )
+            except RuntimeError as e:
+                _say("backward", "backward phases are not tagged: %s" % e)
+        from torch.optim import optimizer as optim_module
+
+        _handles.append(optim_module.register_optimizer_step_pre_hook(_optimizer_pre))
+        _handles.append(optim_module.register_optimizer_step_post_hook(_optimizer_post))
+        try:
+            if torch.cuda.is_initialized():
+                attach_bridge()
+            else:
+                torch.cuda._lazy_call(_attach_when_cuda_ready)
+        except Exception as e:
+            _say("bridge", "the PyTorch bridge will not attach: %s" % e)
+        return True
+
+
+def disable():
+    """Removes the hooks (the bridge stays attached: it cannot be detached)."""
+    global _enabled, _backward_hooks
+    with _lock:
+        for h in _handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        del _handles[:]
+        _enabled = False
+        _backward_hooks = False
