@@ -119,6 +119,28 @@ struct Event {
     Api api = Api::none;
 };
 
+// Plain driver allocations (cuMemAlloc_v2 ... cuMemAllocManaged and their
+// frees), as opposed to runtime-API segments and driver mappings: what
+// libraries take for themselves (a cuBLAS handle's workspace, NCCL's
+// buffers), never a framework's tensors.
+inline constexpr bool is_direct_driver_allocation(Api api) noexcept {
+    switch (api) {
+        case Api::cuMemAlloc_v2:
+        case Api::cuMemAllocPitch_v2:
+        case Api::cuMemFree_v2:
+        case Api::cuMemAllocAsync:
+        case Api::cuMemAllocAsync_ptsz:
+        case Api::cuMemFreeAsync:
+        case Api::cuMemFreeAsync_ptsz:
+        case Api::cuMemAllocFromPoolAsync:
+        case Api::cuMemAllocFromPoolAsync_ptsz:
+        case Api::cuMemAllocManaged:
+            return true;
+        default:
+            return false;
+    }
+}
+
 // Python frames in recorded stacks. A stack is native return addresses,
 // innermost first; a caching allocator's bridge may append the Python frames
 // that called into the interpreter (allocscope_block_alloc_frames). Such a

@@ -347,11 +347,16 @@ void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
 
 void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const EventText& text,
                          uint32_t source) {
-    // Physical handles and VA reservations are not memory a tag owns at an
-    // address (the mappings are): plugins never see them.
+    // Detectors see the memory a program's tensors live in: runtime-API
+    // segments, driver mappings (an expandable allocator's segments) and
+    // blocks. Not physical handles and VA reservations (the mappings are the
+    // memory a tag owns), and not plain driver allocations: those are
+    // libraries' own (a cuBLAS handle made inside a layer's backward would
+    // look like that layer's retained memory). Reports account for all.
     if (e.kind == EventKind::alloc || e.kind == EventKind::free || e.kind == EventKind::oom) {
         const Pool pool = pool_of(e);
         if (pool == Pool::physical || pool == Pool::address_range) return;
+        if (is_direct_driver_allocation(e.api)) return;
     }
     allocscope_event_v1 ev{};
     ev.seq = e.seq;

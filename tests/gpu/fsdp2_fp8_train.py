@@ -214,6 +214,11 @@ def main():
     parser.add_argument("--mode", choices=("seed", "fixed", "bf16"), default="seed")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--time", action="store_true",
+                        help="print each step's wall time (ms) for benchmarks")
+    parser.add_argument("--record-history", choices=("python", "all"),
+                        help="torch.cuda.memory._record_memory_history(stacks=...) for the run, "
+                             "the PyTorch-native recording allocscope is compared with")
     args = parser.parse_args()
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -237,17 +242,25 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(args.seed * 1000 + rank)
     x = torch.randn(BATCH, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
     target = torch.randn(BATCH, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if args.record_history:
+        torch.cuda.memory._record_memory_history(stacks=args.record_history)
+    import time
+
     for step in range(args.steps):
+        start = time.perf_counter()
         loss = F.mse_loss(model(x), target)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        elapsed_ms = (time.perf_counter() - start) * 1e3
         print(
             "rank %d step %d loss %.6f allocated %d"
             % (rank, step, loss.item(), torch.cuda.memory_allocated()),
             flush=True,
         )
+        if args.time:
+            print("STEP_MS rank %d step %d %.3f" % (rank, step, elapsed_ms), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

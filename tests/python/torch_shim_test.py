@@ -78,7 +78,8 @@ SCRIPT = textwrap.dedent(
                 x = layer(x)
             return x
 
-    torch.optim.optimizer.register_optimizer_step_pre_hook(
+    from torch.optim import optimizer as optim_module
+    optim_module.register_optimizer_step_pre_hook(
         lambda opt, args, kwargs: device_alloc_free(16384))
     model = Model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

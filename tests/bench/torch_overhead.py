@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Step-time overhead of allocscope on the PyTorch FSDP2 FP8 run, against
+PyTorch's own memory history recording (the benchmark behind the overhead
+table in docs/RESULTS.md). Needs 2 GPUs and torch.
+
+    python3 tests/bench/torch_overhead.py --cli build-gpu/tools/allocscope \
+        [--harness build-gpu/harness/allocscope-harness] [--steps 60] [--skip 10] [--repeat 2]
+
+Runs tests/gpu/fsdp2_fp8_train.py --mode seed --time under torchrun (2 ranks)
+for each configuration:
+  plain               no recording
+  allocscope/nostack  allocscope run --stack-depth 0 (tags, blocks, plugins live)
+  allocscope          allocscope run (24 native frames + Python frames)
+  torch/python        _record_memory_history(stacks="python")
+  torch/all           _record_memory_history(stacks="all")
+The step time of a run is the median over steps >= --skip of the slower
+rank; a configuration's is the median over --repeat runs. With --harness,
+also the C++ harness (cuda backend, 2 ranks) wall time with and without
+allocscope.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "gpu", "fsdp2_fp8_train.py")
+STEP = re.compile(r"^STEP_MS rank (\d+) step (\d+) ([0-9.]+)$")
+
+
+def torchrun(steps):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"]
+
+
+def step_ms(output, skip):
+    per_rank = {}
+    for line in output.splitlines():
+        m = STEP.match(line.strip())
+        if m and int(m.group(2)) >= skip:
+            per_rank.setdefault(int(m.group(1)), []).append(float(m.group(3)))
+    if len(per_rank) != 2:
+        raise RuntimeError("expected step times from 2 ranks:\n" + output[-2000:])
+    return max(statistics.median(v) for v in per_rank.values())
+
+
+def run(cmd, env):
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("%s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--harness")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--skip", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    scratch = tempfile.mkdtemp(prefix="allocscope-overhead-")
+    env = dict(os.environ)
+    configs = [
+        ("plain", []),
+        ("allocscope/nostack", [args.cli, "run", "--force", "--stack-depth", "0", "--out",
+                                os.path.join(scratch, "a0"), "--"]),
+        ("allocscope", [args.cli, "run", "--force", "--out", os.path.join(scratch, "a1"), "--"]),
+        ("torch/python", None),
+        ("torch/all", None),
+    ]
+    results = {}
+    try:
+        for rep in range(args.repeat):
+            for name, prefix in configs:
+                if prefix is None:
+                    cmd = torchrun(args.steps) + ["--record-history", name.split("/")[1]]
+                else:
+                    cmd = prefix + torchrun(args.steps)
+                results.setdefault(name, []).append(step_ms(run(cmd, env), args.skip))
+                print("%-20s run %d: %.3f ms/step" % (name, rep, results[name][-1]), flush=True)
+        base = statistics.median(results["plain"])
+        print("\n| configuration | step time (ms, median) | overhead |")
+        print("| --- | --- | --- |")
+        for name, _ in configs:
+            t = statistics.median(results[name])
+            print("| %s | %.3f | %+.1f %% |" % (name, t, (t / base - 1) * 100))
+
+        if args.harness:
+            harness = [args.harness, "--backend", "cuda", "--ranks", "2", "--steps", "200",
+                       "--warmup", "2"]
+            walls = {"harness plain": [], "harness allocscope": []}
+            for rep in range(args.repeat):
+                for name, cmd in (("harness plain", harness),
+                                  ("harness allocscope", [args.cli, "run", "--force", "--out",
+                                                          os.path.join(scratch, "h"), "--"] +
+                                   harness)):
+                    start = time.perf_counter()
+                    run(cmd, env)
+                    walls[name].append(time.perf_counter() - start)
+            hb = statistics.median(walls["harness plain"])
+            for name, v in walls.items():
+                t = statistics.median(v)
+                print("| %s (200 steps, wall) | %.3f s | %+.1f %% |" % (name, t, (t / hb - 1) * 100))
+            results.update(walls)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
