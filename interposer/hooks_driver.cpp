@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -395,7 +396,7 @@ struct Entry {
 #define ALLOCSCOPE_ENTRY(SYMBOL, BASE, MINV, API, API_PTSZ, FAMILY) \
     Entry { SYMBOL, BASE, MINV, API, API_PTSZ, &FAMILY::wrap, &FAMILY::owns }
 
-const Entry kEntries[] = {
+constexpr Entry kEntries[] = {
     ALLOCSCOPE_ENTRY("cuMemAlloc_v2", "cuMemAlloc", 3020, Api::cuMemAlloc_v2, Api::cuMemAlloc_v2,
                      MemAlloc),
     ALLOCSCOPE_ENTRY("cuMemAllocPitch_v2", "cuMemAllocPitch", 3020, Api::cuMemAllocPitch_v2,
@@ -468,29 +469,62 @@ void* wrap_symbol(const char* symbol, void* real) {
     return real;
 }
 
-bool is_wrapped_symbol(const char* symbol) {
+// --- dlsym ---------------------------------------------------------------------------
+//
+// The trampoline's route runs for every dlsym in the process, including the
+// ones a sanitizer runtime makes while it starts, before its shadow memory
+// exists: everything on that path is uninstrumented, calls nothing
+// instrumented (not even strcmp, which sanitizers intercept) and uses only
+// constant-initialized data.
+
+#define ALLOCSCOPE_UNINSTRUMENTED \
+    __attribute__((no_sanitize("address", "undefined", "thread"), noinline))
+
+constexpr const char* kWrappedSymbols[] = {
+    "cuMemAlloc_v2",       "cuMemAllocPitch_v2",           "cuMemFree_v2",
+    "cuMemAllocAsync",     "cuMemAllocAsync_ptsz",         "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync",      "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemAllocManaged",   "cuMemCreate",                  "cuMemRelease",
+    "cuMemMap",            "cuMemUnmap",                   "cuMemAddressReserve",
+    "cuMemAddressFree",    "cuGetProcAddress",             "cuGetProcAddress_v2",
+};
+
+ALLOCSCOPE_UNINSTRUMENTED constexpr bool same_name(const char* a, const char* b) noexcept {
+    while (*a && *a == *b) {
+        ++a;
+        ++b;
+    }
+    return *a == *b;
+}
+
+// The route's list is the wrapping table's, name for name.
+constexpr bool same_symbols() {
+    if (std::size(kWrappedSymbols) != std::size(kEntries)) return false;
+    for (size_t i = 0; i < std::size(kEntries); ++i)
+        if (!same_name(kWrappedSymbols[i], kEntries[i].symbol)) return false;
+    return true;
+}
+static_assert(same_symbols(), "kWrappedSymbols must list kEntries' symbols in order");
+
+ALLOCSCOPE_UNINSTRUMENTED bool is_wrapped_symbol(const char* symbol) noexcept {
     if (!symbol || symbol[0] != 'c' || symbol[1] != 'u' || (symbol[2] != 'M' && symbol[2] != 'G'))
         return false;
-    for (const Entry& e : kEntries)
-        if (std::strcmp(e.symbol, symbol) == 0) return true;
+    for (const char* name : kWrappedSymbols)
+        if (same_name(name, symbol)) return true;
     return false;
 }
 
-// --- dlsym ---------------------------------------------------------------------------
-
 using dlsym_fn = void* (*)(void*, const char*);
+// Builtins, not std::atomic: its member functions are instrumented code.
+constinit dlsym_fn g_real_dlsym = nullptr;
 
-dlsym_fn real_dlsym() noexcept {
-    static std::atomic<dlsym_fn> cache{nullptr};
-    dlsym_fn fn = cache.load(std::memory_order_acquire);
+ALLOCSCOPE_UNINSTRUMENTED dlsym_fn real_dlsym() noexcept {
+    dlsym_fn fn = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
     if (!fn) {
-        for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"}) {
-            if (void* p = dlvsym(RTLD_NEXT, "dlsym", version)) {
-                fn = reinterpret_cast<dlsym_fn>(p);
-                break;
-            }
-        }
-        cache.store(fn, std::memory_order_release);
+        void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        fn = reinterpret_cast<dlsym_fn>(p);
+        __atomic_store_n(&g_real_dlsym, fn, __ATOMIC_RELEASE);
     }
     return fn;
 }
@@ -513,7 +547,9 @@ void* allocscope::next_symbol(void* handle, const char* name) noexcept {
 #endif
 }
 
-void* allocscope_dlsym_route(void*, const char* name) {
+// Only the wrapped names (never asked for by a sanitizer runtime) go on to
+// instrumented code.
+ALLOCSCOPE_UNINSTRUMENTED void* allocscope_dlsym_route(void*, const char* name) {
     if (is_wrapped_symbol(name) && wrapping_enabled())
         return reinterpret_cast<void*>(&allocscope_dlsym_wrapped);
     return reinterpret_cast<void*>(real_dlsym());

@@ -125,7 +125,8 @@ TEST_CASE("a bad value keeps that setting's default and leaves the others alone"
 
 TEST_CASE("random values never throw and give at most one one-line warning per variable") {
     std::mt19937_64 rng(7);
-    const std::string alphabet = std::string("0123456789-+.,=/ abcxyzAZ_\t\n\x01\x7f\xff", 38);
+    static const char kAlphabet[] = "0123456789-+.,=/ abcxyzAZ_\t\n\x01\x7f\xff";
+    const std::string alphabet(kAlphabet, sizeof kAlphabet - 1);
     size_t warned = 0, tried = 0;
     for (int round = 0; round < 3000; ++round) {
         Env env;

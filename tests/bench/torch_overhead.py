@@ -67,32 +67,57 @@ def main():
     ap.add_argument("--skip", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also the interposer alone, + shim and bridge, + stacks, one at a time")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="with --breakdown: only plain and the breakdown")
     args = ap.parse_args()
 
     scratch = tempfile.mkdtemp(prefix="allocscope-overhead-")
     env = dict(os.environ)
+    def under(out, *flags):
+        return [args.cli, "run", "--force", "--out", os.path.join(scratch, out)] + list(flags) + ["--"]
+
+    # (name, extra environment, command prefix; None: torch's own recording)
     configs = [
-        ("plain", []),
-        ("allocscope/nostack", [args.cli, "run", "--force", "--stack-depth", "0", "--out",
-                                os.path.join(scratch, "a0"), "--"]),
-        ("allocscope", [args.cli, "run", "--force", "--out", os.path.join(scratch, "a1"), "--"]),
-        ("torch/python", None),
-        ("torch/all", None),
+        ("plain", {}, []),
+        ("allocscope/nostack", {}, under("a0", "--stack-depth", "0")),
+        ("allocscope", {}, under("a1")),
+        ("torch/python", {}, None),
+        ("torch/all", {}, None),
     ]
+    if args.breakdown and args.no_baselines:
+        configs = configs[:1]
+    if args.breakdown:
+        configs += [
+            # the interposer alone: segments only, no Python shim, no bridge, no plugins
+            ("interposer only", {}, under("b0", "--no-python", "--plugins", "none",
+                                          "--stack-depth", "0")),
+            # + the shim's module hooks and the bridge's blocks
+            ("+ shim, bridge", {}, under("b1", "--plugins", "none", "--stack-depth", "0")),
+            # the same without the global full backward hooks
+            ("+ shim w/o backward hooks", {"ALLOCSCOPE_PYTHON_BACKWARD": "0"},
+             under("b2", "--plugins", "none", "--stack-depth", "0")),
+            # + native stacks, no Python frames
+            ("+ native stacks", {"ALLOCSCOPE_PYTHON_STACKS": "0"},
+             under("b3", "--plugins", "none")),
+            # + Python frames
+            ("+ python frames", {}, under("b4", "--plugins", "none")),
+        ]
     results = {}
     try:
         for rep in range(args.repeat):
-            for name, prefix in configs:
+            for name, extra, prefix in configs:
                 if prefix is None:
                     cmd = torchrun(args.steps) + ["--record-history", name.split("/")[1]]
                 else:
                     cmd = prefix + torchrun(args.steps)
-                results.setdefault(name, []).append(step_ms(run(cmd, env), args.skip))
+                results.setdefault(name, []).append(step_ms(run(cmd, dict(env, **extra)), args.skip))
                 print("%-20s run %d: %.3f ms/step" % (name, rep, results[name][-1]), flush=True)
         base = statistics.median(results["plain"])
         print("\n| configuration | step time (ms, median) | overhead |")
         print("| --- | --- | --- |")
-        for name, _ in configs:
+        for name, _, _ in configs:
             t = statistics.median(results[name])
             print("| %s | %.3f | %+.1f %% |" % (name, t, (t / base - 1) * 100))
 

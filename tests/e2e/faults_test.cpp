@@ -113,7 +113,16 @@ struct TmpfsMount {
 TEST_CASE("fork while threads are inside hooks: children allocate, exit and record nothing") {
     TempDir t;
     const fs::path out = t / "out";
-    Run r = run(cli() + " run --out " + out.string() + " -- " + program() + " fork-alloc");
+    // Under AddressSanitizer two of its own limits apply to a child forked
+    // from a threaded process: LeakSanitizer cannot run at its exit() (the
+    // parent's threads are gone but registered), and a fork while the
+    // writer thread dlopens a plugin can leave ASan's globals lock held in
+    // the child (its exit() then waits forever in __asan_unregister_globals).
+    // So leaks are not checked there and plugins stay off.
+    const bool asan = std::getenv("ASAN_OPTIONS") != nullptr;
+    Run r =
+        run("ASAN_OPTIONS=\"$ASAN_OPTIONS:detect_leaks=0\" " + cli() + " run --out " +
+            out.string() + (asan ? " --plugins none" : "") + " -- " + program() + " fork-alloc");
     CHECK(r.status == 0);
     CHECK(r.out == "fork-alloc done: 50 of 50 children exited cleanly\n");
     CHECK(count_lines(r.err, "recording disabled") == 0);
@@ -121,7 +130,7 @@ TEST_CASE("fork while threads are inside hooks: children allocate, exit and reco
     // leaves no file and nothing of it reaches the parent's trace.
     const auto files = traces_in(out);
     REQUIRE(files.size() == 1);
-    CHECK(files_matching(out, "findings.pid", ".json").size() == 1);
+    CHECK(files_matching(out, "findings.pid", ".json").size() == (asan ? 0 : 1));
     Trace trace = load_trace(files[0].string());
     CHECK(trace.footer.has_value());
     CHECK(trace.footer->events_dropped == 0);
