@@ -75,11 +75,8 @@ void text_sites(std::string& out, const RankReport& r, const std::vector<Site>& 
                (s.stack ? ", stack " + std::to_string(s.stack) : std::string(", no stack")) + "\n";
         auto it = r.stacks.find(s.stack);
         if (it == r.stacks.end()) continue;
-        const auto& frames = it->second;
-        for (size_t f = 0; f < frames.size() && f < 10; ++f)
-            out += "      " + printable(frames[f]) + "\n";
-        if (frames.size() > 10)
-            out += "      ... " + std::to_string(frames.size() - 10) + " more frames\n";
+        for (const std::string& line : stack_lines(r, s.stack, 10, 8))
+            out += "      " + line + "\n";
     }
 }
 
@@ -255,10 +252,8 @@ std::string render_text(const Report& report) {
                    " step " + u(ev.step) + " seq " + u(ev.alloc_seq) +
                    (ev.free_seq ? " freed at seq " + u(ev.free_seq) : std::string(" alive")) + "\n";
             if (ri < 0) continue;
-            auto it = report.ranks[size_t(ri)].stacks.find(ev.stack_id);
-            if (it == report.ranks[size_t(ri)].stacks.end()) continue;
-            for (size_t fr = 0; fr < it->second.size() && fr < 6; ++fr)
-                out += "        " + printable(it->second[fr]) + "\n";
+            for (const std::string& line : stack_lines(report.ranks[size_t(ri)], ev.stack_id, 6, 4))
+                out += "        " + line + "\n";
         }
         if (f.evidence.size() > 3)
             out += "      ... " + std::to_string(f.evidence.size() - 3) + " more\n";
@@ -355,6 +350,26 @@ std::string render_json(const Report& report) {
     }
     out += "\n}\n";
     return out;
+}
+
+std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
+                                     size_t python) {
+    std::vector<std::string> lines;
+    auto it = r.stacks.find(stack);
+    if (it == r.stacks.end()) return lines;
+    const std::vector<std::string>& frames = it->second;
+    auto py = r.python_from.find(stack);
+    const size_t first_python = py == r.python_from.end() ? frames.size() : py->second;
+    for (size_t f = 0; f < first_python && f < native; ++f)
+        lines.push_back(printable(frames[f]));
+    if (first_python > native)
+        lines.push_back("... " + std::to_string(first_python - native) + " more native frames");
+    for (size_t f = first_python; f < frames.size() && f < first_python + python; ++f)
+        lines.push_back(printable(frames[f]));
+    if (frames.size() > first_python + python)
+        lines.push_back("... " + std::to_string(frames.size() - first_python - python) +
+                        " more Python frames");
+    return lines;
 }
 
 }  // namespace allocscope

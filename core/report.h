@@ -18,7 +18,17 @@ struct RankReport {
     // Symbolized frames (innermost first) of every stack the report shows:
     // the sites' and the evidence of this rank's findings.
     std::map<uint32_t, std::vector<std::string>> stacks;
+    // Where a stack's Python frames begin (core/event.h, is_python_frame);
+    // stacks without Python frames are not listed.
+    std::map<uint32_t, size_t> python_from;
 };
+
+// The lines a text report prints for a stack: its first `native` native
+// frames, then (after a "... N native frames" line) up to `python` of its
+// Python frames, so the C++ site and the Python line that allocated both
+// show; without Python frames, the first `native` frames and a count.
+std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
+                                     size_t python);
 
 struct Report {
     std::vector<RankReport> ranks;   // in rank order

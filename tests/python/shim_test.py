@@ -175,6 +175,11 @@ def python_frames_follow_the_native_stack_in_reports(scratch):
     check(frames[-2:] == ["Block.forward (/src/model.py:42)", "train_step (/src/train.py:7)"],
           "Python frames last, innermost first: %r" % frames)
     check(not any("python+0x" in f for f in frames[:-2]), "native frames: %r" % frames)
+    text = run([CLI, "report", out], clean_env())
+    lines = [l.strip() for l in text.stdout.splitlines()]
+    at = lines.index("Block.forward (/src/model.py:42)") if "Block.forward (/src/model.py:42)" in lines else -1
+    check(at > 0 and lines[at + 1] == "train_step (/src/train.py:7)",
+          "the text report's site shows both Python frames in order:\n%s" % text.stdout[-3000:])
 
 
 @test

@@ -115,8 +115,11 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
         for (uint32_t id : ids) {
             if (id >= t.stacks.size()) continue;
             std::vector<std::string>& frames = added.stacks[id];
-            for (const SymbolizedFrame* f : symbolizer.stack(t.stacks[id]))
+            for (const SymbolizedFrame* f : symbolizer.stack(t.stacks[id])) {
+                if (is_python_frame(f->address) && !added.python_from.contains(id))
+                    added.python_from[id] = frames.size();
                 frames.push_back(f->text());
+            }
         }
     }
     if (report.ranks.empty()) throw std::runtime_error("no trace of rank " + std::to_string(rank));
