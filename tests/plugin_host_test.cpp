@@ -554,6 +554,89 @@ TEST_CASE("a descriptor in memory is checked and driven like a loaded one") {
 
 namespace {
 
+// Sums the bytes of the ALLOC events it sees and of the live table at finish.
+struct BytesState {
+    const allocscope_host_v1* host;
+    uint64_t alloc_bytes = 0;
+    uint64_t allocs = 0;
+};
+
+allocscope_plugin_status bytes_init(const allocscope_host_v1* host, void** state) {
+    *state = new BytesState{host};
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status bytes_event(void* state, const allocscope_event_v1* e) {
+    auto* s = static_cast<BytesState*>(state);
+    s->alloc_bytes += e->size;
+    ++s->allocs;
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status bytes_finish(void* state) {
+    std::unique_ptr<BytesState> s(static_cast<BytesState*>(state));
+    allocscope_finding_v1 f{};
+    f.struct_size = sizeof f;
+    f.severity = ALLOCSCOPE_SEVERITY_INFO;
+    f.bytes = s->alloc_bytes;
+    f.count = s->allocs;
+    const std::string live =
+        "live=" + std::to_string(s->host->live_bytes(s->host->ctx, ALLOCSCOPE_LEVEL_SEGMENT));
+    f.summary = live.c_str();
+    s->host->emit(s->host->ctx, &f);
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+}  // namespace
+
+TEST_CASE("plugins see runtime segments, driver mappings and blocks; not handles, VA or libraries' "
+          "driver allocations") {
+    const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
+                                 ALLOCSCOPE_PLUGIN_ABI_VERSION,
+                                 "bytes",
+                                 "sums allocation bytes",
+                                 ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC),
+                                 bytes_init,
+                                 bytes_event,
+                                 nullptr,
+                                 bytes_finish};
+    Stream st;
+    st.push("layers.0", "backward");
+    auto with = [&](Api api, MemoryKind memory) {
+        st.events.back().api = api;
+        st.events.back().memory = memory;
+    };
+    st.alloc(0x1000, 100, Level::segment);  // cudaMalloc: seen
+    with(Api::cudaMalloc, MemoryKind::device);
+    st.alloc(0x2000, 200, Level::segment);  // a cuBLAS handle's workspace: hidden
+    with(Api::cuMemAlloc_v2, MemoryKind::device);
+    st.alloc(0x3000, 400, Level::segment);  // a mapping: seen
+    with(Api::cuMemMap, MemoryKind::device);
+    st.alloc(0x4000, 800, Level::segment);  // its physical handle: hidden
+    with(Api::cuMemCreate, MemoryKind::physical);
+    st.alloc(0x3000, 1600, Level::segment);  // the VA range (same address as the map): hidden
+    with(Api::cuMemAddressReserve, MemoryKind::address_range);
+    st.alloc(0x5000, 3200, Level::block, 0);  // a block: seen
+    with(Api::block_alloc, MemoryKind::device);
+    st.free(0x2000, 200, Level::segment);  // the hidden allocation's free: hidden too
+    st.events.back().api = Api::cuMemFree_v2;
+    st.pop();
+
+    Captured c;
+    PluginHost host(settings_for(c, {}, 0));
+    host.add(&p, "inline");
+    st.feed(host);
+    host.finish();
+    REQUIRE(host.findings().size() == 1);
+    CHECK(host.findings()[0].bytes == 100 + 400 + 3200);
+    CHECK(host.findings()[0].count == 3);
+    // The mapping was not replaced by the VA range at its address.
+    CHECK(host.findings()[0].summary == "live=500");
+    CHECK(c.warnings.empty());
+}
+
+namespace {
+
 // Checks plugin_v1.h's promise about tag strings: one address per text for
 // the host's life (both streams), still readable at finish.
 struct InternState {
