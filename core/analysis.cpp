@@ -220,6 +220,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     for (const auto& [api, count] : by_api)
         a.calls_by_api.push_back({std::string(to_string(api)), count});
 
+    std::map<std::pair<const char*, Api>, uint64_t> odd_frees;
+
     // Pass 1: totals, tags, scopes, bands, steps, sample points.
     Tables tables(t);
     OwnerLive live(a.owner);
@@ -254,7 +256,9 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
 
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
-        replay.apply(e);
+        const FreeOutcome outcome = replay.apply(e);
+        if (e.kind == EventKind::free && outcome != FreeOutcome::freed)
+            ++odd_frees[{outcome == FreeOutcome::unknown ? "unknown " : "double ", e.api}];
         switch (e.kind) {
             case EventKind::tag_push: {
                 const uint32_t tag = tables.tag(e.layer, e.phase);
@@ -337,6 +341,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     if (n > 0) close_band(t.events.back());
 
     // Totals and peaks.
+    for (const auto& [key, count] : odd_frees)
+        a.odd_frees.push_back({key.first + std::string(to_string(key.second)), count});
     a.unknown_frees = replay.unknown_frees();
     a.double_frees = replay.double_frees();
     a.failed_frees = replay.failed_frees();

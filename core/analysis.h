@@ -118,6 +118,10 @@ struct TraceAnalysis {
     };
     std::vector<Count> events_by_kind;  // "alloc block", "tag_push", ...
     std::vector<Count> calls_by_api;    // allocation calls: "cudaMalloc", ...
+    // Frees that found nothing to free, by outcome and api: "unknown
+    // cuMemUnmap", "double cuMemRelease", ... (where unknown_frees and
+    // double_frees come from).
+    std::vector<Count> odd_frees;
 
     Pool owner = Pool::device_segment;
     std::vector<PoolSummary> pools;  // those with allocations

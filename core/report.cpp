@@ -204,7 +204,8 @@ std::string render_text(const Report& report) {
         }
         out += "frees of unknown addresses: " + u(a.unknown_frees) +
                ", double frees: " + u(a.double_frees) + ", failed frees: " + u(a.failed_frees) +
-               "\n";
+               "\n";        for (const TraceAnalysis::Count& c : a.odd_frees)
+            out += "  " + pad(c.what, 32) + rpad(u(c.n), 10) + "\n";
         if (a.oom_events) {
             out += "failed allocations (oom): " + u(a.oom_events) + ", largest request " +
                    human_bytes(a.largest_failed_request) + "\n";
@@ -283,6 +284,11 @@ std::string render_json(const Report& report) {
         for (size_t k = 0; k < a.calls_by_api.size(); ++k) {
             out += (k ? ", " : "") + json_quote(a.calls_by_api[k].what) + ": " +
                    u(a.calls_by_api[k].n);
+        }
+        out += "}, \"odd_frees\": {";
+        for (size_t k = 0; k < a.odd_frees.size(); ++k) {
+            out += (k ? ", " : "") + json_quote(a.odd_frees[k].what) + ": " +
+                   u(a.odd_frees[k].n);
         }
         out += "},\n     \"pools\": [";
         for (size_t p = 0; p < a.pools.size(); ++p) {

@@ -63,5 +63,6 @@ using cuMemUnmap_fn = CUresult_t (*)(CUdeviceptr_t ptr, size_t size);
 using cuMemAddressReserve_fn = CUresult_t (*)(CUdeviceptr_t* ptr, size_t size, size_t alignment,
                                               CUdeviceptr_t addr, unsigned long long flags);
 using cuMemAddressFree_fn = CUresult_t (*)(CUdeviceptr_t ptr, size_t size);
+using cuMemRetainAllocationHandle_fn = CUresult_t (*)(CUmemHandle_t* handle, void* addr);
 
 }

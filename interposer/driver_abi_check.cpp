@@ -39,6 +39,7 @@ ALLOCSCOPE_SAME(cuMemMap_fn, cuMemMap);
 ALLOCSCOPE_SAME(cuMemUnmap_fn, cuMemUnmap);
 ALLOCSCOPE_SAME(cuMemAddressReserve_fn, cuMemAddressReserve);
 ALLOCSCOPE_SAME(cuMemAddressFree_fn, cuMemAddressFree);
+ALLOCSCOPE_SAME(cuMemRetainAllocationHandle_fn, cuMemRetainAllocationHandle);
 #undef ALLOCSCOPE_SAME
 
 static_assert(sizeof(CUresult) == sizeof(CUresult_t));

@@ -146,6 +146,10 @@ CUresult_t drv_free(Real real, Api api, uint64_t address, CUstream_t stream, Arg
 struct Mappings {
     std::mutex mutex;
     std::map<uint64_t, uint64_t> by_address;  // mapped VA -> size
+    // Extra references cuMemRetainAllocationHandle took on a handle: each
+    // needs a cuMemRelease of its own, which frees nothing (NCCL retains the
+    // handle behind an address and releases it twice when it frees).
+    std::map<CUmemHandle_t, uint64_t> retains;
 };
 
 Mappings& mappings() {
@@ -225,7 +229,32 @@ struct Bodies {
             handle, n, prop, flags);
     }
     static CUresult_t mem_release(cuMemRelease_fn real, Api api, CUmemHandle_t handle) {
+        if (!real) return kCuErrorNotFound;
+        {
+            std::lock_guard lock(mappings().mutex);
+            auto it = mappings().retains.find(handle);
+            if (it != mappings().retains.end()) {
+                // Drops a retained reference: the handle lives on.
+                CUresult_t rc = real(handle);
+                if (rc == kCuSuccess && --it->second == 0) mappings().retains.erase(it);
+                return rc;
+            }
+        }
         return drv_free(real, api, handle, nullptr, handle);
+    }
+    static CUresult_t retain_handle(cuMemRetainAllocationHandle_fn real, Api,
+                                    CUmemHandle_t* handle, void* addr) {
+        if (!real) return kCuErrorNotFound;
+        HookGuard guard;
+        CUresult_t rc = real(handle, addr);
+        if (rc == kCuSuccess && handle && recording(guard)) {
+            std::lock_guard lock(mappings().mutex);
+            try {
+                ++mappings().retains[*handle];
+            } catch (...) {  // out of host memory: its release counts as a double free
+            }
+        }
+        return rc;
     }
     static CUresult_t mem_map(cuMemMap_fn real, Api api, CUdeviceptr_t ptr, size_t n,
                               size_t offset, CUmemHandle_t handle, unsigned long long flags) {
@@ -357,6 +386,7 @@ using MemMap = Family<cuMemMap_fn, &Bodies::mem_map>;
 using MemUnmap = Family<cuMemUnmap_fn, &Bodies::mem_unmap>;
 using AddressReserve = Family<cuMemAddressReserve_fn, &Bodies::address_reserve>;
 using AddressFree = Family<cuMemAddressFree_fn, &Bodies::address_free>;
+using RetainHandle = Family<cuMemRetainAllocationHandle_fn, &Bodies::retain_handle>;
 
 // cuGetProcAddress handed out by cuGetProcAddress or dlsym: it wraps what it
 // returns in turn.
@@ -429,6 +459,8 @@ constexpr Entry kEntries[] = {
                      Api::cuMemAddressReserve, AddressReserve),
     ALLOCSCOPE_ENTRY("cuMemAddressFree", "cuMemAddressFree", 0, Api::cuMemAddressFree,
                      Api::cuMemAddressFree, AddressFree),
+    ALLOCSCOPE_ENTRY("cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 0, Api::none,
+                     Api::none, RetainHandle),
     // cuGetProcAddress asked for by name gives the 5-argument ABI from 12.0 on.
     ALLOCSCOPE_ENTRY("cuGetProcAddress", nullptr, 0, Api::none, Api::none, ProcAddressV1),
     ALLOCSCOPE_ENTRY("cuGetProcAddress_v2", "cuGetProcAddress", 12000, Api::none, Api::none,
@@ -486,7 +518,8 @@ constexpr const char* kWrappedSymbols[] = {
     "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync",      "cuMemAllocFromPoolAsync_ptsz",
     "cuMemAllocManaged",   "cuMemCreate",                  "cuMemRelease",
     "cuMemMap",            "cuMemUnmap",                   "cuMemAddressReserve",
-    "cuMemAddressFree",    "cuGetProcAddress",             "cuGetProcAddress_v2",
+    "cuMemAddressFree",    "cuMemRetainAllocationHandle",  "cuGetProcAddress",
+    "cuGetProcAddress_v2",
 };
 
 ALLOCSCOPE_UNINSTRUMENTED constexpr bool same_name(const char* a, const char* b) noexcept {
@@ -679,6 +712,11 @@ ALLOCSCOPE_EXPORT CUresult_t cuMemAddressReserve(CUdeviceptr_t* p, size_t n, siz
                                                  CUdeviceptr_t addr, unsigned long long flags) {
     return Bodies::address_reserve(REAL_DRIVER("cuMemAddressReserve", cuMemAddressReserve_fn),
                                    Api::cuMemAddressReserve, p, n, alignment, addr, flags);
+}
+ALLOCSCOPE_EXPORT CUresult_t cuMemRetainAllocationHandle(CUmemHandle_t* h, void* addr) {
+    return Bodies::retain_handle(
+        REAL_DRIVER("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle_fn), Api::none, h,
+        addr);
 }
 ALLOCSCOPE_EXPORT CUresult_t cuMemAddressFree(CUdeviceptr_t p, size_t n) {
     return Bodies::address_free(REAL_DRIVER("cuMemAddressFree", cuMemAddressFree_fn),

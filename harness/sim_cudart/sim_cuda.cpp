@@ -20,6 +20,8 @@
 //     inside the range, and at least one; cuMemAddressFree requires the exact
 //     reservation with nothing mapped in it; cuMemRelease of a mapped handle
 //     is allowed (the memory goes when the last mapping does), as in CUDA;
+//     cuMemRetainAllocationHandle gives the handle mapped at an address with
+//     one more reference, released by a cuMemRelease of its own;
 //   * cuGetProcAddress[_v2] knows the names above (cuMemAlloc and friends
 //     only from version 3020, as the _v2 ABI) and the _ptsz variants when
 //     asked with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; other names
@@ -71,6 +73,7 @@ struct Handle {
     size_t size;
     int mappings;
     bool released;
+    int retains;  // cuMemRetainAllocationHandle references not yet released
 };
 struct Mapping {
     size_t size;
@@ -182,7 +185,7 @@ SIM_EXPORT CUresult_t cuMemCreate(CUmemHandle_t* h, size_t n, const CUmemAllocat
     std::lock_guard lock(vmm().mutex);
     *h = vmm().next_handle;
     vmm().next_handle += 0x10;
-    vmm().handles[*h] = {n, 0, false};
+    vmm().handles[*h] = {n, 0, false, 0};
     return kCuSuccess;
 }
 
@@ -190,8 +193,27 @@ SIM_EXPORT CUresult_t cuMemRelease(CUmemHandle_t h) {
     std::lock_guard lock(vmm().mutex);
     auto it = vmm().handles.find(h);
     if (it == vmm().handles.end() || it->second.released) return kCuErrorInvalidValue;
+    if (it->second.retains > 0) {
+        --it->second.retains;
+        return kCuSuccess;
+    }
     it->second.released = true;
     vmm().maybe_free(h);
+    return kCuSuccess;
+}
+
+// The handle mapped at `addr` (anywhere inside a mapping), with one more
+// reference that needs its own cuMemRelease.
+SIM_EXPORT CUresult_t cuMemRetainAllocationHandle(CUmemHandle_t* h, void* addr) {
+    std::lock_guard lock(vmm().mutex);
+    Vmm& v = vmm();
+    const auto p = reinterpret_cast<uint64_t>(addr);
+    auto it = v.mappings.upper_bound(p);
+    if (!h || it == v.mappings.begin()) return kCuErrorInvalidValue;
+    --it;
+    if (p >= it->first + it->second.size) return kCuErrorInvalidValue;
+    *h = it->second.handle;
+    ++v.handles[*h].retains;
     return kCuSuccess;
 }
 
@@ -293,6 +315,8 @@ void* lookup(const char* symbol, int version, unsigned long long flags) {
         {"cuMemUnmap", 0, fp(&cuMemUnmap), fp(&cuMemUnmap)},
         {"cuMemAddressReserve", 0, fp(&cuMemAddressReserve), fp(&cuMemAddressReserve)},
         {"cuMemAddressFree", 0, fp(&cuMemAddressFree), fp(&cuMemAddressFree)},
+        {"cuMemRetainAllocationHandle", 0, fp(&cuMemRetainAllocationHandle),
+         fp(&cuMemRetainAllocationHandle)},
         {"cuGetProcAddress", 12000, fp(&cuGetProcAddress_v2), fp(&cuGetProcAddress_v2)},
     };
     if (std::strcmp(symbol, "cuGetProcAddress") == 0 && version < 12000)

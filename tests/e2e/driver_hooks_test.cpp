@@ -125,7 +125,8 @@ TEST_CASE("cuGetProcAddress found by dlsym hands out wrapped per-thread-stream v
     CHECK(frees[0].address == allocs[0].address);
 }
 
-TEST_CASE("virtual memory: mappings are device segments, handles and VA ranges are counted apart") {
+TEST_CASE("virtual memory: mappings are device segments, handles and VA ranges are counted apart; "
+          "a retained handle's extra release frees nothing") {
     require_device();
     Run run;
     REQUIRE(run.status == 0);
@@ -163,6 +164,8 @@ TEST_CASE("virtual memory: mappings are device segments, handles and VA ranges a
     CHECK(replay.totals(Pool::address_range).peak_bytes == 8 * kMiB);
     CHECK(replay.totals(Pool::physical).live_bytes == 0);
     CHECK(replay.totals(Pool::address_range).live_bytes == 0);
+    // A release of a retained reference frees nothing: no double free.
+    CHECK(replay.double_frees() == 0);
 }
 
 TEST_CASE("dlsym of a driver symbol and the exported entry point are both recorded") {

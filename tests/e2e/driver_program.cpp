@@ -12,8 +12,9 @@
 //                the tag layers.0/forward (PyTorch's expandable segments path)
 //   proc-address dlopen(DRIVER_LIB) + dlsym("cuGetProcAddress_v2"), then
 //                cuMemAllocAsync per-thread stream: 3 MiB (NCCL's path)
-//   vmm          reserve 8 MiB of VA, two 2 MiB handles, map both, release
-//                both, one cuMemUnmap over 4 MiB, free the VA
+//   vmm          reserve 8 MiB of VA, two 2 MiB handles, map both, retain
+//                the first through its address and release that reference,
+//                release both, one cuMemUnmap over 4 MiB, free the VA
 //   dlsym        dlsym(handle, "cuMemAlloc_v2"): 5 MiB, kept until exit
 //   default      dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"), when the process has
 //                one (liballocscope.so exports it): 6 MiB, kept until exit
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
     auto release = proc<cuMemRelease_fn>(get, "cuMemRelease");
     auto map = proc<cuMemMap_fn>(get, "cuMemMap");
     auto unmap = proc<cuMemUnmap_fn>(get, "cuMemUnmap");
-    if (reserve && address_free && create && release && map && unmap) {
+    auto retain = proc<cuMemRetainAllocationHandle_fn>(get, "cuMemRetainAllocationHandle");
+    if (reserve && address_free && create && release && map && unmap && retain) {
         CUdeviceptr_t va = 0;
         expect(reserve(&va, 8 * kMiB, 2 * kMiB, 0, 0) == kCuSuccess && va, "reserve failed");
         AllocationProp prop{};
@@ -130,6 +132,11 @@ int main(int argc, char** argv) {
             expect(create(&handle, 2 * kMiB, &prop.prefix, 0) == kCuSuccess, "create failed");
         expect(map(va, 2 * kMiB, 0, h[0], 0) == kCuSuccess, "map failed");
         expect(map(va + 2 * kMiB, 2 * kMiB, 0, h[1], 0) == kCuSuccess, "map failed");
+        // As NCCL frees: retain the handle behind the address, release twice.
+        CUmemHandle_t again = 0;
+        expect(retain(&again, reinterpret_cast<void*>(va + 4096)) == kCuSuccess && again == h[0],
+               "retain failed");
+        expect(release(again) == kCuSuccess, "release of the retained handle failed");
         for (CUmemHandle_t handle : h)
             expect(release(handle) == kCuSuccess, "release failed");
         expect(unmap(va, 4 * kMiB) == kCuSuccess, "unmap failed");
