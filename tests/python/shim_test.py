@@ -303,9 +303,13 @@ def sitecustomize_costs_a_non_torch_program_nothing(scratch):
 # ------------------------------------------------------------------ allocscope run
 
 
-def run_env(scratch, extra_args=(), **env_extra):
+PRINT_ENV = "import os\nfor k, v in os.environ.items(): print(k + '=' + v)"
+
+
+def run_env(scratch, extra_args=(), command=None, **env_extra):
     out = os.path.join(scratch, "out-%d" % len(os.listdir(scratch)))
-    p = run([CLI, "run", "--out", out, "--plugins", "none"] + list(extra_args) + ["--", "env"],
+    command = command or [PY, "-c", PRINT_ENV]
+    p = run([CLI, "run", "--out", out, "--plugins", "none"] + list(extra_args) + ["--"] + command,
             clean_env(**env_extra))
     child = dict(l.split("=", 1) for l in p.stdout.splitlines() if "=" in l)
     return p, child
@@ -313,6 +317,18 @@ def run_env(scratch, extra_args=(), **env_extra):
 
 def fallback_lines(stderr):
     return [l for l in stderr.splitlines() if "PyTorch bridge is not built" in l]
+
+
+@test
+def the_fallback_line_is_said_only_for_python_programs(scratch):
+    if HAVE_BRIDGE:
+        print("    (bridge built: no fallback to check)")
+        return
+    p, child = run_env(scratch, command=["env"])
+    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    check(child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync",
+          "the setting still reaches the child: %r" % child.get("PYTORCH_CUDA_ALLOC_CONF"))
+    check(not fallback_lines(p.stderr), "a fallback line for `env`: %r" % p.stderr)
 
 
 @test

@@ -182,10 +182,41 @@ bool sets_backend(const std::string& conf) {
     return false;
 }
 
+// Whether CMD is (most likely) a Python program: python*, a launcher that
+// starts Python (torchrun, accelerate, deepspeed), or a script whose #! line
+// names python. Only decides whether the fallback line is printed.
+bool looks_like_python(const std::string& command) {
+    const std::string base = fs::path(command).filename().string();
+    if (base.rfind("python", 0) == 0 || base == "torchrun" || base == "accelerate" ||
+        base == "deepspeed")
+        return true;
+    std::string path = command;
+    if (command.find('/') == std::string::npos) {
+        const char* env_path = std::getenv("PATH");
+        std::string dirs = env_path ? env_path : "";
+        for (size_t start = 0; start <= dirs.size();) {
+            size_t end = dirs.find(':', start);
+            if (end == std::string::npos) end = dirs.size();
+            const std::string candidate = dirs.substr(start, end - start) + "/" + command;
+            if (access(candidate.c_str(), X_OK) == 0) {
+                path = candidate;
+                break;
+            }
+            start = end + 1;
+        }
+    }
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return false;
+    char line[256] = {};
+    const bool read = std::fgets(line, sizeof line, f) != nullptr;
+    std::fclose(f);
+    return read && line[0] == '#' && line[1] == '!' && std::strstr(line, "python") != nullptr;
+}
+
 // Without the bridge, PyTorch's cudaMallocAsync backend makes every tensor a
 // runtime-API call: add it to the allocator configuration unless the user
-// chose a backend. Says so in one line.
-void fall_back_to_cuda_malloc_async() {
+// chose a backend. Says so in one line when CMD looks like a Python program.
+void fall_back_to_cuda_malloc_async(bool say) {
     static const char* const kVars[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
     for (const char* var : kVars) {
         const char* v = std::getenv(var);
@@ -203,6 +234,7 @@ void fall_back_to_cuda_malloc_async() {
         setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", 1);
         shown = "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync";
     }
+    if (!say) return;
     std::fprintf(stderr,
                  "allocscope: the PyTorch bridge is not built: running with %s so that every "
                  "PyTorch tensor is a cudaMallocAsync call (set a backend yourself to choose "
@@ -212,7 +244,7 @@ void fall_back_to_cuda_malloc_async() {
 
 // ALLOCSCOPE_PYTHON, PYTHONPATH and the bridge (or its fallback) for Python
 // processes of the run.
-void set_up_python(const std::string& lib) {
+void set_up_python(const std::string& lib, const std::string& command) {
     const std::string dir = find_python_dir();
     if (dir.empty()) {
         std::fprintf(stderr,
@@ -236,7 +268,7 @@ void set_up_python(const std::string& lib) {
     if (!bridge.empty()) {
         setenv("ALLOCSCOPE_TORCH_BRIDGE", bridge.c_str(), 1);
     } else {
-        fall_back_to_cuda_malloc_async();
+        fall_back_to_cuda_malloc_async(looks_like_python(command));
     }
 }
 
@@ -416,7 +448,7 @@ int run_command(const std::vector<std::string>& args) {
     if (!plugin_options.empty()) setenv("ALLOCSCOPE_PLUGIN_OPTIONS", options_env.c_str(), 1);
     if (!plugin_dir.empty()) setenv("ALLOCSCOPE_PLUGIN_DIR", plugin_dir.c_str(), 1);
     if (nvtx) setenv("NVTX_INJECTION64_PATH", lib.c_str(), 1);
-    if (python) set_up_python(lib);
+    if (python) set_up_python(lib, args[i]);
 
     std::vector<char*> argv;
     for (size_t k = i; k < args.size(); ++k)
