@@ -64,5 +64,9 @@ using cuMemAddressReserve_fn = CUresult_t (*)(CUdeviceptr_t* ptr, size_t size, s
                                               CUdeviceptr_t addr, unsigned long long flags);
 using cuMemAddressFree_fn = CUresult_t (*)(CUdeviceptr_t ptr, size_t size);
 using cuMemRetainAllocationHandle_fn = CUresult_t (*)(CUmemHandle_t* handle, void* addr);
+using cuMemExportToShareableHandle_fn = CUresult_t (*)(void* shareable, CUmemHandle_t handle,
+                                                       int handle_type, unsigned long long flags);
+using cuMemImportFromShareableHandle_fn = CUresult_t (*)(CUmemHandle_t* handle, void* os_handle,
+                                                         int handle_type);
 
 }

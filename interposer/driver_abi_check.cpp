@@ -40,6 +40,8 @@ ALLOCSCOPE_SAME(cuMemUnmap_fn, cuMemUnmap);
 ALLOCSCOPE_SAME(cuMemAddressReserve_fn, cuMemAddressReserve);
 ALLOCSCOPE_SAME(cuMemAddressFree_fn, cuMemAddressFree);
 ALLOCSCOPE_SAME(cuMemRetainAllocationHandle_fn, cuMemRetainAllocationHandle);
+ALLOCSCOPE_SAME(cuMemExportToShareableHandle_fn, cuMemExportToShareableHandle);
+ALLOCSCOPE_SAME(cuMemImportFromShareableHandle_fn, cuMemImportFromShareableHandle);
 #undef ALLOCSCOPE_SAME
 
 static_assert(sizeof(CUresult) == sizeof(CUresult_t));

@@ -26,7 +26,9 @@
 //   cuMemMap        a device segment at the mapped VA (tagged, with a stack);
 //   cuMemUnmap      one free per mapping inside the unmapped range;
 //   cuMemCreate     a physical handle (pool "physical"; address = handle);
-//   cuMemRelease    ...its release;
+//   cuMemRelease    ...its release; not for the extra reference
+//                   cuMemRetainAllocationHandle takes, nor for a handle from
+//                   cuMemImportFromShareableHandle (another process's memory);
 //   cuMemAddressReserve / cuMemAddressFree   a VA range (pool "va-reserved").
 // So mapped bytes count once as device segments; the handles and ranges
 // behind them are reported on their own.
@@ -146,9 +148,12 @@ CUresult_t drv_free(Real real, Api api, uint64_t address, CUstream_t stream, Arg
 struct Mappings {
     std::mutex mutex;
     std::map<uint64_t, uint64_t> by_address;  // mapped VA -> size
-    // Extra references cuMemRetainAllocationHandle took on a handle: each
-    // needs a cuMemRelease of its own, which frees nothing (NCCL retains the
-    // handle behind an address and releases it twice when it frees).
+    // References that need a cuMemRelease of their own which frees nothing
+    // of this process's: the extra ones cuMemRetainAllocationHandle took
+    // (NCCL retains the handle behind an address and releases it twice when
+    // it frees) and handles imported from another process
+    // (cuMemImportFromShareableHandle: NCCL's peer buffers; the memory is the
+    // exporter's).
     std::map<CUmemHandle_t, uint64_t> retains;
 };
 
@@ -242,18 +247,27 @@ struct Bodies {
         }
         return drv_free(real, api, handle, nullptr, handle);
     }
+    static void count_reference(CUmemHandle_t handle) {
+        std::lock_guard lock(mappings().mutex);
+        try {
+            ++mappings().retains[handle];
+        } catch (...) {  // out of host memory: its release counts as an odd free
+        }
+    }
     static CUresult_t retain_handle(cuMemRetainAllocationHandle_fn real, Api,
                                     CUmemHandle_t* handle, void* addr) {
         if (!real) return kCuErrorNotFound;
         HookGuard guard;
         CUresult_t rc = real(handle, addr);
-        if (rc == kCuSuccess && handle && recording(guard)) {
-            std::lock_guard lock(mappings().mutex);
-            try {
-                ++mappings().retains[*handle];
-            } catch (...) {  // out of host memory: its release counts as a double free
-            }
-        }
+        if (rc == kCuSuccess && handle && recording(guard)) count_reference(*handle);
+        return rc;
+    }
+    static CUresult_t import_handle(cuMemImportFromShareableHandle_fn real, Api,
+                                    CUmemHandle_t* handle, void* os_handle, int type) {
+        if (!real) return kCuErrorNotFound;
+        HookGuard guard;
+        CUresult_t rc = real(handle, os_handle, type);
+        if (rc == kCuSuccess && handle && recording(guard)) count_reference(*handle);
         return rc;
     }
     static CUresult_t mem_map(cuMemMap_fn real, Api api, CUdeviceptr_t ptr, size_t n,
@@ -387,6 +401,7 @@ using MemUnmap = Family<cuMemUnmap_fn, &Bodies::mem_unmap>;
 using AddressReserve = Family<cuMemAddressReserve_fn, &Bodies::address_reserve>;
 using AddressFree = Family<cuMemAddressFree_fn, &Bodies::address_free>;
 using RetainHandle = Family<cuMemRetainAllocationHandle_fn, &Bodies::retain_handle>;
+using ImportHandle = Family<cuMemImportFromShareableHandle_fn, &Bodies::import_handle>;
 
 // cuGetProcAddress handed out by cuGetProcAddress or dlsym: it wraps what it
 // returns in turn.
@@ -461,6 +476,8 @@ constexpr Entry kEntries[] = {
                      Api::cuMemAddressFree, AddressFree),
     ALLOCSCOPE_ENTRY("cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 0, Api::none,
                      Api::none, RetainHandle),
+    ALLOCSCOPE_ENTRY("cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle", 0,
+                     Api::none, Api::none, ImportHandle),
     // cuGetProcAddress asked for by name gives the 5-argument ABI from 12.0 on.
     ALLOCSCOPE_ENTRY("cuGetProcAddress", nullptr, 0, Api::none, Api::none, ProcAddressV1),
     ALLOCSCOPE_ENTRY("cuGetProcAddress_v2", "cuGetProcAddress", 12000, Api::none, Api::none,
@@ -518,8 +535,8 @@ constexpr const char* kWrappedSymbols[] = {
     "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync",      "cuMemAllocFromPoolAsync_ptsz",
     "cuMemAllocManaged",   "cuMemCreate",                  "cuMemRelease",
     "cuMemMap",            "cuMemUnmap",                   "cuMemAddressReserve",
-    "cuMemAddressFree",    "cuMemRetainAllocationHandle",  "cuGetProcAddress",
-    "cuGetProcAddress_v2",
+    "cuMemAddressFree",    "cuMemRetainAllocationHandle",  "cuMemImportFromShareableHandle",
+    "cuGetProcAddress",    "cuGetProcAddress_v2",
 };
 
 ALLOCSCOPE_UNINSTRUMENTED constexpr bool same_name(const char* a, const char* b) noexcept {
@@ -717,6 +734,12 @@ ALLOCSCOPE_EXPORT CUresult_t cuMemRetainAllocationHandle(CUmemHandle_t* h, void*
     return Bodies::retain_handle(
         REAL_DRIVER("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle_fn), Api::none, h,
         addr);
+}
+ALLOCSCOPE_EXPORT CUresult_t cuMemImportFromShareableHandle(CUmemHandle_t* h, void* os_handle,
+                                                            int type) {
+    return Bodies::import_handle(
+        REAL_DRIVER("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle_fn),
+        Api::none, h, os_handle, type);
 }
 ALLOCSCOPE_EXPORT CUresult_t cuMemAddressFree(CUdeviceptr_t p, size_t n) {
     return Bodies::address_free(REAL_DRIVER("cuMemAddressFree", cuMemAddressFree_fn),

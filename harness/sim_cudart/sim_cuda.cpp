@@ -22,6 +22,9 @@
 //     is allowed (the memory goes when the last mapping does), as in CUDA;
 //     cuMemRetainAllocationHandle gives the handle mapped at an address with
 //     one more reference, released by a cuMemRelease of its own;
+//     cuMemExportToShareableHandle writes the handle's value as the
+//     shareable handle, cuMemImportFromShareableHandle makes a new handle of
+//     the same size from it (not counted against the limit);
 //   * cuGetProcAddress[_v2] knows the names above (cuMemAlloc and friends
 //     only from version 3020, as the _v2 ABI) and the _ptsz variants when
 //     asked with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; other names
@@ -73,7 +76,8 @@ struct Handle {
     size_t size;
     int mappings;
     bool released;
-    int retains;  // cuMemRetainAllocationHandle references not yet released
+    int retains;    // cuMemRetainAllocationHandle references not yet released
+    bool imported;  // from cuMemImportFromShareableHandle: counts against no limit
 };
 struct Mapping {
     size_t size;
@@ -104,7 +108,7 @@ struct Vmm {
     void maybe_free(CUmemHandle_t h) {
         auto it = handles.find(h);
         if (it == handles.end() || !it->second.released || it->second.mappings > 0) return;
-        sim::Memory::instance().unreserve(it->second.size);
+        if (!it->second.imported) sim::Memory::instance().unreserve(it->second.size);
         handles.erase(it);
     }
 };
@@ -185,7 +189,7 @@ SIM_EXPORT CUresult_t cuMemCreate(CUmemHandle_t* h, size_t n, const CUmemAllocat
     std::lock_guard lock(vmm().mutex);
     *h = vmm().next_handle;
     vmm().next_handle += 0x10;
-    vmm().handles[*h] = {n, 0, false, 0};
+    vmm().handles[*h] = {n, 0, false, 0, false};
     return kCuSuccess;
 }
 
@@ -214,6 +218,26 @@ SIM_EXPORT CUresult_t cuMemRetainAllocationHandle(CUmemHandle_t* h, void* addr) 
     if (p >= it->first + it->second.size) return kCuErrorInvalidValue;
     *h = it->second.handle;
     ++v.handles[*h].retains;
+    return kCuSuccess;
+}
+
+// Export: the shareable handle is the handle's value (written as an int, the
+// POSIX file descriptor type). Import: a new handle to the same size.
+SIM_EXPORT CUresult_t cuMemExportToShareableHandle(void* shareable, CUmemHandle_t h, int,
+                                                   unsigned long long) {
+    std::lock_guard lock(vmm().mutex);
+    if (!shareable || !vmm().handles.contains(h)) return kCuErrorInvalidValue;
+    *static_cast<int*>(shareable) = static_cast<int>(h);
+    return kCuSuccess;
+}
+
+SIM_EXPORT CUresult_t cuMemImportFromShareableHandle(CUmemHandle_t* h, void* os_handle, int) {
+    std::lock_guard lock(vmm().mutex);
+    auto it = vmm().handles.find(static_cast<CUmemHandle_t>(reinterpret_cast<uintptr_t>(os_handle)));
+    if (!h || it == vmm().handles.end()) return kCuErrorInvalidValue;
+    *h = vmm().next_handle;
+    vmm().next_handle += 0x10;
+    vmm().handles[*h] = {it->second.size, 0, false, 0, true};
     return kCuSuccess;
 }
 
@@ -317,6 +341,10 @@ void* lookup(const char* symbol, int version, unsigned long long flags) {
         {"cuMemAddressFree", 0, fp(&cuMemAddressFree), fp(&cuMemAddressFree)},
         {"cuMemRetainAllocationHandle", 0, fp(&cuMemRetainAllocationHandle),
          fp(&cuMemRetainAllocationHandle)},
+        {"cuMemExportToShareableHandle", 0, fp(&cuMemExportToShareableHandle),
+         fp(&cuMemExportToShareableHandle)},
+        {"cuMemImportFromShareableHandle", 0, fp(&cuMemImportFromShareableHandle),
+         fp(&cuMemImportFromShareableHandle)},
         {"cuGetProcAddress", 12000, fp(&cuGetProcAddress_v2), fp(&cuGetProcAddress_v2)},
     };
     if (std::strcmp(symbol, "cuGetProcAddress") == 0 && version < 12000)

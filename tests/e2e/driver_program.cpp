@@ -14,6 +14,7 @@
 //                cuMemAllocAsync per-thread stream: 3 MiB (NCCL's path)
 //   vmm          reserve 8 MiB of VA, two 2 MiB handles, map both, retain
 //                the first through its address and release that reference,
+//                export the second and release an imported handle of it,
 //                release both, one cuMemUnmap over 4 MiB, free the VA
 //   dlsym        dlsym(handle, "cuMemAlloc_v2"): 5 MiB, kept until exit
 //   default      dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"), when the process has
@@ -120,7 +121,10 @@ int main(int argc, char** argv) {
     auto map = proc<cuMemMap_fn>(get, "cuMemMap");
     auto unmap = proc<cuMemUnmap_fn>(get, "cuMemUnmap");
     auto retain = proc<cuMemRetainAllocationHandle_fn>(get, "cuMemRetainAllocationHandle");
-    if (reserve && address_free && create && release && map && unmap && retain) {
+    auto share = proc<cuMemExportToShareableHandle_fn>(get, "cuMemExportToShareableHandle");
+    auto import = proc<cuMemImportFromShareableHandle_fn>(get, "cuMemImportFromShareableHandle");
+    if (reserve && address_free && create && release && map && unmap && retain && share &&
+        import) {
         CUdeviceptr_t va = 0;
         expect(reserve(&va, 8 * kMiB, 2 * kMiB, 0, 0) == kCuSuccess && va, "reserve failed");
         AllocationProp prop{};
@@ -137,6 +141,16 @@ int main(int argc, char** argv) {
         expect(retain(&again, reinterpret_cast<void*>(va + 4096)) == kCuSuccess && again == h[0],
                "retain failed");
         expect(release(again) == kCuSuccess, "release of the retained handle failed");
+        // As NCCL shares buffers between ranks: export a handle, import it
+        // (here into the same process) and release the imported one.
+        int fd = -1;
+        CUmemHandle_t imported = 0;
+        if (share(&fd, h[1], 1, 0) == kCuSuccess) {  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            expect(import(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), 1) ==
+                       kCuSuccess,
+                   "import failed");
+            expect(release(imported) == kCuSuccess, "release of the imported handle failed");
+        }
         for (CUmemHandle_t handle : h)
             expect(release(handle) == kCuSuccess, "release failed");
         expect(unmap(va, 4 * kMiB) == kCuSuccess, "unmap failed");
