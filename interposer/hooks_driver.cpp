@@ -766,22 +766,11 @@ void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned lo
 
 }  // namespace
 
-#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ)                                                      \
-    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn, unsigned long long flags, \
-                                       enum cudaDriverEntryPointQueryResult* status) {          \
-        static std::atomic<decltype(&::NAME)> cache{nullptr};                                   \
-        decltype(&::NAME) real = cache.load(std::memory_order_relaxed);                         \
-        if (!real) {                                                                            \
-            real = allocscope::real_function<decltype(&::NAME)>(#NAME);                         \
-            cache.store(real, std::memory_order_relaxed);                                       \
-        }                                                                                       \
-        if (!real) return cudaErrorSharedObjectSymbolNotFound;                                  \
-        cudaError_t rc = real(symbol, fn, flags, status);                                       \
-        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, kRuntimeEntryVersion, flags, PTSZ); \
-        return rc;                                                                              \
-    }
-#define ALLOCSCOPE_ENTRY_POINT_BY_VERSION(NAME, PTSZ)                                           \
-    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn, unsigned int version,     \
+// The lookups: resolve the runtime's own, call it, wrap what it returns.
+// PARAMS is the parameter list between `funcPtr` and `flags` (the version,
+// or nothing), VERSION the ABI version the entry point is asked for.
+#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                                \
+    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,                    \
                                        unsigned long long flags,                                \
                                        enum cudaDriverEntryPointQueryResult* status) {          \
         static std::atomic<decltype(&::NAME)> cache{nullptr};                                   \
@@ -791,17 +780,21 @@ void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned lo
             cache.store(real, std::memory_order_relaxed);                                       \
         }                                                                                       \
         if (!real) return cudaErrorSharedObjectSymbolNotFound;                                  \
-        cudaError_t rc = real(symbol, fn, version, flags, status);                              \
-        if (rc == cudaSuccess)                                                                  \
-            wrap_runtime_result(symbol, fn, static_cast<int>(version), flags, PTSZ);            \
+        cudaError_t rc = real(symbol, fn ARGS, flags, status);                                  \
+        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);           \
         return rc;                                                                              \
     }
+#define ALLOCSCOPE_COMMA ,
 
 // Deprecated in CUDA 12.5 in favour of ...ByVersion, still exported and used.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint, false)
-ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint_ptsz, true)
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint, false, , , kRuntimeEntryVersion)
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint_ptsz, true, , , kRuntimeEntryVersion)
 #pragma GCC diagnostic pop
-ALLOCSCOPE_ENTRY_POINT_BY_VERSION(cudaGetDriverEntryPointByVersion, false)
-ALLOCSCOPE_ENTRY_POINT_BY_VERSION(cudaGetDriverEntryPointByVersion_ptsz, true)
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPointByVersion, false,
+                       ALLOCSCOPE_COMMA unsigned int version, ALLOCSCOPE_COMMA version,
+                       static_cast<int>(version))
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPointByVersion_ptsz, true,
+                       ALLOCSCOPE_COMMA unsigned int version, ALLOCSCOPE_COMMA version,
+                       static_cast<int>(version))

@@ -32,6 +32,7 @@
 #include "elf_note.h"
 #include "event_ring.h"
 #include "findings.h"
+#include "output_file.h"
 #include "plugin_host.h"
 #include "real_cuda.h"
 #include "stack_table.h"
@@ -167,27 +168,6 @@ void log_line(LogLevel at_least, const std::string& line) {
     std::string out = line + "\n";
     ssize_t ignored = ::write(STDERR_FILENO, out.data(), out.size());
     (void)ignored;
-}
-
-// mkdir -p with mode 0700 for the directories it creates.
-bool make_dirs(const std::string& path, std::string& error) {
-    std::string partial;
-    size_t pos = 0;
-    while (pos != std::string::npos) {
-        pos = path.find('/', pos + 1);
-        partial = path.substr(0, pos);
-        if (partial.empty()) continue;
-        if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-            error = "cannot create output directory " + partial + ": " + std::strerror(errno);
-            return false;
-        }
-    }
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        error = "output path " + path + " is not a directory";
-        return false;
-    }
-    return true;
 }
 
 // --- module map (writer thread) ---------------------------------------------
@@ -593,7 +573,7 @@ void initialize() {
     // runs yet, so taking and retiring seq 0 here cannot race.
     if (g->ring.reserve(0)) g->ring.release_until(1);
     std::string error;
-    if (!make_dirs(g->config.out_dir, error) || !open_trace(error)) {
+    if (!make_private_dirs(g->config.out_dir, error) || !open_trace(error)) {
         log_line(LogLevel::quiet, "allocscope: recording disabled: " + error);
         g_state.store(kOff, std::memory_order_release);
         return;

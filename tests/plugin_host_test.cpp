@@ -24,9 +24,12 @@
 #include "plugin_host.h"
 #include "trace_reader.h"
 #include "trace_writer.h"
+#include "support.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
+using allocscope::test::count_lines;
+using allocscope::test::files_matching;
 
 namespace {
 
@@ -774,29 +777,6 @@ Result sh(const Scratch& s, const std::string& command) {
     r.out = slurp(s / "stdout");
     r.err = slurp(s / "stderr");
     return r;
-}
-
-size_t count_lines(const std::string& text, const std::string& needle) {
-    size_t n = 0;
-    std::istringstream in(text);
-    for (std::string line; std::getline(in, line);)
-        n += contains(line, needle);
-    return n;
-}
-
-std::vector<fs::path> files_matching(const fs::path& dir, const std::string& prefix,
-                                     const std::string& suffix) {
-    std::vector<fs::path> out;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-        const std::string n = e.path().filename().string();
-        if (n.rfind(prefix, 0) == 0 && n.size() >= suffix.size() &&
-            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0) {
-            out.push_back(e.path());
-        }
-    }
-    std::sort(out.begin(), out.end());
-    return out;
 }
 
 std::string cli() {

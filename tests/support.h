@@ -7,12 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "trace_writer.h"
 
@@ -52,6 +54,31 @@ inline std::string slurp(const fs::path& p) {
 
 inline bool contains(const std::string& text, const std::string& part) {
     return text.find(part) != std::string::npos;
+}
+
+// How many lines of `text` contain `needle`.
+inline size_t count_lines(const std::string& text, const std::string& needle) {
+    size_t n = 0;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+        n += line.find(needle) != std::string::npos;
+    return n;
+}
+
+// The files in `dir` named prefix...suffix, sorted.
+inline std::vector<fs::path> files_matching(const fs::path& dir, const std::string& prefix,
+                                            const std::string& suffix) {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind(prefix, 0) == 0 && name.size() >= suffix.size() &&
+            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            out.push_back(e.path());
+        }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
 }
 
 // Runs `command` through the shell: its exit status (128 + signal when

@@ -56,29 +56,6 @@ Run run(const std::string& command) {
     return r;
 }
 
-size_t count_lines(const std::string& text, const std::string& needle) {
-    size_t n = 0;
-    std::istringstream in(text);
-    for (std::string line; std::getline(in, line);)
-        n += line.find(needle) != std::string::npos;
-    return n;
-}
-
-std::vector<fs::path> files_matching(const fs::path& dir, const std::string& prefix,
-                                     const std::string& suffix) {
-    std::vector<fs::path> out;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind(prefix, 0) == 0 && name.size() >= suffix.size() &&
-            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-            out.push_back(e.path());
-        }
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-}
-
 std::vector<fs::path> traces_in(const fs::path& dir) {
     return files_matching(dir, "", ".trace");
 }
