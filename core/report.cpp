@@ -204,7 +204,8 @@ std::string render_text(const Report& report) {
         }
         out += "frees of unknown addresses: " + u(a.unknown_frees) +
                ", double frees: " + u(a.double_frees) + ", failed frees: " + u(a.failed_frees) +
-               "\n";        for (const TraceAnalysis::Count& c : a.odd_frees)
+               "\n";
+        for (const TraceAnalysis::Count& c : a.odd_frees)
             out += "  " + pad(c.what, 32) + rpad(u(c.n), 10) + "\n";
         if (a.oom_events) {
             out += "failed allocations (oom): " + u(a.oom_events) + ", largest request " +
@@ -287,8 +288,7 @@ std::string render_json(const Report& report) {
         }
         out += "}, \"odd_frees\": {";
         for (size_t k = 0; k < a.odd_frees.size(); ++k) {
-            out += (k ? ", " : "") + json_quote(a.odd_frees[k].what) + ": " +
-                   u(a.odd_frees[k].n);
+            out += (k ? ", " : "") + json_quote(a.odd_frees[k].what) + ": " + u(a.odd_frees[k].n);
         }
         out += "},\n     \"pools\": [";
         for (size_t p = 0; p < a.pools.size(); ++p) {

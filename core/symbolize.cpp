@@ -427,7 +427,7 @@ struct Symbolizer::Impl {
     std::vector<Module> modules;  // by load bias
     Warn warn;
     std::unordered_map<uint64_t, SymbolizedFrame> frames;
-    std::map<std::string, std::string> source_paths;  // as read -> normalized
+    std::map<std::string, std::string> source_paths;    // as read -> normalized
     const std::vector<std::string>* strings = nullptr;  // for Python frames
 
     Module* module_of(uint64_t address) {

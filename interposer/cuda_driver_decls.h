@@ -21,10 +21,10 @@ typedef unsigned long long cuuint64_t_t;
 
 // The leading members of CUmemAllocationProp: where the memory lives.
 struct CUmemAllocationPropPrefix {
-    int type;                  // CUmemAllocationType
+    int type;  // CUmemAllocationType
     int requested_handle_types;
-    int location_type;         // CUmemLocationType (1 = device)
-    int location_id;           // the device ordinal for device memory
+    int location_type;  // CUmemLocationType (1 = device)
+    int location_id;    // the device ordinal for device memory
 };
 
 enum : CUresult_t {
@@ -68,5 +68,4 @@ using cuMemExportToShareableHandle_fn = CUresult_t (*)(void* shareable, CUmemHan
                                                        int handle_type, unsigned long long flags);
 using cuMemImportFromShareableHandle_fn = CUresult_t (*)(CUmemHandle_t* handle, void* os_handle,
                                                          int handle_type);
-
 }

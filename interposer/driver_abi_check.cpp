@@ -19,9 +19,9 @@ struct SameShape<RA (*)(A...), RB (*)(B...)> {
                                   ((sizeof(A) == sizeof(B)) && ...);
 };
 
-#define ALLOCSCOPE_SAME(OURS, THEIRS)                                  \
-    static_assert(SameShape<OURS, decltype(&::THEIRS)>::value, #THEIRS \
-                  " does not match interposer/cuda_driver_decls.h")
+#define ALLOCSCOPE_SAME(OURS, THEIRS)                          \
+    static_assert(SameShape<OURS, decltype(&::THEIRS)>::value, \
+                  #THEIRS " does not match interposer/cuda_driver_decls.h")
 
 // cuda.h names the current ABIs by their base names (cuMemAlloc is
 // cuMemAlloc_v2, cuGetProcAddress is cuGetProcAddress_v2).

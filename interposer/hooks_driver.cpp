@@ -254,8 +254,8 @@ struct Bodies {
         } catch (...) {  // out of host memory: its release counts as an odd free
         }
     }
-    static CUresult_t retain_handle(cuMemRetainAllocationHandle_fn real, Api,
-                                    CUmemHandle_t* handle, void* addr) {
+    static CUresult_t retain_handle(cuMemRetainAllocationHandle_fn real, Api, CUmemHandle_t* handle,
+                                    void* addr) {
         if (!real) return kCuErrorNotFound;
         HookGuard guard;
         CUresult_t rc = real(handle, addr);
@@ -270,8 +270,8 @@ struct Bodies {
         if (rc == kCuSuccess && handle && recording(guard)) count_reference(*handle);
         return rc;
     }
-    static CUresult_t mem_map(cuMemMap_fn real, Api api, CUdeviceptr_t ptr, size_t n,
-                              size_t offset, CUmemHandle_t handle, unsigned long long flags) {
+    static CUresult_t mem_map(cuMemMap_fn real, Api api, CUdeviceptr_t ptr, size_t n, size_t offset,
+                              CUmemHandle_t handle, unsigned long long flags) {
         if (!real) return kCuErrorNotFound;
         HookGuard guard;
         CUresult_t rc = real(ptr, n, offset, handle, flags);
@@ -429,17 +429,19 @@ using ProcAddressV2 = Family<cuGetProcAddress_v2_fn, &ProcAddressBodies::v2>;
 // --- names ---------------------------------------------------------------------------
 
 struct Entry {
-    const char* symbol;     // exported name in libcuda (what dlsym is asked for)
-    const char* base;       // cuGetProcAddress name (nullptr: not asked for that way)
-    int min_version;        // cuGetProcAddress: lowest version giving this ABI
-    Api api;                // recorded as (the _ptsz form when asked per-thread)
+    const char* symbol;  // exported name in libcuda (what dlsym is asked for)
+    const char* base;    // cuGetProcAddress name (nullptr: not asked for that way)
+    int min_version;     // cuGetProcAddress: lowest version giving this ABI
+    Api api;             // recorded as (the _ptsz form when asked per-thread)
     Api api_ptsz;
     void* (*wrap)(void*, Api);
     bool (*owns)(void*);
 };
 
-#define ALLOCSCOPE_ENTRY(SYMBOL, BASE, MINV, API, API_PTSZ, FAMILY) \
-    Entry { SYMBOL, BASE, MINV, API, API_PTSZ, &FAMILY::wrap, &FAMILY::owns }
+#define ALLOCSCOPE_ENTRY(SYMBOL, BASE, MINV, API, API_PTSZ, FAMILY)     \
+    Entry {                                                             \
+        SYMBOL, BASE, MINV, API, API_PTSZ, &FAMILY::wrap, &FAMILY::owns \
+    }
 
 constexpr Entry kEntries[] = {
     ALLOCSCOPE_ENTRY("cuMemAlloc_v2", "cuMemAlloc", 3020, Api::cuMemAlloc_v2, Api::cuMemAlloc_v2,
@@ -459,9 +461,8 @@ constexpr Entry kEntries[] = {
     ALLOCSCOPE_ENTRY("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 0,
                      Api::cuMemAllocFromPoolAsync, Api::cuMemAllocFromPoolAsync_ptsz,
                      MemAllocFromPool),
-    ALLOCSCOPE_ENTRY("cuMemAllocFromPoolAsync_ptsz", nullptr, 0,
-                     Api::cuMemAllocFromPoolAsync_ptsz, Api::cuMemAllocFromPoolAsync_ptsz,
-                     MemAllocFromPool),
+    ALLOCSCOPE_ENTRY("cuMemAllocFromPoolAsync_ptsz", nullptr, 0, Api::cuMemAllocFromPoolAsync_ptsz,
+                     Api::cuMemAllocFromPoolAsync_ptsz, MemAllocFromPool),
     ALLOCSCOPE_ENTRY("cuMemAllocManaged", "cuMemAllocManaged", 0, Api::cuMemAllocManaged,
                      Api::cuMemAllocManaged, MemAllocManaged),
     ALLOCSCOPE_ENTRY("cuMemCreate", "cuMemCreate", 0, Api::cuMemCreate, Api::cuMemCreate,
@@ -491,8 +492,8 @@ bool is_wrapper(void* p) {
     for (const Entry& e : kEntries)
         if (e.owns(p)) return true;
     Dl_info mine{}, theirs{};
-    return dladdr(reinterpret_cast<void*>(&is_wrapper), &mine) != 0 &&
-           dladdr(p, &theirs) != 0 && mine.dli_fbase == theirs.dli_fbase;
+    return dladdr(reinterpret_cast<void*>(&is_wrapper), &mine) != 0 && dladdr(p, &theirs) != 0 &&
+           mine.dli_fbase == theirs.dli_fbase;
 }
 
 void* wrap_entry(const char* base_name, int cuda_version, unsigned long long flags, void* real) {
@@ -530,13 +531,26 @@ void* wrap_symbol(const char* symbol, void* real) {
     __attribute__((no_sanitize("address", "undefined", "thread"), noinline))
 
 constexpr const char* kWrappedSymbols[] = {
-    "cuMemAlloc_v2",       "cuMemAllocPitch_v2",           "cuMemFree_v2",
-    "cuMemAllocAsync",     "cuMemAllocAsync_ptsz",         "cuMemFreeAsync",
-    "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync",      "cuMemAllocFromPoolAsync_ptsz",
-    "cuMemAllocManaged",   "cuMemCreate",                  "cuMemRelease",
-    "cuMemMap",            "cuMemUnmap",                   "cuMemAddressReserve",
-    "cuMemAddressFree",    "cuMemRetainAllocationHandle",  "cuMemImportFromShareableHandle",
-    "cuGetProcAddress",    "cuGetProcAddress_v2",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemFree_v2",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemAllocManaged",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemRetainAllocationHandle",
+    "cuMemImportFromShareableHandle",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
 };
 
 ALLOCSCOPE_UNINSTRUMENTED constexpr bool same_name(const char* a, const char* b) noexcept {
@@ -583,10 +597,10 @@ ALLOCSCOPE_UNINSTRUMENTED dlsym_fn real_dlsym() noexcept {
 
 // Called by the trampoline with dlsym's arguments: where to jump with them.
 extern "C" __attribute__((visibility("hidden"))) void* allocscope_dlsym_route(void*,
-                                                                                const char* name);
+                                                                              const char* name);
 // The path for the names above: look up, then wrap.
 extern "C" __attribute__((visibility("hidden"))) void* allocscope_dlsym_wrapped(void* handle,
-                                                                                  const char* name);
+                                                                                const char* name);
 
 void* allocscope::next_symbol(void* handle, const char* name) noexcept {
     if (dlsym_fn real = real_dlsym()) return real(handle, name);
@@ -650,21 +664,21 @@ dlsym:
 
 // --- the exported entry points ----------------------------------------------------------
 
-#define REAL_DRIVER(name, type)                                                 \
-    ([]() noexcept {                                                            \
-        static std::atomic<type> cache{nullptr};                                \
-        type fn = cache.load(std::memory_order_relaxed);                        \
-        if (!fn) {                                                              \
-            fn = reinterpret_cast<type>(real_driver(name));                     \
-            cache.store(fn, std::memory_order_relaxed);                         \
-        }                                                                       \
-        return fn;                                                              \
+#define REAL_DRIVER(name, type)                             \
+    ([]() noexcept {                                        \
+        static std::atomic<type> cache{nullptr};            \
+        type fn = cache.load(std::memory_order_relaxed);    \
+        if (!fn) {                                          \
+            fn = reinterpret_cast<type>(real_driver(name)); \
+            cache.store(fn, std::memory_order_relaxed);     \
+        }                                                   \
+        return fn;                                          \
     }())
 
 ALLOCSCOPE_EXPORT CUresult_t cuGetProcAddress(const char* symbol, void** pfn, int version,
                                               cuuint64_t_t flags) {
-    return ProcAddressBodies::v1(REAL_DRIVER("cuGetProcAddress", cuGetProcAddress_v1_fn),
-                                 Api::none, symbol, pfn, version, flags);
+    return ProcAddressBodies::v1(REAL_DRIVER("cuGetProcAddress", cuGetProcAddress_v1_fn), Api::none,
+                                 symbol, pfn, version, flags);
 }
 
 ALLOCSCOPE_EXPORT CUresult_t cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
@@ -674,11 +688,11 @@ ALLOCSCOPE_EXPORT CUresult_t cuGetProcAddress_v2(const char* symbol, void** pfn,
 }
 
 ALLOCSCOPE_EXPORT CUresult_t cuMemAlloc_v2(CUdeviceptr_t* p, size_t n) {
-    return Bodies::mem_alloc(REAL_DRIVER("cuMemAlloc_v2", cuMemAlloc_v2_fn), Api::cuMemAlloc_v2,
-                             p, n);
+    return Bodies::mem_alloc(REAL_DRIVER("cuMemAlloc_v2", cuMemAlloc_v2_fn), Api::cuMemAlloc_v2, p,
+                             n);
 }
-ALLOCSCOPE_EXPORT CUresult_t cuMemAllocPitch_v2(CUdeviceptr_t* p, size_t* pitch, size_t w,
-                                                size_t h, unsigned int e) {
+ALLOCSCOPE_EXPORT CUresult_t cuMemAllocPitch_v2(CUdeviceptr_t* p, size_t* pitch, size_t w, size_t h,
+                                                unsigned int e) {
     return Bodies::mem_alloc_pitch(REAL_DRIVER("cuMemAllocPitch_v2", cuMemAllocPitch_v2_fn),
                                    Api::cuMemAllocPitch_v2, p, pitch, w, h, e);
 }
@@ -686,18 +700,18 @@ ALLOCSCOPE_EXPORT CUresult_t cuMemFree_v2(CUdeviceptr_t p) {
     return Bodies::mem_free(REAL_DRIVER("cuMemFree_v2", cuMemFree_v2_fn), Api::cuMemFree_v2, p);
 }
 
-#define ALLOCSCOPE_DRIVER_ASYNC(ALLOC, FREE, FROM_POOL)                                         \
-    ALLOCSCOPE_EXPORT CUresult_t ALLOC(CUdeviceptr_t* p, size_t n, CUstream_t s) {              \
-        return Bodies::mem_alloc_async(REAL_DRIVER(#ALLOC, cuMemAllocAsync_fn), Api::ALLOC, p, \
-                                       n, s);                                                   \
-    }                                                                                           \
-    ALLOCSCOPE_EXPORT CUresult_t FREE(CUdeviceptr_t p, CUstream_t s) {                          \
-        return Bodies::mem_free_async(REAL_DRIVER(#FREE, cuMemFreeAsync_fn), Api::FREE, p, s);  \
-    }                                                                                           \
-    ALLOCSCOPE_EXPORT CUresult_t FROM_POOL(CUdeviceptr_t* p, size_t n, CUmemoryPool_t pool,     \
-                                           CUstream_t s) {                                      \
-        return Bodies::mem_alloc_from_pool(REAL_DRIVER(#FROM_POOL, cuMemAllocFromPoolAsync_fn), \
-                                           Api::FROM_POOL, p, n, pool, s);                      \
+#define ALLOCSCOPE_DRIVER_ASYNC(ALLOC, FREE, FROM_POOL)                                           \
+    ALLOCSCOPE_EXPORT CUresult_t ALLOC(CUdeviceptr_t* p, size_t n, CUstream_t s) {                \
+        return Bodies::mem_alloc_async(REAL_DRIVER(#ALLOC, cuMemAllocAsync_fn), Api::ALLOC, p, n, \
+                                       s);                                                        \
+    }                                                                                             \
+    ALLOCSCOPE_EXPORT CUresult_t FREE(CUdeviceptr_t p, CUstream_t s) {                            \
+        return Bodies::mem_free_async(REAL_DRIVER(#FREE, cuMemFreeAsync_fn), Api::FREE, p, s);    \
+    }                                                                                             \
+    ALLOCSCOPE_EXPORT CUresult_t FROM_POOL(CUdeviceptr_t* p, size_t n, CUmemoryPool_t pool,       \
+                                           CUstream_t s) {                                        \
+        return Bodies::mem_alloc_from_pool(REAL_DRIVER(#FROM_POOL, cuMemAllocFromPoolAsync_fn),   \
+                                           Api::FROM_POOL, p, n, pool, s);                        \
     }
 
 ALLOCSCOPE_DRIVER_ASYNC(cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync)
@@ -714,8 +728,7 @@ ALLOCSCOPE_EXPORT CUresult_t cuMemCreate(CUmemHandle_t* h, size_t n,
                               prop, flags);
 }
 ALLOCSCOPE_EXPORT CUresult_t cuMemRelease(CUmemHandle_t h) {
-    return Bodies::mem_release(REAL_DRIVER("cuMemRelease", cuMemRelease_fn), Api::cuMemRelease,
-                               h);
+    return Bodies::mem_release(REAL_DRIVER("cuMemRelease", cuMemRelease_fn), Api::cuMemRelease, h);
 }
 ALLOCSCOPE_EXPORT CUresult_t cuMemMap(CUdeviceptr_t p, size_t n, size_t offset, CUmemHandle_t h,
                                       unsigned long long flags) {
@@ -738,8 +751,8 @@ ALLOCSCOPE_EXPORT CUresult_t cuMemRetainAllocationHandle(CUmemHandle_t* h, void*
 ALLOCSCOPE_EXPORT CUresult_t cuMemImportFromShareableHandle(CUmemHandle_t* h, void* os_handle,
                                                             int type) {
     return Bodies::import_handle(
-        REAL_DRIVER("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle_fn),
-        Api::none, h, os_handle, type);
+        REAL_DRIVER("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle_fn), Api::none,
+        h, os_handle, type);
 }
 ALLOCSCOPE_EXPORT CUresult_t cuMemAddressFree(CUdeviceptr_t p, size_t n) {
     return Bodies::address_free(REAL_DRIVER("cuMemAddressFree", cuMemAddressFree_fn),
@@ -760,8 +773,8 @@ void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned lo
                          bool ptsz) {
     if (!fn) return;
     const bool per_thread = (flags & kRuntimePerThread) != 0 || (ptsz && flags == 0);
-    *fn = wrap_entry(symbol, version, per_thread ? kCuGetProcAddressPerThreadDefaultStream : 0,
-                     *fn);
+    *fn =
+        wrap_entry(symbol, version, per_thread ? kCuGetProcAddressPerThreadDefaultStream : 0, *fn);
 }
 
 }  // namespace
@@ -769,20 +782,20 @@ void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned lo
 // The lookups: resolve the runtime's own, call it, wrap what it returns.
 // PARAMS is the parameter list between `funcPtr` and `flags` (the version,
 // or nothing), VERSION the ABI version the entry point is asked for.
-#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                                \
-    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,                    \
-                                       unsigned long long flags,                                \
-                                       enum cudaDriverEntryPointQueryResult* status) {          \
-        static std::atomic<decltype(&::NAME)> cache{nullptr};                                   \
-        decltype(&::NAME) real = cache.load(std::memory_order_relaxed);                         \
-        if (!real) {                                                                            \
-            real = allocscope::real_function<decltype(&::NAME)>(#NAME);                         \
-            cache.store(real, std::memory_order_relaxed);                                       \
-        }                                                                                       \
-        if (!real) return cudaErrorSharedObjectSymbolNotFound;                                  \
-        cudaError_t rc = real(symbol, fn ARGS, flags, status);                                  \
-        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);           \
-        return rc;                                                                              \
+#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                      \
+    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,           \
+                                       unsigned long long flags,                       \
+                                       enum cudaDriverEntryPointQueryResult* status) { \
+        static std::atomic<decltype(&::NAME)> cache{nullptr};                          \
+        decltype(&::NAME) real = cache.load(std::memory_order_relaxed);                \
+        if (!real) {                                                                   \
+            real = allocscope::real_function<decltype(&::NAME)>(#NAME);                \
+            cache.store(real, std::memory_order_relaxed);                              \
+        }                                                                              \
+        if (!real) return cudaErrorSharedObjectSymbolNotFound;                         \
+        cudaError_t rc = real(symbol, fn ARGS, flags, status);                         \
+        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);  \
+        return rc;                                                                     \
     }
 #define ALLOCSCOPE_COMMA ,
 

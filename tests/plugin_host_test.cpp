@@ -22,9 +22,9 @@
 
 #include "findings.h"
 #include "plugin_host.h"
+#include "support.h"
 #include "trace_reader.h"
 #include "trace_writer.h"
-#include "support.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
@@ -592,8 +592,9 @@ allocscope_plugin_status bytes_finish(void* state) {
 
 }  // namespace
 
-TEST_CASE("plugins see runtime segments, driver mappings and blocks; not handles, VA or libraries' "
-          "driver allocations") {
+TEST_CASE(
+    "plugins see runtime segments, driver mappings and blocks; not handles, VA or libraries' "
+    "driver allocations") {
     const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
                                  ALLOCSCOPE_PLUGIN_ABI_VERSION,
                                  "bytes",

@@ -139,15 +139,15 @@ SIM_EXPORT CUresult_t cuMemAllocManaged(CUdeviceptr_t* p, size_t n, unsigned int
     return allocate(p, n, kManaged);
 }
 
-#define SIM_ASYNC(ALLOC, FREE, FROM_POOL)                                                       \
-    SIM_EXPORT CUresult_t ALLOC(CUdeviceptr_t* p, size_t n, CUstream_t) {                       \
-        return allocate(p, n, kDevice);                                                         \
-    }                                                                                           \
-    SIM_EXPORT CUresult_t FREE(CUdeviceptr_t p, CUstream_t) {                                   \
-        return release(p, kDevice);                                                             \
-    }                                                                                           \
-    SIM_EXPORT CUresult_t FROM_POOL(CUdeviceptr_t* p, size_t n, CUmemoryPool_t, CUstream_t) {   \
-        return allocate(p, n, kDevice);                                                         \
+#define SIM_ASYNC(ALLOC, FREE, FROM_POOL)                                                     \
+    SIM_EXPORT CUresult_t ALLOC(CUdeviceptr_t* p, size_t n, CUstream_t) {                     \
+        return allocate(p, n, kDevice);                                                       \
+    }                                                                                         \
+    SIM_EXPORT CUresult_t FREE(CUdeviceptr_t p, CUstream_t) {                                 \
+        return release(p, kDevice);                                                           \
+    }                                                                                         \
+    SIM_EXPORT CUresult_t FROM_POOL(CUdeviceptr_t* p, size_t n, CUmemoryPool_t, CUstream_t) { \
+        return allocate(p, n, kDevice);                                                       \
     }
 SIM_ASYNC(cuMemAllocAsync, cuMemFreeAsync, cuMemAllocFromPoolAsync)
 SIM_ASYNC(cuMemAllocAsync_ptsz, cuMemFreeAsync_ptsz, cuMemAllocFromPoolAsync_ptsz)
@@ -157,8 +157,8 @@ SIM_EXPORT CUresult_t cuMemAddressReserve(CUdeviceptr_t* p, size_t n, size_t ali
                                           CUdeviceptr_t, unsigned long long) {
     if (!p || n == 0) return kCuErrorInvalidValue;
     const size_t align = alignment > 4096 ? alignment : 4096;
-    void* raw = mmap(nullptr, n + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
+    void* raw =
+        mmap(nullptr, n + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw == MAP_FAILED) return kCuErrorOutOfMemory;
     const auto base = reinterpret_cast<uint64_t>(raw);
     const uint64_t start = (base + align - 1) / align * align;
@@ -233,7 +233,8 @@ SIM_EXPORT CUresult_t cuMemExportToShareableHandle(void* shareable, CUmemHandle_
 
 SIM_EXPORT CUresult_t cuMemImportFromShareableHandle(CUmemHandle_t* h, void* os_handle, int) {
     std::lock_guard lock(vmm().mutex);
-    auto it = vmm().handles.find(static_cast<CUmemHandle_t>(reinterpret_cast<uintptr_t>(os_handle)));
+    auto it =
+        vmm().handles.find(static_cast<CUmemHandle_t>(reinterpret_cast<uintptr_t>(os_handle)));
     if (!h || it == vmm().handles.end()) return kCuErrorInvalidValue;
     *h = vmm().next_handle;
     vmm().next_handle += 0x10;
@@ -288,10 +289,10 @@ SIM_EXPORT CUresult_t cuMemUnmap(CUdeviceptr_t p, size_t n) {
 namespace {
 
 struct Named {
-    const char* base;     // the name cuGetProcAddress is asked for
-    int min_version;      // versions below get CUDA_ERROR_NOT_FOUND (no v1 ABI here)
+    const char* base;  // the name cuGetProcAddress is asked for
+    int min_version;   // versions below get CUDA_ERROR_NOT_FOUND (no v1 ABI here)
     void* fn;
-    void* fn_ptsz;        // per-thread default stream variant, or fn
+    void* fn_ptsz;  // per-thread default stream variant, or fn
 };
 
 void* lookup(const char* symbol, int version, unsigned long long flags);

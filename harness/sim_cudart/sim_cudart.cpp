@@ -122,7 +122,8 @@ cudaError_t allocate(void** out, size_t size, Pool pool) {
     if (!out) return cudaErrorInvalidValue;
     const Runtime& rt = runtime();
     auto* dptr = reinterpret_cast<CUdeviceptr_t*>(out);
-    if (pool == Pool::device && rt.mem_alloc) return remember(from_driver(rt.mem_alloc(dptr, size)));
+    if (pool == Pool::device && rt.mem_alloc)
+        return remember(from_driver(rt.mem_alloc(dptr, size)));
     if (pool == Pool::managed && rt.mem_alloc_managed)
         return remember(from_driver(rt.mem_alloc_managed(dptr, size, 1)));
     return remember(from_status(sim::Memory::instance().allocate(out, size, int(pool))));
@@ -172,22 +173,22 @@ cudaError_t allocate_async(void** out, size_t size, cudaMemPool_t pool, bool fro
 cudaError_t release_async(void* p, cudaStream_t stream) {
     const Runtime& rt = runtime();
     if (!p || !rt.mem_free_async) return release(p, Pool::device);
-    return remember(from_driver(
-        rt.mem_free_async(reinterpret_cast<CUdeviceptr_t>(p), reinterpret_cast<CUstream_t>(stream))));
+    return remember(from_driver(rt.mem_free_async(reinterpret_cast<CUdeviceptr_t>(p),
+                                                  reinterpret_cast<CUstream_t>(stream))));
 }
 
 }  // namespace
 
-#define SIM_ASYNC(MALLOC, FREE, FROM_POOL)                                                       \
-    SIM_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) {             \
-        return allocate_async(devPtr, size, nullptr, false, stream);                             \
-    }                                                                                            \
-    SIM_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                             \
-        return release_async(devPtr, stream);                                                    \
-    }                                                                                            \
-    SIM_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,                \
-                                     cudaStream_t stream) {                                      \
-        return allocate_async(ptr, size, pool, true, stream);                                    \
+#define SIM_ASYNC(MALLOC, FREE, FROM_POOL)                                           \
+    SIM_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) { \
+        return allocate_async(devPtr, size, nullptr, false, stream);                 \
+    }                                                                                \
+    SIM_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                 \
+        return release_async(devPtr, stream);                                        \
+    }                                                                                \
+    SIM_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,    \
+                                     cudaStream_t stream) {                          \
+        return allocate_async(ptr, size, pool, true, stream);                        \
     }
 
 SIM_ASYNC(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)

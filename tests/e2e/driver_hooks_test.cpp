@@ -125,8 +125,9 @@ TEST_CASE("cuGetProcAddress found by dlsym hands out wrapped per-thread-stream v
     CHECK(frees[0].address == allocs[0].address);
 }
 
-TEST_CASE("virtual memory: mappings are device segments, handles and VA ranges are counted apart; "
-          "a retained handle's extra release frees nothing") {
+TEST_CASE(
+    "virtual memory: mappings are device segments, handles and VA ranges are counted apart; "
+    "a retained handle's extra release frees nothing") {
     require_device();
     Run run;
     REQUIRE(run.status == 0);

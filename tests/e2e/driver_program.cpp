@@ -101,10 +101,10 @@ int main(int argc, char** argv) {
     auto get = reinterpret_cast<cuGetProcAddress_v2_fn>(dlsym(driver, "cuGetProcAddress_v2"));
     expect(get != nullptr, "no cuGetProcAddress_v2");
     if (!get) return 1;
-    auto alloc_async = proc<cuMemAllocAsync_fn>(get, "cuMemAllocAsync",
-                                                kCuGetProcAddressPerThreadDefaultStream);
-    auto free_async = proc<cuMemFreeAsync_fn>(get, "cuMemFreeAsync",
-                                              kCuGetProcAddressPerThreadDefaultStream);
+    auto alloc_async =
+        proc<cuMemAllocAsync_fn>(get, "cuMemAllocAsync", kCuGetProcAddressPerThreadDefaultStream);
+    auto free_async =
+        proc<cuMemFreeAsync_fn>(get, "cuMemFreeAsync", kCuGetProcAddressPerThreadDefaultStream);
     if (alloc_async && free_async) {
         CUdeviceptr_t d = 0;
         expect(alloc_async(&d, 3 * kMiB, nullptr) == kCuSuccess && d, "cuMemAllocAsync failed");
@@ -123,8 +123,7 @@ int main(int argc, char** argv) {
     auto retain = proc<cuMemRetainAllocationHandle_fn>(get, "cuMemRetainAllocationHandle");
     auto share = proc<cuMemExportToShareableHandle_fn>(get, "cuMemExportToShareableHandle");
     auto import = proc<cuMemImportFromShareableHandle_fn>(get, "cuMemImportFromShareableHandle");
-    if (reserve && address_free && create && release && map && unmap && retain && share &&
-        import) {
+    if (reserve && address_free && create && release && map && unmap && retain && share && import) {
         CUdeviceptr_t va = 0;
         expect(reserve(&va, 8 * kMiB, 2 * kMiB, 0, 0) == kCuSuccess && va, "reserve failed");
         AllocationProp prop{};

@@ -142,7 +142,8 @@ std::string find_python_dir() {
     const fs::path datadir = ALLOCSCOPE_INSTALL_DATADIR;
     const fs::path installed =
         (datadir.is_absolute() ? datadir : dir / ".." / datadir) / "allocscope" / "python";
-    if (fs::exists(installed / "sitecustomize.py", ec)) return fs::weakly_canonical(installed).string();
+    if (fs::exists(installed / "sitecustomize.py", ec))
+        return fs::weakly_canonical(installed).string();
     return {};
 }
 
@@ -429,8 +430,7 @@ int run_command(const std::vector<std::string>& args) {
         const char* existing = std::getenv("NVTX_INJECTION64_PATH");
         std::error_code ec;
         if (existing && *existing && !fs::equivalent(existing, lib, ec)) {
-            return fail(std::string("--nvtx: NVTX_INJECTION64_PATH is already set to ") +
-                        existing +
+            return fail(std::string("--nvtx: NVTX_INJECTION64_PATH is already set to ") + existing +
                         " (another NVTX tool, such as Nsight Systems); NVTX loads one injection "
                         "library per process: unset it or run without --nvtx");
         }

@@ -193,8 +193,10 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
         if (name == "cudaMallocAsync") return 1;
         int expected = 0;
         if (!g_attached.compare_exchange_strong(expected, 1)) return 2;
-        g_block_alloc.store(reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
-        g_block_free.store(reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
+        g_block_alloc.store(
+            reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
+        g_block_free.store(
+            reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
         const char* py_stacks = std::getenv("ALLOCSCOPE_PYTHON_STACKS");
         const char* depth = std::getenv("ALLOCSCOPE_STACK_DEPTH");
         const bool python_stacks = !(py_stacks && std::strcmp(py_stacks, "0") == 0) &&
