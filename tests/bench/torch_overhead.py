@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--breakdown", action="store_true",
                     help="also the interposer alone, + shim and bridge, + stacks, one at a time")
+    ap.add_argument("--only", help="configuration names to run, separated by ';' (plain is the base)")
     ap.add_argument("--no-baselines", action="store_true",
                     help="with --breakdown: only plain and the breakdown")
     args = ap.parse_args()
@@ -104,6 +105,9 @@ def main():
             # + Python frames
             ("+ python frames", {}, under("b4", "--plugins", "none")),
         ]
+    if args.only:
+        wanted = set(args.only.split(";"))
+        configs = [c for c in configs if c[0] in wanted]
     results = {}
     try:
         for rep in range(args.repeat):
