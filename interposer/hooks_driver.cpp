@@ -79,28 +79,6 @@ bool wrapping_enabled() noexcept {
     return enabled;
 }
 
-// --- real driver functions ---------------------------------------------------------
-
-// libcuda's own definition of `name`: the next one after liballocscope.so,
-// or the one in an already loaded libcuda.so.1 (opened RTLD_LOCAL by the
-// runtime).
-void* real_driver(const char* name) noexcept {
-    if (void* fn = allocscope::next_symbol(RTLD_NEXT, name)) return fn;
-    if (const char* lib = std::getenv("ALLOCSCOPE_CUDA_DRIVER_LIB")) {  // tests' host driver
-        if (void* handle = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD)) {
-            void* fn = allocscope::next_symbol(handle, name);
-            dlclose(handle);
-            if (fn) return fn;
-        }
-    }
-    if (void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
-        void* fn = allocscope::next_symbol(handle, name);
-        dlclose(handle);
-        return fn;
-    }
-    return nullptr;
-}
-
 uint64_t as_int(const void* p) {
     return reinterpret_cast<uint64_t>(p);
 }
@@ -664,15 +642,10 @@ dlsym:
 
 // --- the exported entry points ----------------------------------------------------------
 
-#define REAL_DRIVER(name, type)                             \
-    ([]() noexcept {                                        \
-        static std::atomic<type> cache{nullptr};            \
-        type fn = cache.load(std::memory_order_relaxed);    \
-        if (!fn) {                                          \
-            fn = reinterpret_cast<type>(real_driver(name)); \
-            cache.store(fn, std::memory_order_relaxed);     \
-        }                                                   \
-        return fn;                                          \
+#define REAL_DRIVER(name, type)                                                       \
+    ([]() noexcept {                                                                  \
+        static std::atomic<type> cache{nullptr};                                      \
+        return allocscope::cached_function(cache, &allocscope::resolve_driver, name); \
     }())
 
 ALLOCSCOPE_EXPORT CUresult_t cuGetProcAddress(const char* symbol, void** pfn, int version,
@@ -782,20 +755,16 @@ void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned lo
 // The lookups: resolve the runtime's own, call it, wrap what it returns.
 // PARAMS is the parameter list between `funcPtr` and `flags` (the version,
 // or nothing), VERSION the ABI version the entry point is asked for.
-#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                      \
-    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,           \
-                                       unsigned long long flags,                       \
-                                       enum cudaDriverEntryPointQueryResult* status) { \
-        static std::atomic<decltype(&::NAME)> cache{nullptr};                          \
-        decltype(&::NAME) real = cache.load(std::memory_order_relaxed);                \
-        if (!real) {                                                                   \
-            real = allocscope::real_function<decltype(&::NAME)>(#NAME);                \
-            cache.store(real, std::memory_order_relaxed);                              \
-        }                                                                              \
-        if (!real) return cudaErrorSharedObjectSymbolNotFound;                         \
-        cudaError_t rc = real(symbol, fn ARGS, flags, status);                         \
-        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);  \
-        return rc;                                                                     \
+#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                         \
+    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,              \
+                                       unsigned long long flags,                          \
+                                       enum cudaDriverEntryPointQueryResult* status) {    \
+        static std::atomic<decltype(&::NAME)> cache{nullptr};                             \
+        auto real = allocscope::cached_function(cache, &allocscope::resolve_real, #NAME); \
+        if (!real) return cudaErrorSharedObjectSymbolNotFound;                            \
+        cudaError_t rc = real(symbol, fn ARGS, flags, status);                            \
+        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);     \
+        return rc;                                                                        \
     }
 #define ALLOCSCOPE_COMMA ,
 

@@ -27,16 +27,11 @@ using allocscope::recorder::PendingFree;
 
 template <typename Fn>
 Fn cached_real(std::atomic<Fn>& cache, const char* name) noexcept {
-    Fn fn = cache.load(std::memory_order_relaxed);
+    Fn fn = allocscope::cached_function(cache, &allocscope::resolve_real, name);
     if (!fn) {
-        fn = allocscope::real_function<Fn>(name);
-        if (fn) {
-            cache.store(fn, std::memory_order_relaxed);
-        } else {
-            static std::atomic<bool> warned{false};
-            if (!warned.exchange(true)) {
-                std::fprintf(stderr, "allocscope: %s called but no CUDA runtime is loaded\n", name);
-            }
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true)) {
+            std::fprintf(stderr, "allocscope: %s called but no CUDA runtime is loaded\n", name);
         }
     }
     return fn;

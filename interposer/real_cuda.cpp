@@ -2,20 +2,36 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <initializer_list>
 
 namespace allocscope {
 
-void* resolve_real(const char* name) noexcept {
+namespace {
+
+// `name` after liballocscope.so, else in the first of `libraries` that is
+// already loaded and defines it.
+void* next_or_in(const char* name, std::initializer_list<const char*> libraries) noexcept {
     if (void* fn = next_symbol(RTLD_NEXT, name)) return fn;
-    for (const char* soname : {"libcudart.so.13", "libcudart.so.12"}) {
-        if (void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD)) {
+    for (const char* library : libraries) {
+        if (!library) continue;
+        if (void* handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD)) {
             void* fn = next_symbol(handle, name);
             dlclose(handle);  // RTLD_NOLOAD took a reference; the library stays loaded
             if (fn) return fn;
         }
     }
     return nullptr;
+}
+
+}  // namespace
+
+void* resolve_real(const char* name) noexcept {
+    return next_or_in(name, {"libcudart.so.13", "libcudart.so.12"});
+}
+
+void* resolve_driver(const char* name) noexcept {
+    return next_or_in(name, {std::getenv("ALLOCSCOPE_CUDA_DRIVER_LIB"), "libcuda.so.1"});
 }
 
 }  // namespace allocscope
