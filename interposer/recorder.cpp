@@ -39,6 +39,7 @@
 #include "string_table.h"
 #include "trace_writer.h"
 #include "unwind.h"
+#include "unwind_cfi.h"
 
 #ifndef ALLOCSCOPE_VERSION
 #define ALLOCSCOPE_VERSION "0.0.0"
@@ -101,6 +102,12 @@ struct State {
     StackTable stacks;
     std::atomic<uint64_t> step{0};
     std::atomic<uint64_t> events_dropped{0};
+    // ALLOCSCOPE_LOG=debug only: what stack capture costs the program's
+    // threads, reported in one line at exit (see capture_stack_id).
+    bool cost_stats = false;
+    std::atomic<uint64_t> stacks_captured{0};
+    std::atomic<uint64_t> stack_ns{0};
+    std::atomic<uint64_t> python_frames{0};
     uint64_t self_start = 0;  // text of liballocscope.so, see capture_stack_id
     uint64_t self_end = 0;
 
@@ -421,6 +428,17 @@ void report_write_failure_once() {
     }
 }
 
+// ALLOCSCOPE_LOG=debug: what stack capture cost the program's threads.
+std::string stack_cost_line() {
+    const uint64_t n = g->stacks_captured.load();
+    const uint64_t ns = g->stack_ns.load();
+    return "allocscope: " + std::to_string(n) + " stacks captured, " +
+           std::to_string(n ? ns / n : 0) + " ns each on average (" +
+           std::to_string(ns / 1000000) + " ms in all), " +
+           std::to_string(g->python_frames.load()) + " Python frames appended, " +
+           std::to_string(fallback_capture_count()) + " walks fell back to libgcc's unwinder";
+}
+
 void* writer_main(void*) {
     t_thread.is_writer = true;
     t_thread.in_hook = true;  // nothing this thread does is recorded
@@ -471,6 +489,7 @@ void* writer_main(void*) {
         log_line(LogLevel::info, "allocscope: wrote " + g->writer.path() + " (" +
                                      std::to_string(footer.events) + " events)");
     }
+    if (g->cost_stats) log_line(LogLevel::debug, stack_cost_line());
     // The trace is complete before any plugin's finish runs: a plugin that
     // takes too long at exit costs its findings, never the trace.
     g->trace_done.store(true, std::memory_order_release);
@@ -568,6 +587,7 @@ void initialize() {
     }
     g->start_mono_ns = mono_ns();
     g->owner_pid = getpid();
+    g->cost_stats = g->config.log == LogLevel::debug;
     // Sequence numbers start at 1: the plugin ABI's alloc_seq 0 means "a
     // free of an unknown address", so no allocation may have seq 0. No hook
     // runs yet, so taking and retiring seq 0 here cannot race.
@@ -695,9 +715,7 @@ constexpr size_t kOwnFramesMax = 8;
 
 // `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
 // native ones: they are the callers of the interpreter the native stack ends in.
-uint32_t capture_stack_id(std::span<const uint64_t> outer = {}) noexcept {
-    const uint32_t depth = g->config.stack_depth;
-    if (depth == 0) return 0;
+uint32_t capture_stack_id_untimed(std::span<const uint64_t> outer, uint32_t depth) noexcept {
     uint64_t frames[Config::kMaxStackDepth + kOwnFramesMax + kMaxOuterFrames];
     size_t n = capture_stack(frames, depth + kOwnFramesMax, 0);
     size_t first = 0;
@@ -719,6 +737,25 @@ uint32_t capture_stack_id(std::span<const uint64_t> outer = {}) noexcept {
     } catch (...) {
         return 0;
     }
+}
+
+__attribute__((noinline)) uint32_t capture_stack_id_timed(std::span<const uint64_t> outer,
+                                                          uint32_t depth) noexcept {
+    const uint64_t start = mono_ns();
+    const uint32_t id = capture_stack_id_untimed(outer, depth);
+    g->stack_ns.fetch_add(mono_ns() - start, std::memory_order_relaxed);
+    g->stacks_captured.fetch_add(1, std::memory_order_relaxed);
+    g->python_frames.fetch_add(outer.size(), std::memory_order_relaxed);
+    return id;
+}
+
+// The stack id of the calling hook's caller (0: stacks off or not recorded).
+uint32_t capture_stack_id(std::span<const uint64_t> outer = {}) noexcept {
+    const uint32_t depth = g->config.stack_depth;
+    if (depth == 0) return 0;
+    if (g->cost_stats) [[unlikely]]
+        return capture_stack_id_timed(outer, depth);
+    return capture_stack_id_untimed(outer, depth);
 }
 
 // The fields every event shares; `seq` is the ring's.

@@ -5,6 +5,7 @@ table in docs/RESULTS.md). Needs 2 GPUs and torch.
 
     python3 tests/bench/torch_overhead.py --cli build-gpu/tools/allocscope \
         [--harness build-gpu/harness/allocscope-harness] [--steps 60] [--skip 10] [--repeat 2]
+        [--hidden H --tokens T]   (a larger, GPU-bound step; default: the proof's sizes)
 
 Runs tests/gpu/fsdp2_fp8_train.py --mode seed --time under torchrun (2 ranks)
 for each configuration:
@@ -14,7 +15,10 @@ for each configuration:
   torch/python        _record_memory_history(stacks="python")
   torch/all           _record_memory_history(stacks="all")
 The step time of a run is the median over steps >= --skip of the slower
-rank; a configuration's is the median over --repeat runs. With --harness,
+rank; a configuration's is the median over --repeat runs (configurations
+interleave, so drifts of the machine hit all of them alike); the table also
+gives the fastest run of each, the figure least disturbed by other load on
+the host. With --harness,
 also the C++ harness (cuda backend, 2 ranks) wall time with and without
 allocscope.
 """
@@ -35,12 +39,13 @@ SCRIPT = os.path.join(HERE, "..", "gpu", "fsdp2_fp8_train.py")
 STEP = re.compile(r"^STEP_MS rank (\d+) step (\d+) ([0-9.]+)$")
 
 
-def torchrun(steps):
+def torchrun(steps, size=()):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"]
+            SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"] + list(size)
 
 
 def step_ms(output, skip):
+    """(median step time of the slower rank, its first-10 and last-10 medians)."""
     per_rank = {}
     for line in output.splitlines():
         m = STEP.match(line.strip())
@@ -48,7 +53,8 @@ def step_ms(output, skip):
             per_rank.setdefault(int(m.group(1)), []).append(float(m.group(3)))
     if len(per_rank) != 2:
         raise RuntimeError("expected step times from 2 ranks:\n" + output[-2000:])
-    return max(statistics.median(v) for v in per_rank.values())
+    slow = max(per_rank.values(), key=statistics.median)
+    return statistics.median(slow), statistics.median(slow[:10]), statistics.median(slow[-10:])
 
 
 def run(cmd, env):
@@ -66,6 +72,8 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--skip", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--hidden", type=int, help="the script's --hidden (default: the proof's)")
+    ap.add_argument("--tokens", type=int, help="the script's --tokens (default: the proof's)")
     ap.add_argument("--json")
     ap.add_argument("--breakdown", action="store_true",
                     help="also the interposer alone, + shim and bridge, + stacks, one at a time")
@@ -74,6 +82,11 @@ def main():
                     help="with --breakdown: only plain and the breakdown")
     args = ap.parse_args()
 
+    size = []
+    if args.hidden:
+        size += ["--hidden", str(args.hidden)]
+    if args.tokens:
+        size += ["--tokens", str(args.tokens)]
     scratch = tempfile.mkdtemp(prefix="allocscope-overhead-")
     env = dict(os.environ)
     def under(out, *flags):
@@ -91,12 +104,18 @@ def main():
         configs = configs[:1]
     if args.breakdown:
         configs += [
+            # the library preloaded with recording off: what loading it costs
+            ("preloaded, off", {"ALLOCSCOPE_DISABLE": "1"},
+             under("b00", "--no-python", "--plugins", "none", "--stack-depth", "0")),
             # the interposer alone: segments only, no Python shim, no bridge, no plugins
             ("interposer only", {}, under("b0", "--no-python", "--plugins", "none",
                                           "--stack-depth", "0")),
+            # the same without the driver-level hooks
+            ("interposer only, no driver hooks", {"ALLOCSCOPE_DRIVER_HOOKS": "0"},
+             under("b01", "--no-python", "--plugins", "none", "--stack-depth", "0")),
             # + the shim's module hooks and the bridge's blocks
             ("+ shim, bridge", {}, under("b1", "--plugins", "none", "--stack-depth", "0")),
-            # the same without the global full backward hooks
+            # the same without the backward tensor hooks
             ("+ shim w/o backward hooks", {"ALLOCSCOPE_PYTHON_BACKWARD": "0"},
              under("b2", "--plugins", "none", "--stack-depth", "0")),
             # + native stacks, no Python frames
@@ -113,17 +132,23 @@ def main():
         for rep in range(args.repeat):
             for name, extra, prefix in configs:
                 if prefix is None:
-                    cmd = torchrun(args.steps) + ["--record-history", name.split("/")[1]]
+                    cmd = torchrun(args.steps, size) + ["--record-history", name.split("/")[1]]
                 else:
-                    cmd = prefix + torchrun(args.steps)
-                results.setdefault(name, []).append(step_ms(run(cmd, dict(env, **extra)), args.skip))
-                print("%-20s run %d: %.3f ms/step" % (name, rep, results[name][-1]), flush=True)
+                    cmd = prefix + torchrun(args.steps, size)
+                median, first, last = step_ms(run(cmd, dict(env, **extra)), args.skip)
+                results.setdefault(name, []).append(median)
+                print("%-20s run %d: %.3f ms/step (first 10 steps %.3f, last 10 %.3f)"
+                      % (name, rep, median, first, last), flush=True)
         base = statistics.median(results["plain"])
-        print("\n| configuration | step time (ms, median) | overhead |")
-        print("| --- | --- | --- |")
+        fastest = min(results["plain"])
+        print("\n| configuration | step time (ms, median of runs) | overhead | fastest run (ms) "
+              "| overhead |")
+        print("| --- | --- | --- | --- | --- |")
         for name, _, _ in configs:
             t = statistics.median(results[name])
-            print("| %s | %.3f | %+.1f %% |" % (name, t, (t / base - 1) * 100))
+            f = min(results[name])
+            print("| %s | %.3f | %+.1f %% | %.3f | %+.1f %% |"
+                  % (name, t, (t / base - 1) * 100, f, (f / fastest - 1) * 100))
 
         if args.harness:
             harness = [args.harness, "--backend", "cuda", "--ranks", "2", "--steps", "200",

@@ -210,16 +210,25 @@ def expected_sizes(model, mode, rank):
 
 
 def main():
+    global HIDDEN, FFN, SEQ
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("seed", "fixed", "bf16"), default="seed")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time", action="store_true",
                         help="print each step's wall time (ms) for benchmarks")
+    parser.add_argument("--hidden", type=int, default=HIDDEN,
+                        help="hidden size (FFN is 4x); the proof's sizes are the defaults")
+    parser.add_argument("--tokens", type=int, default=BATCH * SEQ,
+                        help="tokens per rank (batch 2); benchmarks use more to make the "
+                             "step GPU-bound")
     parser.add_argument("--record-history", choices=("python", "all"),
                         help="torch.cuda.memory._record_memory_history(stacks=...) for the run, "
                              "the PyTorch-native recording allocscope is compared with")
     args = parser.parse_args()
+    if args.hidden % HEADS or args.tokens % BATCH:
+        parser.error("--hidden must be a multiple of %d and --tokens of %d" % (HEADS, BATCH))
+    HIDDEN, FFN, SEQ = args.hidden, 4 * args.hidden, args.tokens // BATCH
 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

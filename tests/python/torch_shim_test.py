@@ -7,9 +7,10 @@ sitecustomize when the script imports torch): a 2-layer model on CPU tensors
 whose modules, autograd backward and an optimizer step hook allocate through
 the host-memory CUDA runtime (harness/sim_cudart). The trace must show those
 allocations under (layers.<i>, forward), (layers.<i>, backward) — the first
-layer's input does not require grad, so its backward hooks fire early and
-the shim keeps its tag — and (optimizer), the parameters registered, and one
-step per optimizer.step().
+layer's input does not require grad, so its backward gets no leave and the
+shim keeps its tag; layers.1 and the root share their output tensor, so the
+root's backward enters below layers.1's — and (optimizer), the parameters
+registered, and one step per optimizer.step().
 
 Environment (tests/meson.build): E2E_CLI, SIM_CUDART.
 """

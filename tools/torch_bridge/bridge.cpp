@@ -30,8 +30,8 @@
 // carries the Python frames that led to it (at most kPythonFrames, innermost
 // first): allocscope_block_alloc_frames appends them to the native stack the
 // interposer captures, so a report shows the C++ site and the Python line.
-// Each (code object, line) is named once through allocscope_python_frame and
-// cached per thread, holding a reference to the code object so its address
+// Each (code object, instruction offset) is named once through
+// allocscope_python_frame and cached per thread, holding a reference to the code object so its address
 // is never reused for another. Only on Python >= 3.12, where creating a frame
 // object cannot run the garbage collector on the spot (it is deferred to
 // the interpreter's next safe point): a collection here could free tensors
@@ -58,7 +58,9 @@
 #include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <unordered_map>
 #include <utility>
 
@@ -79,22 +81,65 @@ std::atomic<int> g_attached{0};
 
 constexpr size_t kPythonFrames = 16;
 
+uint64_t mono_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// ALLOCSCOPE_LOG=debug: what each part of a trace entry costs the allocating
+// thread, one line at exit.
+struct EntryCost {
+    bool on = false;  // set before the tracker is attached, read-only after
+    std::atomic<uint64_t> walks{0}, frames{0}, walk_ns{0};  // Python frame walks
+    std::atomic<uint64_t> allocs{0}, alloc_ns{0};           // interposer: block alloc
+    std::atomic<uint64_t> frees{0}, free_ns{0};             // interposer: block free
+    static unsigned long long avg(uint64_t ns, uint64_t n) { return n ? ns / n : 0; }
+    ~EntryCost() {
+        if (!on) return;
+        std::fprintf(stderr,
+                     "allocscope: PyTorch bridge: %llu Python frame walks, %llu ns each (%llu "
+                     "frames); %llu block allocs, %llu ns each in the interposer; %llu block "
+                     "frees, %llu ns each\n",
+                     static_cast<unsigned long long>(walks.load()), avg(walk_ns, walks),
+                     static_cast<unsigned long long>(frames.load()),
+                     static_cast<unsigned long long>(allocs.load()), avg(alloc_ns, allocs),
+                     static_cast<unsigned long long>(frees.load()), avg(free_ns, frees));
+    }
+};
+EntryCost g_cost;
+
+// Runs `call`, timing it into (count, ns) when debug costs are on.
+template <class Call>
+void timed(std::atomic<uint64_t>& count, std::atomic<uint64_t>& ns, Call&& call) {
+    if (!g_cost.on) {
+        call();
+        return;
+    }
+    const uint64_t start = mono_ns();
+    call();
+    ns.fetch_add(mono_ns() - start, std::memory_order_relaxed);
+    count.fetch_add(1, std::memory_order_relaxed);
+}
+
 #if PY_VERSION_HEX >= 0x030C0000
-// (code object, line) -> the interposer's pseudo-address for it.
+// (code object, instruction offset) -> the interposer's pseudo-address of
+// its "function (file:line)". Keyed by the offset, not the line: the line is
+// decoded from the code's location table only once per call site.
 struct FrameKey {
     const void* code;
-    int line;
+    int lasti;
     bool operator==(const FrameKey&) const = default;
 };
 struct FrameKeyHash {
     size_t operator()(const FrameKey& k) const noexcept {
-        return std::hash<const void*>()(k.code) * 31 + static_cast<size_t>(k.line);
+        return std::hash<const void*>()(k.code) * 31 + static_cast<size_t>(k.lasti);
     }
 };
 
 // The calling thread's Python frames, innermost first; 0 frames without the
 // GIL. Called with the allocator's lock held: only reads the frame chain
-// and names each (code, line) once.
+// and names each (code, instruction offset) once.
 size_t python_frames(uint64_t* out, PythonFrame name_frame) {
     if (!Py_IsInitialized() || !PyGILState_Check()) return 0;
     thread_local std::unordered_map<FrameKey, uint64_t, FrameKeyHash> names;
@@ -103,14 +148,14 @@ size_t python_frames(uint64_t* out, PythonFrame name_frame) {
     Py_XINCREF(frame);
     while (frame && n < kPythonFrames) {
         PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-        const FrameKey key{code, PyFrame_GetLineNumber(frame)};
+        const FrameKey key{code, PyFrame_GetLasti(frame)};
         auto it = names.find(key);
         if (it == names.end()) {
             const char* function = PyUnicode_AsUTF8(code->co_qualname);
             const char* file = PyUnicode_AsUTF8(code->co_filename);
             if (!function || !file) PyErr_Clear();
-            const uint64_t address =
-                name_frame(function ? function : "?", file ? file : "?", key.line);
+            const uint64_t address = name_frame(function ? function : "?", file ? file : "?",
+                                                PyFrame_GetLineNumber(frame));
             Py_INCREF(code);  // kept: the address of a cached code object is never reused
             it = names.emplace(key, address).first;
         }
@@ -160,21 +205,26 @@ void on_entry(const Entry& e) noexcept {
         if (with_frames && name_frame) {
             uint64_t frames[kPythonFrames];
             size_t n = 0;
-            try {
-                n = python_frames(frames, name_frame);
-            } catch (...) {  // out of host memory in the cache: no frames
-                n = 0;
-            }
-            with_frames(addr, size, device, stream, frames, n);
+            timed(g_cost.walks, g_cost.walk_ns, [&] {
+                try {
+                    n = python_frames(frames, name_frame);
+                } catch (...) {  // out of host memory in the cache: no frames
+                    n = 0;
+                }
+            });
+            if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
+            timed(g_cost.allocs, g_cost.alloc_ns,
+                  [&] { with_frames(addr, size, device, stream, frames, n); });
             return;
         }
 #endif
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
-        if (alloc) alloc(addr, size, device, stream);
+        if (alloc) timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
     } else if (action == Action::FREE_REQUESTED) {
         BlockFree release = g_block_free.load(std::memory_order_relaxed);
         if (!release) return;
-        release(reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_)));
+        timed(g_cost.frees, g_cost.free_ns,
+              [&] { release(reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_))); });
     }
 }
 
@@ -207,6 +257,8 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
             g_python_frame.store(
                 reinterpret_cast<PythonFrame>(dlsym(RTLD_DEFAULT, "allocscope_python_frame")));
         }
+        const char* log = std::getenv("ALLOCSCOPE_LOG");
+        g_cost.on = log && std::strcmp(log, "debug") == 0;
         try {
             a->attachAllocatorTraceTracker([](const auto& entry) { on_entry(entry); });
         } catch (...) {

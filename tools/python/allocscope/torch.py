@@ -14,15 +14,22 @@ Tags (layer, phase), all per thread:
 * forward: a global forward pre-hook enters (layer = the module's qualified
   name, "forward"); a global forward hook registered with always_call=True
   leaves it, also when forward raises.
-* backward: global full backward pre-/post-hooks enter and leave
-  (layer, "backward") on the thread autograd runs them on. A module none of
-  whose inputs require grad (the root, the first layer) gets both hooks at
-  once, before its backward runs (PyTorch's rule, recognised by a grad_input
-  of Nones): its tag then stays until the backward pre-hook of a module
-  outside it, the end of that backward pass (an autograd final callback, when
-  it runs on the same thread) or the next iteration's backward, whichever
-  comes first. So the first layer's backward is tagged like the others, and
-  the root's ("") encloses the whole backward pass.
+* backward: when a module call's forward ends (with grad enabled), tensor
+  hooks go on its outputs and inputs that require grad. The outputs' hooks
+  enter (layer, "backward") when the first gradient of an output is ready,
+  on the thread autograd runs the backward on; the inputs' hooks leave it
+  when the gradient of an input is. A module none of whose inputs requires
+  grad (the root, the first layer) gets no leave: its tag stays until the
+  backward of a module outside it begins or the backward pass ends (an
+  autograd final callback, when it runs on the same thread), so the first
+  layer's backward is tagged like the others and the root's ("") encloses
+  the whole backward pass. When a module and the module it returns the
+  output of share an output tensor, the inner one's hook fires first; the
+  outer one's enter puts the inner one back on top of it. Tensor hooks wrap
+  nothing in autograd functions (global full backward hooks put two
+  BackwardHookFunctions around every module call and refuse modules that
+  modify their input in place) and fire before the hooks registered after
+  them on the same tensor, such as FSDP2's pre-backward hooks.
 * optimizer: global optimizer step pre-/post-hooks enter and leave
   (enclosing layer, "optimizer"). After each step of the first optimizer
   that steps (or the one passed to enable) the process-wide step is
@@ -43,14 +50,12 @@ Pairing. The hooks keep a Python mirror of the thread's tag stack: a leave
 pops down to the matching enter (entries above it whose leave never came go
 with it) and a leave without an enter does nothing, so an exception never
 leaves the stack unbalanced. Backward entries left over from an earlier
-iteration (a post-hook that never ran) are dropped at the next backward
-pre-hook on that thread; optimizer entries of a step() that raised, at the
-next step().
+iteration are dropped at the next backward enter on that thread; optimizer
+entries of a step() that raised, at the next step().
 
-Environment: ALLOCSCOPE_PYTHON_BACKWARD=0 leaves out the backward hooks (full
-backward hooks wrap every module's inputs and outputs in an autograd
-function, which PyTorch refuses for modules that modify their input in place,
-e.g. ReLU(inplace=True)). ALLOCSCOPE_TORCH_BRIDGE: the bridge library's path.
+Environment: ALLOCSCOPE_PYTHON_BACKWARD=0 leaves out the backward hooks.
+ALLOCSCOPE_TORCH_BRIDGE: the bridge library's path. ALLOCSCOPE_LOG=debug:
+each hook's calls and average time, one line each at exit.
 
 The bridge (tools/torch_bridge) attaches to the native caching allocator's
 trace tracker once CUDA is initialized and reports every tensor block to the
@@ -59,10 +64,10 @@ needed: every tensor is a cudaMallocAsync call the interposer sees.
 """
 
 import ctypes
+import functools
 import os
 import sys
 import threading
-import warnings
 import weakref
 
 import torch
@@ -111,6 +116,11 @@ def _compiling():
         return torch.compiler.is_compiling()
     except Exception:
         return False
+
+
+# Bound once: the module hooks run for every module call.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 _DTYPES = {
@@ -223,6 +233,9 @@ def _register_params(root, prefix):
 
 # ---------------------------------------------------------------- the tag stack mirror
 
+# A thread's entries, innermost last: (key, kind, generation, layer, layer as
+# bytes). kind: "f" forward, "b" backward, "o" optimizer.
+
 
 def _stack():
     s = getattr(_tls, "stack", None)
@@ -231,28 +244,37 @@ def _stack():
     return s
 
 
-def _enter(api, key, kind, layer, phase):
-    # entry: (key, kind, generation, layer)
-    api.push(None if layer is None else layer.encode("utf-8", "replace"), phase)
-    _stack().append((key, kind, _generation, layer))
+def _encode(layer):
+    return None if layer is None else layer.encode("utf-8", "replace")
+
+
+def _enter(api, s, key, kind, layer, phase, generation=None):
+    encoded = _encode(layer)
+    api.push(encoded, phase)
+    s.append((key, kind, _generation if generation is None else generation, layer, encoded))
 
 
 def _pop_to(api, s, index):
+    pop = api.pop
     for _ in range(len(s) - index):
-        api.pop()
+        pop()
     del s[index:]
 
 
 def _leave(key, kind):
+    """Pops down to and including the innermost (key, kind) entry; returns it
+    (None when there is none: a leave without an enter does nothing)."""
     s = _stack()
     for i in range(len(s) - 1, -1, -1):
-        if s[i][0] == key and s[i][1] == kind:
+        entry = s[i]
+        if entry[0] == key and entry[1] == kind:
             api = _allocscope._get()
             if api is not None:
                 _pop_to(api, s, i)
             else:
                 del s[i:]
-            return
+            return entry
+    return None
 
 
 def _drop_stale(api, s, kinds, older_than=None):
@@ -269,15 +291,6 @@ def _within(layer, scope):
     return not scope or layer == scope or layer.startswith(scope + ".")
 
 
-def _drop_deferred_outside(api, s, layer):
-    """Pops down to the lowest deferred backward entry that does not enclose
-    `layer` (its module's backward is over: another module's has begun)."""
-    for i, entry in enumerate(s):
-        if entry[1] == "d" and not _within(layer, entry[3] or ""):
-            _pop_to(api, s, i)
-            return
-
-
 def _enclosing_layer(s):
     for entry in reversed(s):
         if entry[3] is not None:
@@ -290,7 +303,7 @@ def _enclosing_layer(s):
 
 def _forward_pre(module, args):
     global _generation
-    if _compiling():
+    if _is_compiling():
         return None
     api = _allocscope._get()
     if api is None:
@@ -314,55 +327,94 @@ def _forward_pre(module, args):
         if root is not None and not root[2] and root[0]() is module:
             root[2] = True
             _register_params(module, root[1])
-        _enter(api, id(module), "f", name, b"forward")
+        _enter(api, s, id(module), "f", name, b"forward")
     except Exception as e:
         _say("forward", "forward hook failed (tags may be missing): %s" % e)
     return None
 
 
 def _forward_post(module, args, output):
-    if _compiling():
+    if _is_compiling():
         return None
     try:
-        _leave(id(module), "f")
-    except Exception:
-        pass
+        entry = _leave(id(module), "f")
+        if entry is not None and _backward_hooks and _grad_enabled():
+            _hook_backward(entry, args, output)
+    except Exception as e:
+        _say("backward", "backward hooks failed (tags may be missing): %s" % e)
     return None
 
 
-def _backward_pre(module, grad_output):
+# Backward. A module's backward begins when the gradient of one of its
+# outputs is ready and ends when the gradients of its inputs are: tensor
+# hooks on the outputs enter (layer, "backward"), tensor hooks on the inputs
+# leave it. Tensor hooks fire on the thread autograd runs the producing node
+# on, before that node and before the hooks registered after them (FSDP2's
+# pre-backward hooks among them).
+
+
+def _grad_tensors(value):
+    """The tensors of `value` (a tensor, or a tuple or list of them) that
+    require grad."""
+    if isinstance(value, torch.Tensor):
+        return (value,) if value.requires_grad else ()
+    if isinstance(value, (tuple, list)):
+        return tuple(t for t in value if isinstance(t, torch.Tensor) and t.requires_grad)
+    return ()
+
+
+def _hook_backward(entry, args, output):
+    outputs = _grad_tensors(output)
+    if not outputs:
+        return
+    key, _, generation, layer, encoded = entry
+    inputs = _grad_tensors(args)
+    enter = functools.partial(_backward_enter, key, layer, encoded, generation)
+    for t in outputs:
+        if not any(t is i for i in inputs):  # an input passed through
+            t.register_hook(enter)
+    if inputs:
+        leave = functools.partial(_backward_leave, key)
+        for t in inputs:
+            t.register_hook(leave)
+
+
+def _backward_enter(key, layer, encoded, generation, _grad):
+    """A module's backward begins: the entries of modules whose backward is
+    over (not enclosing `layer`) go; modules inside it that were entered
+    first through the same output tensor (their hooks were registered first)
+    come back on top of it."""
     api = _allocscope._get()
     if api is None:
         return None
     try:
         s = _stack()
         if s:
-            _drop_stale(api, s, ("b", "d"), older_than=_generation)
-        name = layer_name(module)
-        if name is None:
-            name = _join(_enclosing_layer(s), type(module).__name__)
-        if s:
-            _drop_deferred_outside(api, s, name)
-        _enter(api, id(module), "b", name, b"backward")
+            _drop_stale(api, s, ("b",), older_than=generation)
+        inner = []
+        for i, e in enumerate(s):
+            if e[1] != "b":
+                continue
+            if e[0] == key:
+                return None  # entered already, through another output
+            if not _within(layer, e[3] or ""):
+                inner = [x for x in s[i:] if x[1] == "b" and x[3] != layer and _within(x[3] or "", layer)]
+                _pop_to(api, s, i)
+                break
+        api.push(encoded, b"backward")
+        s.append((key, "b", generation, layer, encoded))
+        for e in inner:
+            api.push(e[4], b"backward")
+            s.append(e)
+        _queue_end_of_backward()
     except Exception as e:
         _say("backward", "backward hook failed (tags may be missing): %s" % e)
     return None
 
 
-def _backward_post(module, grad_input, grad_output):
+def _backward_leave(key, _grad):
     try:
-        if isinstance(grad_input, tuple) and all(g is None for g in grad_input):
-            # Fired early: no input requires grad, the module's backward has
-            # not run yet. Keep its tag (see the module docstring).
-            s = _stack()
-            key = id(module)
-            for i in range(len(s) - 1, -1, -1):
-                if s[i][0] == key and s[i][1] == "b":
-                    s[i] = (key, "d", s[i][2], s[i][3])
-                    _queue_end_of_backward()
-                    return None
-            return None
-        _leave(id(module), "b")
+        _leave(key, "b")
     except Exception:
         pass
     return None
@@ -383,13 +435,15 @@ def _queue_end_of_backward():
 
 
 def _end_of_backward():
+    """The backward pass is over: modules whose inputs need no grad (the
+    root, the first layer) never got their leave."""
     global _end_queued
     _end_queued = -1
     try:
         api = _allocscope._get()
         s = _stack()
         if api is not None and s:
-            _drop_stale(api, s, ("d",))
+            _drop_stale(api, s, ("b",))
     except Exception:
         pass
 
@@ -402,7 +456,7 @@ def _optimizer_pre(optimizer, args, kwargs):
         s = _stack()
         if s:
             _drop_stale(api, s, ("o",))
-        _enter(api, id(optimizer), "o", None, b"optimizer")
+        _enter(api, s, id(optimizer), "o", None, b"optimizer")
     except Exception as e:
         _say("optimizer", "optimizer hook failed (tags may be missing): %s" % e)
     return None
@@ -510,6 +564,44 @@ def _maybe_attach_bridge():
         pass
 
 
+# ---------------------------------------------------------------- cost (ALLOCSCOPE_LOG=debug)
+
+_hook_cost = {}  # hook name -> [calls, ns]
+
+
+def _timed(hook):
+    """`hook`, timing its calls; the totals are printed at exit."""
+    import atexit
+    import time
+
+    counter = time.perf_counter_ns
+    cost = _hook_cost.setdefault(hook.__name__, [0, 0])
+    if len(_hook_cost) == 1:
+        atexit.register(_print_hook_cost)
+
+    def timed_hook(*args):
+        start = counter()
+        try:
+            return hook(*args)
+        finally:
+            cost[0] += 1
+            cost[1] += counter() - start
+
+    timed_hook.__name__ = hook.__name__
+    return timed_hook
+
+
+def _print_hook_cost():
+    for name, (calls, ns) in sorted(_hook_cost.items()):
+        if not calls:
+            continue
+        _say(
+            "cost " + name,
+            "hook %s: %d calls, %d ns each on average (%d ms in all)"
+            % (name.lstrip("_"), calls, ns // max(calls, 1), ns // 1000000),
+        )
+
+
 # ---------------------------------------------------------------- enable / disable
 
 
@@ -531,7 +623,7 @@ def enable(model=None, optimizer=None):
     found lazily. optimizer: the optimizer whose steps count as training
     steps (default: the first one that steps). Without liballocscope.so in
     the process this does nothing (one warning)."""
-    global _enabled, _backward_hooks, _primary_optimizer
+    global _enabled, _backward_hooks, _primary_optimizer, _backward_enter, _backward_leave
     if not _allocscope.available():
         _allocscope._get()  # the one warning
         return False
@@ -545,26 +637,21 @@ def enable(model=None, optimizer=None):
         _enabled = True
         from torch.nn.modules import module as nn_module
 
-        _handles.append(nn_module.register_module_forward_pre_hook(_forward_pre))
-        _handles.append(nn_module.register_module_forward_hook(_forward_post, always_call=True))
-        if os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0":
-            try:
-                _handles.append(nn_module.register_module_full_backward_pre_hook(_backward_pre))
-                _handles.append(nn_module.register_module_full_backward_hook(_backward_post))
-                _backward_hooks = True
-                # Modules none of whose inputs require grad (the root, the first
-                # layer) make PyTorch warn once that the full backward hook fires
-                # early; the hooks are ours, not the program's.
-                warnings.filterwarnings(
-                    "ignore",
-                    message="Full backward hook is firing when gradients are computed with respect to module outputs",
-                )
-            except RuntimeError as e:
-                _say("backward", "backward phases are not tagged: %s" % e)
+        timed = _timed if os.environ.get("ALLOCSCOPE_LOG") == "debug" else (lambda f: f)
+        _handles.append(nn_module.register_module_forward_pre_hook(timed(_forward_pre)))
+        _handles.append(
+            nn_module.register_module_forward_hook(timed(_forward_post), always_call=True)
+        )
+        # Backward phases come from tensor hooks that _forward_post puts on
+        # each module call's inputs and outputs.
+        _backward_hooks = os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0"
+        if timed is _timed:
+            _backward_enter = _timed(_backward_enter)
+            _backward_leave = _timed(_backward_leave)
         from torch.optim import optimizer as optim_module
 
-        _handles.append(optim_module.register_optimizer_step_pre_hook(_optimizer_pre))
-        _handles.append(optim_module.register_optimizer_step_post_hook(_optimizer_post))
+        _handles.append(optim_module.register_optimizer_step_pre_hook(timed(_optimizer_pre)))
+        _handles.append(optim_module.register_optimizer_step_post_hook(timed(_optimizer_post)))
         try:
             if torch.cuda.is_initialized():
                 attach_bridge()
