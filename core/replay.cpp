@@ -32,10 +32,9 @@ Pool pool_of(Level level, MemoryKind memory) noexcept {
     }
 }
 
-Pool pool_of(const Event& e) noexcept {
-    if (e.level == Level::block) return Pool::device_block;
-    if (e.memory != MemoryKind::none) return pool_of(e.level, e.memory);
-    switch (e.api) {
+Pool pool_of_free(Level level, Api api) noexcept {
+    if (level == Level::block) return Pool::device_block;
+    switch (api) {
         case Api::cudaFreeHost:
             return Pool::host_pinned;
         case Api::cuMemRelease:
@@ -45,6 +44,12 @@ Pool pool_of(const Event& e) noexcept {
         default:
             return Pool::device_segment;
     }
+}
+
+Pool pool_of(const Event& e) noexcept {
+    if (e.level == Level::block) return Pool::device_block;
+    if (e.memory != MemoryKind::none) return pool_of(e.level, e.memory);
+    return pool_of_free(e.level, e.api);
 }
 
 FreeOutcome Replay::apply(const Event& e) {

@@ -26,6 +26,9 @@ enum class Pool : uint8_t {
 inline constexpr int kPoolCount = 5;
 const char* to_string(Pool pool) noexcept;
 Pool pool_of(Level level, MemoryKind memory) noexcept;
+// The pool a free through `api` at `level` acts on, before its address is
+// looked up (the interposer's free hooks).
+Pool pool_of_free(Level level, Api api) noexcept;
 // The pool an alloc or free event acts on. A free carries no memory kind when
 // its address was unknown; then its api decides.
 Pool pool_of(const Event& e) noexcept;

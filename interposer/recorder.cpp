@@ -869,10 +869,7 @@ void begin_free(PendingFree& pending, Api api, Level level, void* address,
     if (!ensure_started()) return;
     pending.address = reinterpret_cast<uint64_t>(address);
     pending.level = level;
-    Event probe;
-    probe.level = level;
-    probe.api = api;
-    pending.pool = pool_of(probe);
+    pending.pool = pool_of_free(level, api);
     FreeOutcome outcome = table_for(level, pending.pool).remove(pending.address, &pending.removed);
     pending.restorable = outcome == FreeOutcome::freed;
     EventRing::Slot* slot = begin_event(EventKind::free);
