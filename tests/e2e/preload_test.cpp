@@ -468,6 +468,28 @@ TEST_CASE("ALLOCSCOPE_STACK_DEPTH=0 turns stack capture off") {
     CHECK(r.trace.stacks.size() == 1);  // only the implicit "no stack"
 }
 
+TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured and their cost") {
+    ScriptRun r("ALLOCSCOPE_LOG=debug");
+    CHECK(r.result.status == 0);
+    REQUIRE(count_lines_containing(r.result.err, " stacks captured, ") == 1);
+    const std::string err = r.result.err;
+    const size_t at = err.find(" stacks captured, ");
+    const size_t line = err.rfind('\n', at) + 1;  // npos + 1 == 0 on the first line
+    unsigned long long captured = 0, ns = 0, ms = 0, python = 0, fallbacks = 0;
+    REQUIRE(std::sscanf(err.c_str() + line,
+                        "allocscope: %llu stacks captured, %llu ns each on average (%llu ms in "
+                        "all), %llu Python frames appended, %llu walks",
+                        &captured, &ns, &ms, &python, &fallbacks) == 5);
+    // One capture per successful allocation (the script's failed calls,
+    // recorded as oom events, capture nothing).
+    CHECK(captured == r.events(EventKind::alloc).size());
+    CHECK(ns > 0);
+    CHECK(python == 0);
+    CHECK(fallbacks <= captured);
+    // Without debug logging nothing is timed and nothing is said.
+    CHECK(count_lines_containing(script_run().result.err, " stacks captured, ") == 0);
+}
+
 TEST_CASE("an invalid setting prints one line naming it and the program runs on") {
     ScriptRun r("ALLOCSCOPE_LOG=loud");
     CHECK(r.result.status == 0);
