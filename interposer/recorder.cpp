@@ -710,26 +710,22 @@ uint32_t intern(const char* text) {
 }
 
 // Frames of liballocscope.so itself (hooks, recorder) lead every captured
-// stack; how many depends on inlining, so they are dropped by address.
+// stack; how many depends on inlining, so the walk drops them by address
+// (at most this many) without counting them towards the depth.
 constexpr size_t kOwnFramesMax = 8;
 
 // `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
 // native ones: they are the callers of the interpreter the native stack ends in.
 uint32_t capture_stack_id_untimed(std::span<const uint64_t> outer, uint32_t depth) noexcept {
-    uint64_t frames[Config::kMaxStackDepth + kOwnFramesMax + kMaxOuterFrames];
-    size_t n = capture_stack(frames, depth + kOwnFramesMax, 0);
-    size_t first = 0;
-    while (first < n && first < kOwnFramesMax && frames[first] >= g->self_start &&
-           frames[first] < g->self_end) {
-        ++first;
-    }
-    n = std::min<size_t>(n - first, depth);
+    uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
+    size_t n = capture_stack(frames, std::min<size_t>(depth, Config::kMaxStackDepth), 0,
+                             {g->self_start, g->self_end, kOwnFramesMax});
     const size_t extra = std::min(outer.size(), kMaxOuterFrames);
-    std::copy_n(outer.begin(), extra, frames + first + n);
+    std::copy_n(outer.begin(), extra, frames + n);
     n += extra;
     if (n == 0) return 0;
     try {
-        return g->stacks.intern({frames + first, n}, [](uint32_t id, std::span<const uint64_t> f) {
+        return g->stacks.intern({frames, n}, [](uint32_t id, std::span<const uint64_t> f) {
             std::lock_guard lock(g->defs_mutex);
             g->pending_defs.push_back(
                 {RecordType::stack, id, {}, std::vector<uint64_t>(f.begin(), f.end()), {}});

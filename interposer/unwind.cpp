@@ -16,7 +16,14 @@ struct UnwindState {
     size_t max_depth;
     size_t skip;
     size_t depth;
+    LeadingFrames leading;
 };
+
+inline bool drop_leading(LeadingFrames& leading, size_t depth, uintptr_t pc) {
+    if (depth != 0 || leading.max == 0 || pc < leading.lo || pc >= leading.hi) return false;
+    --leading.max;
+    return true;
+}
 
 _Unwind_Reason_Code collect_frame(struct _Unwind_Context* context, void* arg) {
     auto* state = static_cast<UnwindState*>(arg);
@@ -26,6 +33,7 @@ _Unwind_Reason_Code collect_frame(struct _Unwind_Context* context, void* arg) {
         --state->skip;
         return _URC_NO_REASON;
     }
+    if (drop_leading(state->leading, state->depth, ip)) return _URC_NO_REASON;
     state->frames[state->depth++] = ip;
     return state->depth < state->max_depth ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
@@ -132,7 +140,8 @@ constexpr size_t kNeedsFallback = SIZE_MAX;
 
 // `frame` is capture_stack's frame record: frame[0] = the caller's rbp,
 // frame[1] = the return address into the caller, frame + 2 = the caller's rsp.
-inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, const uintptr_t* frame) {
+inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, LeadingFrames leading,
+                          const uintptr_t* frame) {
     const StackBounds stack = current_stack_bounds();
     uintptr_t sp = reinterpret_cast<uintptr_t>(frame + 2);
     // Signal alternate stacks and user-level fibers are not the thread stack.
@@ -160,6 +169,7 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, const
             --skip;
             continue;
         }
+        if (drop_leading(leading, depth, pc)) continue;
         frames[depth++] = pc;
         if (depth == max_depth) return depth;
     }
@@ -169,8 +179,9 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, const
 // frame _Unwind_Backtrace reports is then the caller itself, and `skip`
 // counts from there.
 __attribute__((always_inline)) inline size_t unwind_backtrace(uint64_t* frames, size_t max_depth,
-                                                              size_t skip) noexcept {
-    UnwindState state{frames, max_depth, skip, 0};
+                                                              size_t skip,
+                                                              LeadingFrames leading = {}) noexcept {
+    UnwindState state{frames, max_depth, skip, 0, leading};
     _Unwind_Backtrace(collect_frame, &state);
     return state.depth;
 }
@@ -188,8 +199,8 @@ uint64_t fallback_capture_count() noexcept {
     return g_fallback_captures.load(std::memory_order_relaxed);
 }
 
-__attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_depth,
-                                               size_t skip) noexcept {
+__attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip,
+                                               LeadingFrames leading) noexcept {
     if (max_depth == 0) return 0;
     // __builtin_frame_address(0) forces a standard frame record here
     // (push rbp; mov rsp, rbp), which hands over the caller's rsp and rbp.
@@ -197,11 +208,11 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
     // differently.
     const auto* frame = static_cast<const uintptr_t*>(__builtin_frame_address(0));
     if (frame[1] == reinterpret_cast<uintptr_t>(__builtin_return_address(0))) {
-        size_t depth = walk_cached(frames, max_depth, skip, frame);
+        size_t depth = walk_cached(frames, max_depth, skip, leading, frame);
         if (depth != kNeedsFallback) return depth;
     }
     g_fallback_captures.fetch_add(1, std::memory_order_relaxed);
-    return unwind_backtrace(frames, max_depth, skip + 2);
+    return unwind_backtrace(frames, max_depth, skip + 2, leading);
 }
 
 __attribute__((noinline)) size_t capture_stack_unwinder(uint64_t* frames, size_t max_depth,

@@ -7,12 +7,22 @@
 
 namespace allocscope {
 
+// Leading frames to drop by address: after `skip`, up to `max` frames whose
+// return address lies in [lo, hi) (the tracer's own code) are dropped before
+// the first one is kept, without counting towards max_depth.
+struct LeadingFrames {
+    uintptr_t lo = 0;
+    uintptr_t hi = 0;
+    size_t max = 0;
+};
+
 // Writes up to `max_depth` return addresses of the calling thread into
 // `frames`, innermost first, starting with the caller of the function that
-// called capture_stack() (`skip` further frames are dropped). Returns the
-// number written. Safe to call from any thread at any time after the process
-// started; never throws.
-size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip) noexcept;
+// called capture_stack() (`skip` further frames are dropped, then the
+// `leading` ones). Returns the number written. Safe to call from any thread
+// at any time after the process started; never throws.
+size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip,
+                     LeadingFrames leading = {}) noexcept;
 
 // The same contract through libgcc's _Unwind_Backtrace alone: what
 // capture_stack() falls back to, 2-6 µs for 24 frames (the benchmark's

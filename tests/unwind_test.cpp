@@ -25,6 +25,7 @@ constexpr size_t kMaxFrames = 256;
 struct Request {
     size_t max_depth = kMaxFrames;
     size_t skip = 0;
+    allocscope::LeadingFrames leading{};  // the cached walk only
 };
 
 // Fixed storage: captures are also taken inside a signal handler.
@@ -83,7 +84,8 @@ __attribute__((noinline)) Frames reference_stack(size_t max_depth, size_t skip) 
 
 __attribute__((noinline)) Capture capture_both(const Request& request) {
     Capture capture;
-    capture.cached.size = capture_stack(capture.cached.pcs.data(), request.max_depth, request.skip);
+    capture.cached.size =
+        capture_stack(capture.cached.pcs.data(), request.max_depth, request.skip, request.leading);
     capture.reference = reference_stack(request.max_depth, request.skip);
     asm volatile("" ::: "memory");
     return capture;
@@ -347,11 +349,15 @@ TEST_CASE("a signal frame on the stack falls back and still matches") {
 }
 
 // Captures with each request from one call site, so the stacks are comparable.
-std::vector<Capture> capture_each(const std::vector<Request>& requests) {
+std::vector<Capture> capture_each(const std::string& shape, const std::vector<Request>& requests) {
     std::vector<Capture> captures;
     for (const Request& request : requests)
-        captures.push_back(capture_through(kMixedShape, request));
+        captures.push_back(capture_through(shape, request));
     return captures;
+}
+
+std::vector<Capture> capture_each(const std::vector<Request>& requests) {
+    return capture_each(kMixedShape, requests);
 }
 
 TEST_CASE("max_depth truncates to the innermost frames") {
@@ -377,6 +383,52 @@ TEST_CASE("skip drops that many innermost frames") {
     CHECK(captures[2].cached == full.cached.slice(5));
     CHECK(captures[3].cached == full.cached.slice(20));
     CHECK(captures[4].cached == full.cached.slice(3, 4));
+}
+
+// How many leading frames of `frames` lie in [lo, hi), at most `max`.
+size_t leading_in(const Frames& frames, allocscope::LeadingFrames leading) {
+    size_t n = 0;
+    while (n < frames.size && n < leading.max && frames.pcs[n] >= leading.lo &&
+           frames.pcs[n] < leading.hi)
+        ++n;
+    return n;
+}
+
+void check_leading_frames_dropped(const std::string& shape) {
+    // A range around the first three frames' return addresses (the same from
+    // any call site); deeper frames of the same functions fall in it too,
+    // and are kept.
+    const Capture probe = capture_through(shape);
+    REQUIRE(probe.cached.size > 12);
+    const auto [lo, hi] =
+        std::minmax({probe.cached.pcs[0], probe.cached.pcs[1], probe.cached.pcs[2]});
+    const std::vector<Request> requests = {
+        {kMaxFrames, 0, {}}, {kMaxFrames, 0, {lo, hi + 1, 8}}, {5, 0, {lo, hi + 1, 8}},
+        {kMaxFrames, 0, {lo, hi + 1, 1}}, {5, 0, {lo, hi + 1, 0}}, {5, 0, {0, 1, 8}}};
+    const std::vector<Capture> captures = capture_each(shape, requests);
+    const Frames& full = captures[0].cached;
+    REQUIRE(full == captures[0].reference);
+    for (size_t i = 1; i < requests.size(); ++i) {
+        CAPTURE(i);
+        const size_t dropped = leading_in(full, requests[i].leading);
+        CHECK(captures[i].cached == full.slice(dropped, requests[i].max_depth));
+    }
+    const size_t all = leading_in(full, {lo, hi + 1, 8});
+    CHECK(all >= 3);
+    size_t kept_in_range = 0;  // deeper frames in the range that were kept
+    for (size_t i = all; i < full.size; ++i)
+        kept_in_range += full.pcs[i] >= lo && full.pcs[i] <= hi;
+    CHECK(kept_in_range > 0);
+}
+
+TEST_CASE("leading frames in an address range are dropped without counting towards max_depth") {
+    check_leading_frames_dropped(kMixedShape);
+}
+
+TEST_CASE("leading frames are dropped the same way when the walk falls back to libgcc") {
+    const uint64_t fallbacks_before = allocscope::fallback_capture_count();
+    check_leading_frames_dropped("ppp" + kMixedShape.substr(0, 10) + "x");
+    CHECK(allocscope::fallback_capture_count() > fallbacks_before);
 }
 
 TEST_CASE("skipping past the outermost frame returns no frames") {
