@@ -3,8 +3,15 @@
 // is what allocscope adds (tools/bench-hooks does that and prints a table).
 //
 // usage: hook_bench [--pairs N] [--threads T] [--depth D] [--size BYTES] [--streams S]
+//                   [--sites 0|1] [--touch KB]
 //   --depth D   make the calls from D nested frames, like a framework would
 //               (stack capture cost grows with the frames walked)
+//   --sites 1   each pair from one of 64 call paths of 16 distinct frames
+//               each (1,024 return addresses, like a framework's many
+//               call sites), below the D nested frames
+//   --touch KB  write one byte per cache line of a KB-sized buffer of the
+//               thread's after each pair (the program's own work, evicting
+//               what the hooks left in the caches); plain runs do it too
 //   --streams legacy|per-thread   all threads on the legacy default stream
 //               (default), or each on a stream of its own
 // Prints: "ns_per_pair <median over threads' runs>" (the latency a thread
@@ -16,12 +23,14 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_decls.h"
@@ -33,14 +42,48 @@ int g_threads = 1;
 int g_depth = 20;
 size_t g_size = 4096;
 bool g_stream_per_thread = false;
+bool g_sites = false;
+size_t g_touch_bytes = 0;
+
+__attribute__((noinline)) void one_pair(void*& p, cudaStream_t stream) {
+    if (cudaMallocAsync(&p, g_size, stream) != cudaSuccess) std::abort();
+    if (cudaFreeAsync(p, stream) != cudaSuccess) std::abort();
+    asm volatile("" ::: "memory");  // no tail call
+}
+
+// Call path `Site`, frame `Level`: a distinct function (and return address)
+// for each of the 64 x 16 pairs.
+template <int Site, int Level>
+__attribute__((noinline)) void site_frame(void*& p, cudaStream_t stream) {
+    if constexpr (Level == 0) {
+        one_pair(p, stream);
+    } else {
+        site_frame<Site, Level - 1>(p, stream);
+    }
+    asm volatile("" ::: "memory");
+}
+
+using SiteFn = void (*)(void*&, cudaStream_t);
+template <int... Site>
+constexpr std::array<SiteFn, sizeof...(Site)> make_sites(std::integer_sequence<int, Site...>) {
+    return {&site_frame<Site, 15>...};
+}
+constexpr auto kSites = make_sites(std::make_integer_sequence<int, 64>());
 
 __attribute__((noinline)) double run_loop(cudaStream_t stream) {
     std::vector<void*> ptrs(64, nullptr);
+    std::vector<char> scratch(g_touch_bytes);
     auto t0 = std::chrono::steady_clock::now();
     for (long i = 0; i < g_pairs; ++i) {
         void*& p = ptrs[static_cast<size_t>(i) & 63];
-        if (cudaMallocAsync(&p, g_size, stream) != cudaSuccess) std::abort();
-        if (cudaFreeAsync(p, stream) != cudaSuccess) std::abort();
+        if (g_sites) {
+            kSites[static_cast<size_t>(i * 7) & 63](p, stream);
+        } else {
+            one_pair(p, stream);
+        }
+        for (size_t at = 0; at < scratch.size(); at += 64)
+            scratch[at] = static_cast<char>(i);
+        asm volatile("" : : "r"(scratch.data()) : "memory");
     }
     auto t1 = std::chrono::steady_clock::now();
     return std::chrono::duration<double, std::nano>(t1 - t0).count() / double(g_pairs);
@@ -75,6 +118,10 @@ int main(int argc, char** argv) {
             g_size = std::strtoull(argv[i + 1], nullptr, 10);
         else if (a == "--streams")
             g_stream_per_thread = std::string(argv[i + 1]) == "per-thread";
+        else if (a == "--sites")
+            g_sites = std::string(argv[i + 1]) != "0";
+        else if (a == "--touch")
+            g_touch_bytes = std::strtoull(argv[i + 1], nullptr, 10) * 1024;
         else {
             std::fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
