@@ -22,11 +22,6 @@ void* resolve_driver(const char* name) noexcept;
 // liballocscope.so"), bypassing allocscope's own dlsym (hooks_driver.cpp).
 void* next_symbol(void* handle, const char* name) noexcept;
 
-template <typename Fn>
-Fn real_function(const char* name) noexcept {
-    return reinterpret_cast<Fn>(resolve_real(name));
-}
-
 // `cache`, or `resolve(name)` on first use (cached once found).
 template <typename Fn>
 Fn cached_function(std::atomic<Fn>& cache, void* (*resolve)(const char*) noexcept,

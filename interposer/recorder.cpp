@@ -1042,18 +1042,14 @@ bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept {
 int32_t current_device() noexcept {
     using GetDevice = cudaError_t (*)(int*);
     using GetContext = int (*)(void**);  // CUresult cuCtxGetCurrent(CUcontext*)
-    static const GetDevice get_device = real_function<GetDevice>("cudaGetDevice");
-    static const GetContext get_context = [] {
-        void* fn = dlsym(RTLD_DEFAULT, "cuCtxGetCurrent");
-        if (!fn) {
-            if (void* libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
-                fn = dlsym(libcuda, "cuCtxGetCurrent");
-                dlclose(libcuda);
-            }
-        }
-        return reinterpret_cast<GetContext>(fn);
-    }();
+    // Looked up like the hooks' own real functions, and again until found: a
+    // runtime loaded after the first driver-level allocation still counts.
+    static std::atomic<GetDevice> device_cache{nullptr};
+    static std::atomic<GetContext> context_cache{nullptr};
+    const GetDevice get_device = cached_function(device_cache, &resolve_real, "cudaGetDevice");
     if (!get_device) return -1;
+    const GetContext get_context =
+        cached_function(context_cache, &resolve_driver, "cuCtxGetCurrent");
     void* context = nullptr;
     if (get_context && get_context(&context) == 0 && context &&
         context == t_thread.device_context) {
