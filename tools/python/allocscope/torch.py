@@ -248,10 +248,10 @@ def _encode(layer):
     return None if layer is None else layer.encode("utf-8", "replace")
 
 
-def _enter(api, s, key, kind, layer, phase, generation=None):
+def _enter(api, s, key, kind, layer, phase):
     encoded = _encode(layer)
     api.push(encoded, phase)
-    s.append((key, kind, _generation if generation is None else generation, layer, encoded))
+    s.append((key, kind, _generation, layer, encoded))
 
 
 def _pop_to(api, s, index):
