@@ -17,6 +17,43 @@ ALLOCSCOPE_EXPORT void allocscope_pop(void) {
     allocscope::recorder::pop_tag();
 }
 
+ALLOCSCOPE_EXPORT int allocscope_enter(uint64_t key, uint32_t kind, uint64_t generation,
+                                       const char* layer, const char* phase) {
+    return allocscope::recorder::enter_tag(key, kind, generation, layer, phase);
+}
+
+ALLOCSCOPE_EXPORT int64_t allocscope_leave(uint64_t key, uint32_t kind, const char** layer) {
+    return allocscope::recorder::leave_tag(key, kind, layer);
+}
+
+ALLOCSCOPE_EXPORT void allocscope_leave_kind(uint32_t kind, uint64_t older_than) {
+    allocscope::recorder::leave_kind(kind, older_than);
+}
+
+ALLOCSCOPE_EXPORT int allocscope_enter_nested(uint64_t key, uint32_t kind, uint64_t generation,
+                                              const char* layer, const char* phase) {
+    return allocscope::recorder::enter_nested(key, kind, generation, layer, phase);
+}
+
+ALLOCSCOPE_EXPORT int allocscope_keyed_depth(void) {
+    return static_cast<int>(allocscope::recorder::keyed_depth());
+}
+
+ALLOCSCOPE_EXPORT size_t allocscope_current_layer(char* out, size_t size) {
+    std::string layer;
+    try {
+        layer = allocscope::recorder::current_layer();
+    } catch (...) {
+        layer.clear();
+    }
+    if (out && size > 0) {
+        const size_t n = std::min(layer.size(), size - 1);
+        std::memcpy(out, layer.data(), n);
+        out[n] = '\0';
+    }
+    return layer.size();
+}
+
 ALLOCSCOPE_EXPORT void allocscope_step(uint64_t step) {
     allocscope::recorder::set_step(step);
 }

@@ -86,6 +86,19 @@ void end_free(PendingFree& pending, int result) noexcept;
 // side pops only what it pushed.
 bool push_tag(const char* layer, const char* phase) noexcept;
 void pop_tag() noexcept;
+// Keyed tags (allocscope_enter, allocscope_leave, allocscope_leave_kind,
+// allocscope_enter_nested, allocscope_keyed_depth in allocscope.h). `layer`
+// of leave_tag, when not null, gets the left entry's layer: interned text
+// that lives as long as the process.
+int enter_tag(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
+              const char* phase) noexcept;
+int64_t leave_tag(uint64_t key, uint32_t kind, const char** layer) noexcept;
+void leave_kind(uint32_t kind, uint64_t older_than) noexcept;
+int enter_nested(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
+                 const char* phase) noexcept;
+uint32_t keyed_depth() noexcept;
+// The layer of the calling thread's innermost tag ("" when none).
+std::string current_layer();
 void set_step(uint64_t step) noexcept;
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept;

@@ -37,6 +37,45 @@ void allocscope_push(const char* layer, const char* phase);
  * ignored. */
 void allocscope_pop(void);
 
+/* Keyed tags, for tags entered and left by hooks that may not come in
+ * pairs (a hook skipped by an exception, a backward that never reaches a
+ * module): each entry remembers a caller-chosen `key` (e.g. an object's
+ * address), a `kind` (> 0; plain pushes are kind 0) and a `generation`, so a
+ * leave finds its own entry however many others are above it. They share
+ * the thread's stack and its depth bound with allocscope_push/pop; an entry
+ * beyond depth 64 is not found again by its leave.
+ *
+ * allocscope_enter: like allocscope_push (NULL keeps the enclosing value,
+ *   "" is none), the entry keyed. Returns the number of keyed entries on the
+ *   thread before it (0: the thread was in no keyed tag), -1 when not
+ *   recording.
+ * allocscope_leave: pops down to and including the innermost entry
+ *   (key, kind); the tags above it go with it. Returns its generation (and,
+ *   when `layer` is not NULL, its layer, text that lives as long as the
+ *   process) or -1 when there is none: then nothing is popped.
+ * allocscope_leave_kind: pops down to and including the outermost entry of
+ *   `kind` whose generation is below `older_than` (UINT64_MAX: any).
+ * allocscope_enter_nested: for scopes named like nested modules ("a.b" is
+ *   inside "a", everything is inside "") whose ends are never signalled, such
+ *   as a module's backward: pops the entries of `kind` from an earlier
+ *   generation; returns 0 if (key, kind) is entered already; otherwise the
+ *   outermost entry of `kind` whose layer does not enclose `layer` is over:
+ *   it and everything above it are popped, `layer` is entered, and the popped
+ *   entries of `kind` inside `layer` are entered again on top of it in their
+ *   order. Returns 1 when entered, -1 when not recording.
+ * allocscope_keyed_depth: the number of keyed entries on the calling thread.
+ * allocscope_current_layer: copies the calling thread's innermost layer
+ *   ("" when none) into out (NUL-terminated, cut to size) and returns its
+ *   full length. */
+int allocscope_enter(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
+                     const char* phase);
+int64_t allocscope_leave(uint64_t key, uint32_t kind, const char** layer);
+void allocscope_leave_kind(uint32_t kind, uint64_t older_than);
+int allocscope_enter_nested(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
+                            const char* phase);
+int allocscope_keyed_depth(void);
+size_t allocscope_current_layer(char* out, size_t size);
+
 /* Sets the process-wide training step. */
 void allocscope_step(uint64_t step);
 

@@ -11,6 +11,9 @@
 //   exit N       allocate once, then exit with status N
 //   churn N      N alloc/free pairs (for quick load checks)
 //   deep-tags    a pop without push, then 70 nested tags around one allocation
+//   keyed-tags   the keyed tag calls (allocscope_enter ...) as module hooks
+//                make them, one allocation of 20001, 20002, ... bytes after
+//                each step; checks every return value
 //   fork-busy    fork 50 times while 4 threads allocate and tag without pause;
 //                each child uses the C API and exits (it must not hang)
 //   stress T P   T threads, P cudaMalloc/cudaFree pairs each, every fourth
@@ -447,6 +450,87 @@ int run_dlopen_late(const char* lib) {
     return g_failures == 0 ? 0 : 1;
 }
 
+// The keyed tag calls of allocscope.h, looked up like a Python or hook
+// library does (dlsym), in the order module hooks make them.
+int run_keyed_tags() {
+    using Enter = int (*)(uint64_t, uint32_t, uint64_t, const char*, const char*);
+    using Leave = int64_t (*)(uint64_t, uint32_t, const char**);
+    using LeaveKind = void (*)(uint32_t, uint64_t);
+    using Depth = int (*)();
+    using CurrentLayer = size_t (*)(char*, size_t);
+    auto enter = reinterpret_cast<Enter>(dlsym(RTLD_DEFAULT, "allocscope_enter"));
+    auto leave = reinterpret_cast<Leave>(dlsym(RTLD_DEFAULT, "allocscope_leave"));
+    auto leave_kind = reinterpret_cast<LeaveKind>(dlsym(RTLD_DEFAULT, "allocscope_leave_kind"));
+    auto nested = reinterpret_cast<Enter>(dlsym(RTLD_DEFAULT, "allocscope_enter_nested"));
+    auto depth = reinterpret_cast<Depth>(dlsym(RTLD_DEFAULT, "allocscope_keyed_depth"));
+    auto current = reinterpret_cast<CurrentLayer>(dlsym(RTLD_DEFAULT, "allocscope_current_layer"));
+    if (!enter || !leave || !leave_kind || !nested || !depth || !current) {
+        std::fprintf(stderr, "preload_program: the keyed tag calls are missing\n");
+        return 1;
+    }
+    auto expect = [](long long got, long long want, const char* what) {
+        if (got != want) {
+            std::fprintf(stderr, "preload_program: %s returned %lld, expected %lld\n", what, got,
+                         want);
+            ++g_failures;
+        }
+    };
+    size_t marker = 20000;
+    auto mark = [&] { checked_free(checked_malloc(++marker)); };
+    constexpr uint32_t F = 1, B = 2, O = 3;
+
+    // Forward: a leave finds its own entry under a plain push and a stray one.
+    expect(enter(1, F, 7, "root", "forward"), 0, "enter root");
+    mark();  // 20001 root/forward
+    expect(enter(2, F, 7, "root.a", "forward"), 1, "enter root.a");
+    allocscope_dl_push("x", nullptr);
+    mark();  // 20002 x/forward
+    const char* layer = nullptr;
+    expect(leave(2, F, &layer), 7, "leave root.a");
+    expect(layer && std::strcmp(layer, "root.a") == 0, 1, "the left entry's layer");
+    mark();  // 20003 root/forward
+    expect(leave(99, F, nullptr), -1, "leave of an entry never entered");
+    mark();  // 20004 root/forward
+    expect(leave(1, F, nullptr), 7, "leave root");
+    expect(depth(), 0, "keyed depth after the forward");
+    mark();  // 20005 untagged
+
+    // Backward, entered only.
+    expect(nested(1, B, 7, "root", "backward"), 1, "backward root");
+    expect(nested(3, B, 7, "root.b", "backward"), 1, "backward root.b");
+    mark();  // 20006 root.b/backward
+    expect(nested(3, B, 7, "root.b", "backward"), 0, "backward root.b again");
+    expect(nested(2, B, 7, "root.a", "backward"), 1, "backward root.a");
+    mark();  // 20007 root.a/backward (root.b is over)
+    expect(depth(), 2, "keyed depth: root, root.a");
+    expect(nested(8, B, 7, "root.e.fc", "backward"), 1, "backward root.e.fc");
+    expect(nested(9, B, 7, "root.e", "backward"), 1, "backward root.e after its inner module");
+    mark();  // 20008 root.e.fc/backward: back on top of root.e
+    expect(depth(), 3, "keyed depth: root, root.e, root.e.fc");
+    expect(leave(8, B, nullptr), 7, "leave root.e.fc");
+    mark();  // 20009 root.e/backward
+    expect(nested(10, B, 8, "root", "backward"), 1, "backward of the next generation");
+    expect(depth(), 1, "keyed depth: the earlier generation is gone");
+    mark();  // 20010 root/backward
+    leave_kind(B, UINT64_MAX);
+    expect(depth(), 0, "keyed depth after leave_kind");
+
+    // Optimizer: a NULL layer keeps the enclosing one.
+    allocscope_dl_push("model", "step");
+    expect(enter(11, O, 0, nullptr, "optimizer"), 0, "enter optimizer");
+    mark();  // 20011 model/optimizer
+    expect(leave(11, O, nullptr), 0, "leave optimizer");
+    char buf[4];
+    expect(static_cast<long long>(current(buf, sizeof buf)), 5, "current layer's length");
+    expect(std::strcmp(buf, "mod") == 0, 1, "current layer, cut to the buffer");
+    allocscope_dl_pop();
+    mark();  // 20012 untagged
+    expect(enter(12, 0, 0, "kind0", "forward"), -1, "enter of kind 0");
+    mark();  // 20013 untagged
+    std::printf("keyed-tags done\n");
+    return g_failures == 0 ? 0 : 1;
+}
+
 int run_until_killed() {
     const char* ready = std::getenv("E2E_READY");
     std::vector<void*> kept;
@@ -608,6 +692,7 @@ int main(int argc, char** argv) {
         std::printf("deep-tags done\n");
         return g_failures == 0 ? 0 : 1;
     }
+    if (mode == "keyed-tags") return run_keyed_tags();
     if (mode == "stress" && argc > 3) return run_stress(std::atoi(argv[2]), std::atol(argv[3]));
     if (mode == "fork-alloc") return run_fork_alloc();
     if (mode == "dlopen-late" && argc > 2) return run_dlopen_late(argv[2]);

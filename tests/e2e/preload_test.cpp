@@ -460,6 +460,44 @@ TEST_CASE("tags deeper than 64 are flagged and matched, and a stray pop is ignor
     CHECK(flagged_pops == 6);
 }
 
+TEST_CASE("keyed tags: a leave pops its own entry, nested enters drop what is over") {
+    Scratch s;
+    fs::path out = s / "out";
+    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " keyed-tags");
+    CHECK(r.status == 0);
+    CHECK(r.err.find("returned") == std::string::npos);
+    auto files = traces_in(out);
+    REQUIRE(files.size() == 1);
+    Trace t = load_trace(files[0].string());
+    const std::map<uint64_t, std::pair<std::string, std::string>> want = {
+        {20001, {"root", "forward"}},      {20002, {"x", "forward"}},
+        {20003, {"root", "forward"}},      {20004, {"root", "forward"}},
+        {20005, {"", ""}},                 {20006, {"root.b", "backward"}},
+        {20007, {"root.a", "backward"}},   {20008, {"root.e.fc", "backward"}},
+        {20009, {"root.e", "backward"}},   {20010, {"root", "backward"}},
+        {20011, {"model", "optimizer"}},   {20012, {"", ""}},
+        {20013, {"", ""}},
+    };
+    size_t seen = 0;
+    int pushes = 0, pops = 0;
+    for (const Event& e : t.events) {
+        pushes += e.kind == EventKind::tag_push;
+        pops += e.kind == EventKind::tag_pop;
+        if (e.kind != EventKind::alloc) continue;
+        auto it = want.find(e.size);
+        if (it == want.end()) continue;
+        ++seen;
+        CAPTURE(e.size);
+        CHECK(t.str(e.layer) == it->second.first);
+        CHECK(t.str(e.phase) == it->second.second);
+    }
+    CHECK(seen == want.size());
+    // Every entry left again, re-entered ones included: 3 forward and
+    // plain, 7 backward (root.e.fc twice), 2 optimizer and plain.
+    CHECK(pushes == 12);
+    CHECK(pops == 12);
+}
+
 TEST_CASE("ALLOCSCOPE_STACK_DEPTH=0 turns stack capture off") {
     ScriptRun r("ALLOCSCOPE_STACK_DEPTH=0");
     CHECK(r.trace.header.stack_depth == 0);
