@@ -51,6 +51,30 @@ class _Api:
         self.pop = lib.allocscope_pop
         self.pop.argtypes = []
         self.pop.restype = None
+        self.enter = lib.allocscope_enter
+        self.enter.argtypes = [
+            ctypes.c_uint64,
+            ctypes.c_uint32,
+            ctypes.c_uint64,
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+        ]
+        self.enter.restype = ctypes.c_int
+        self.enter_nested = lib.allocscope_enter_nested
+        self.enter_nested.argtypes = self.enter.argtypes
+        self.enter_nested.restype = ctypes.c_int
+        self.leave = lib.allocscope_leave
+        self.leave.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p]
+        self.leave.restype = ctypes.c_int64
+        self.leave_kind = lib.allocscope_leave_kind
+        self.leave_kind.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
+        self.leave_kind.restype = None
+        self.keyed_depth = lib.allocscope_keyed_depth
+        self.keyed_depth.argtypes = []
+        self.keyed_depth.restype = ctypes.c_int
+        self.current_layer = lib.allocscope_current_layer
+        self.current_layer.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        self.current_layer.restype = ctypes.c_size_t
         self.step = lib.allocscope_step
         self.step.argtypes = [ctypes.c_uint64]
         self.step.restype = None

@@ -46,20 +46,27 @@ every parameter of it is registered: numel from the (global) shape, sharded
 numel from DTensor.to_local() for FSDP2 parameters, the dtype as "bf16",
 "fp32", "fp8_e4m3", ....
 
-Pairing. The hooks keep a Python mirror of the thread's tag stack: a leave
-pops down to the matching enter (entries above it whose leave never came go
-with it) and a leave without an enter does nothing, so an exception never
-leaves the stack unbalanced. Backward entries left over from an earlier
-iteration are dropped at the next backward enter on that thread; optimizer
-entries of a step() that raised, at the next step().
+Pairing. Tags are the interposer's keyed tags (allocscope_enter and friends
+in include/allocscope/allocscope.h), keyed by the module's (or optimizer's)
+id: a leave pops down to its own enter (entries above it whose leave never
+came go with it) and a leave without an enter does nothing, so an exception
+never leaves the stack unbalanced. A backward enter is
+allocscope_enter_nested: backward entries of an earlier forward pass
+(generation) go, and so do those of modules that do not enclose it.
+Optimizer entries of a step() that raised go at the next step().
 
 Environment: ALLOCSCOPE_PYTHON_BACKWARD=0 leaves out the backward hooks.
-ALLOCSCOPE_TORCH_BRIDGE: the bridge library's path. ALLOCSCOPE_LOG=debug:
-each hook's calls and average time, one line each at exit.
+ALLOCSCOPE_TORCH_BRIDGE: the bridge library's path. ALLOCSCOPE_BRIDGE_HOOKS=0:
+tag through ctypes and Python tensor hooks even where the bridge is built.
+ALLOCSCOPE_LOG=debug: which of the two tags, and each Python hook's calls and
+average time, one line each at exit.
 
-The bridge (tools/torch_bridge) attaches to the native caching allocator's
-trace tracker once CUDA is initialized and reports every tensor block to the
-interposer. With PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync it is not
+Where the bridge (tools/torch_bridge) is built, the hooks' tag calls are
+its builtins, not ctypes, and the backward wiring of _forward_post is C++:
+tensor hooks that call the interposer on autograd's threads without the GIL,
+by the same rules (tag_hooks.cpp). The bridge also attaches to the native
+caching allocator's trace tracker once CUDA is initialized and reports every
+tensor block to the interposer. With PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync it is not
 needed: every tensor is a cudaMallocAsync call the interposer sees.
 """
 
@@ -68,6 +75,7 @@ import functools
 import os
 import sys
 import threading
+import types
 import weakref
 
 import torch
@@ -77,13 +85,12 @@ import allocscope as _allocscope
 __all__ = ["enable", "disable", "attach_bridge", "layer_name"]
 
 _lock = threading.RLock()
-_tls = threading.local()
 
 _enabled = False
 _handles = []
 _backward_hooks = False
 
-# id(module) -> (weakref to the module, name, provisional)
+# id(module) -> (weakref to the module, name, provisional, name as UTF-8 bytes)
 _names = {}
 # id(root) -> [weakref, prefix, params registered]
 _roots = {}
@@ -173,7 +180,7 @@ def _set_name(module, name, provisional):
         ref = weakref.ref(module, lambda _r, key=key: _forget(key, _r))
     except TypeError:
         return
-    _names[key] = (ref, name, provisional)
+    _names[key] = (ref, name, provisional, name.encode("utf-8", "replace"))
 
 
 def _forget(key, ref):
@@ -231,103 +238,110 @@ def _register_params(root, prefix):
                 _say("param", "cannot register parameter %s.%s: %s" % (layer, pname, e))
 
 
-# ---------------------------------------------------------------- the tag stack mirror
+# ---------------------------------------------------------------- tags
 
-# A thread's entries, innermost last: (key, kind, generation, layer, layer as
-# bytes). kind: "f" forward, "b" backward, "o" optimizer.
-
-
-def _stack():
-    s = getattr(_tls, "stack", None)
-    if s is None:
-        s = _tls.stack = []
-    return s
+# Kinds of the interposer's keyed tags (allocscope_enter in allocscope.h):
+# a leave pops down to its own entry, whatever is above it.
+_FORWARD = 1
+_BACKWARD = 2
+_OPTIMIZER = 3
+_ANY_GENERATION = (1 << 64) - 1
 
 
-def _encode(layer):
-    return None if layer is None else layer.encode("utf-8", "replace")
+_ops = None  # the tag calls (set by enable): the bridge's builtins, else _CtypesOps
 
 
-def _enter(api, s, key, kind, layer, phase):
-    encoded = _encode(layer)
-    api.push(encoded, phase)
-    s.append((key, kind, _generation, layer, encoded))
+class _CtypesOps:
+    """The tag calls through ctypes, and the forward hook's backward wiring
+    in Python: used where the bridge is not built, or with
+    ALLOCSCOPE_BRIDGE_HOOKS=0. The bridge's builtins (tools/torch_bridge/
+    tag_hooks.cpp) take the same arguments."""
+
+    def __init__(self, api):
+        self.enter = api.enter
+        self.enter_nested = api.enter_nested
+        self.leave = api.leave
+        self.leave_kind = api.leave_kind
+        self.keyed_depth = api.keyed_depth
+        self.forward_post = _python_forward_post
 
 
-def _pop_to(api, s, index):
-    pop = api.pop
-    for _ in range(len(s) - index):
-        pop()
-    del s[index:]
+def _make_ops(api):
+    if os.environ.get("ALLOCSCOPE_BRIDGE_HOOKS", "1") != "0":
+        path = _bridge_path()
+        if path is not None:
+            try:
+                make = ctypes.PyDLL(os.path.abspath(path)).allocscope_torch_bridge_ops
+                make.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+                make.restype = ctypes.py_object
+                ops = make(_FORWARD, _BACKWARD)
+                if ops:
+                    return types.SimpleNamespace(**ops), "the PyTorch bridge"
+            except Exception as e:  # an older bridge, a torch it was not built for
+                _say(
+                    "bridge hooks",
+                    "the PyTorch bridge's tag hooks cannot be used (%s): tagging through ctypes" % e,
+                )
+    return _CtypesOps(api), "ctypes"
 
 
-def _leave(key, kind):
-    """Pops down to and including the innermost (key, kind) entry; returns it
-    (None when there is none: a leave without an enter does nothing)."""
-    s = _stack()
-    for i in range(len(s) - 1, -1, -1):
-        entry = s[i]
-        if entry[0] == key and entry[1] == kind:
-            api = _allocscope._get()
-            if api is not None:
-                _pop_to(api, s, i)
-            else:
-                del s[i:]
-            return entry
-    return None
-
-
-def _drop_stale(api, s, kinds, older_than=None):
-    """Pops down to the lowest entry of one of `kinds` (of a generation
-    before `older_than`, when given)."""
-    for i, entry in enumerate(s):
-        if entry[1] in kinds and (older_than is None or entry[2] < older_than):
-            _pop_to(api, s, i)
-            return
-
-
-def _within(layer, scope):
-    """True when module `layer` is `scope` or inside it."""
-    return not scope or layer == scope or layer.startswith(scope + ".")
-
-
-def _enclosing_layer(s):
-    for entry in reversed(s):
-        if entry[3] is not None:
-            return entry[3]
-    return ""
+def _current_layer(api):
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = api.current_layer(buf, size)
+        if n < size:
+            return buf.value.decode("utf-8", "replace")
+        size = n + 1
 
 
 # ---------------------------------------------------------------- hooks
 
 
-def _forward_pre(module, args):
+def _settle(ops, module, key):
+    """The names entry of `module` for a call that is not the plain case
+    (a root, or a module without a final name): a call on a thread in no
+    module starts a forward pass; names and parameters are made here."""
     global _generation
+    outermost = ops.keyed_depth() == 0
+    if outermost:
+        _generation += 1
+        if _bridge_state is None:
+            _maybe_attach_bridge()
+    entry = _names.get(key)
+    if entry is not None and entry[0]() is not module:
+        entry = None
+    if entry is None or (entry[2] and outermost):
+        if outermost:
+            _add_root(module)
+        else:
+            api = _allocscope._get()
+            enclosing = _current_layer(api) if api is not None else ""
+            _set_name(module, _join(enclosing, type(module).__name__), True)
+        entry = _names.get(key)
+    root = _roots.get(key)
+    if root is not None and not root[2] and root[0]() is module:
+        root[2] = True
+        _register_params(module, root[1])
+    return entry
+
+
+def _forward_pre(module, args):
     if _is_compiling():
         return None
-    api = _allocscope._get()
-    if api is None:
+    ops = _ops
+    if ops is None:
         return None
     try:
-        s = _stack()
-        if not s:
-            _generation += 1
-            if _bridge_state is None:
-                _maybe_attach_bridge()
-        entry = _names.get(id(module))
-        name = entry[1] if entry is not None and entry[0]() is module else None
-        if name is None or (entry[2] and not s):
-            if not s:
-                _add_root(module)
-                name = layer_name(module)
-            else:
-                name = _join(_enclosing_layer(s), type(module).__name__)
-                _set_name(module, name, True)
-        root = _roots.get(id(module))
-        if root is not None and not root[2] and root[0]() is module:
-            root[2] = True
-            _register_params(module, root[1])
-        _enter(api, s, id(module), "f", name, b"forward")
+        key = id(module)
+        entry = _names.get(key)
+        # A named module's entry goes when the module does (_forget), so
+        # `key` cannot be another module's.
+        if entry is None or entry[2] or key in _roots:
+            entry = _settle(ops, module, key)
+            if entry is None:
+                return None
+        ops.enter(key, _FORWARD, _generation, entry[3], b"forward")
     except Exception as e:
         _say("forward", "forward hook failed (tags may be missing): %s" % e)
     return None
@@ -336,13 +350,24 @@ def _forward_pre(module, args):
 def _forward_post(module, args, output):
     if _is_compiling():
         return None
+    ops = _ops
+    if ops is None:
+        return None
     try:
-        entry = _leave(id(module), "f")
-        if entry is not None and _backward_hooks and _grad_enabled():
-            _hook_backward(entry, args, output)
+        ops.forward_post(id(module), args, output, _backward_hooks)
     except Exception as e:
         _say("backward", "backward hooks failed (tags may be missing): %s" % e)
     return None
+
+
+def _python_forward_post(key, args, output, backward):
+    """Leaves (key, forward); then, when the module's backward is to be
+    tagged, puts the tensor hooks on (tag_hooks.cpp does the same in C++)."""
+    generation = _ops.leave(key, _FORWARD, None)
+    if generation >= 0 and backward and _grad_enabled():
+        entry = _names.get(key)
+        if entry is not None:
+            _hook_backward(key, entry[3], generation, args, output)
 
 
 # Backward. A module's backward begins when the gradient of one of its
@@ -363,13 +388,12 @@ def _grad_tensors(value):
     return ()
 
 
-def _hook_backward(entry, args, output):
+def _hook_backward(key, encoded, generation, args, output):
     outputs = _grad_tensors(output)
     if not outputs:
         return
-    key, _, generation, layer, encoded = entry
     inputs = _grad_tensors(args)
-    enter = functools.partial(_backward_enter, key, layer, encoded, generation)
+    enter = functools.partial(_backward_enter, key, encoded, generation)
     for t in outputs:
         if not any(t is i for i in inputs):  # an input passed through
             t.register_hook(enter)
@@ -379,44 +403,26 @@ def _hook_backward(entry, args, output):
             t.register_hook(leave)
 
 
-def _backward_enter(key, layer, encoded, generation, _grad):
-    """A module's backward begins: the entries of modules whose backward is
-    over (not enclosing `layer`) go; modules inside it that were entered
-    first through the same output tensor (their hooks were registered first)
-    come back on top of it."""
-    api = _allocscope._get()
-    if api is None:
+def _backward_enter(key, encoded, generation, _grad):
+    """A module's backward begins (allocscope_enter_nested): the entries of
+    modules whose backward is over (not enclosing this one) go; modules
+    inside it that were entered first through the same output tensor (their
+    hooks were registered first) come back on top of it."""
+    ops = _ops
+    if ops is None:
         return None
     try:
-        s = _stack()
-        if s:
-            _drop_stale(api, s, ("b",), older_than=generation)
-        inner = []
-        for i, e in enumerate(s):
-            if e[1] != "b":
-                continue
-            if e[0] == key:
-                return None  # entered already, through another output
-            if not _within(layer, e[3] or ""):
-                inner = [x for x in s[i:] if x[1] == "b" and x[3] != layer and _within(x[3] or "", layer)]
-                _pop_to(api, s, i)
-                break
-        api.push(encoded, b"backward")
-        s.append((key, "b", generation, layer, encoded))
-        for e in inner:
-            api.push(e[4], b"backward")
-            s.append(e)
-        _queue_end_of_backward()
+        if ops.enter_nested(key, _BACKWARD, generation, encoded, b"backward") > 0:
+            _queue_end_of_backward()
     except Exception as e:
         _say("backward", "backward hook failed (tags may be missing): %s" % e)
     return None
 
 
 def _backward_leave(key, _grad):
-    try:
-        _leave(key, "b")
-    except Exception:
-        pass
+    ops = _ops
+    if ops is not None:
+        ops.leave(key, _BACKWARD, None)
     return None
 
 
@@ -439,24 +445,18 @@ def _end_of_backward():
     root, the first layer) never got their leave."""
     global _end_queued
     _end_queued = -1
-    try:
-        api = _allocscope._get()
-        s = _stack()
-        if api is not None and s:
-            _drop_stale(api, s, ("b",))
-    except Exception:
-        pass
+    ops = _ops
+    if ops is not None:
+        ops.leave_kind(_BACKWARD, _ANY_GENERATION)
 
 
 def _optimizer_pre(optimizer, args, kwargs):
-    api = _allocscope._get()
-    if api is None:
+    ops = _ops
+    if ops is None:
         return None
     try:
-        s = _stack()
-        if s:
-            _drop_stale(api, s, ("o",))
-        _enter(api, s, id(optimizer), "o", None, b"optimizer")
+        ops.leave_kind(_OPTIMIZER, _ANY_GENERATION)  # a step() that raised
+        ops.enter(id(optimizer), _OPTIMIZER, 0, None, b"optimizer")
     except Exception as e:
         _say("optimizer", "optimizer hook failed (tags may be missing): %s" % e)
     return None
@@ -465,7 +465,9 @@ def _optimizer_pre(optimizer, args, kwargs):
 def _optimizer_post(optimizer, args, kwargs):
     global _primary_optimizer, _steps
     try:
-        _leave(id(optimizer), "o")
+        ops = _ops
+        if ops is not None:
+            ops.leave(id(optimizer), _OPTIMIZER, None)
         with _lock:
             if _primary_optimizer is None or _primary_optimizer() is None:
                 _primary_optimizer = weakref.ref(optimizer)
@@ -497,6 +499,10 @@ def _bridge_candidates():
     return out
 
 
+def _bridge_path():
+    return next((p for p in _bridge_candidates() if os.path.exists(p)), None)
+
+
 def _allocator_backend():
     try:
         return torch.cuda.get_allocator_backend()
@@ -521,7 +527,7 @@ def _attach():
     if _allocator_backend() == "cudaMallocAsync":
         return True  # every tensor reaches the runtime API
     candidates = _bridge_candidates()
-    path = next((p for p in candidates if os.path.exists(p)), None)
+    path = _bridge_path()
     if path is None:
         _say(
             "bridge",
@@ -623,7 +629,7 @@ def enable(model=None, optimizer=None):
     found lazily. optimizer: the optimizer whose steps count as training
     steps (default: the first one that steps). Without liballocscope.so in
     the process this does nothing (one warning)."""
-    global _enabled, _backward_hooks, _primary_optimizer, _backward_enter, _backward_leave
+    global _enabled, _backward_hooks, _primary_optimizer, _backward_enter, _backward_leave, _ops
     if not _allocscope.available():
         _allocscope._get()  # the one warning
         return False
@@ -637,7 +643,12 @@ def enable(model=None, optimizer=None):
         _enabled = True
         from torch.nn.modules import module as nn_module
 
-        timed = _timed if os.environ.get("ALLOCSCOPE_LOG") == "debug" else (lambda f: f)
+        debug = os.environ.get("ALLOCSCOPE_LOG") == "debug"
+        if _ops is None:
+            _ops, how = _make_ops(_allocscope._get())
+            if debug:
+                _say("ops", "tag calls through %s" % how)
+        timed = _timed if debug else (lambda f: f)
         _handles.append(nn_module.register_module_forward_pre_hook(timed(_forward_pre)))
         _handles.append(
             nn_module.register_module_forward_hook(timed(_forward_post), always_call=True)
