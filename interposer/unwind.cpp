@@ -98,15 +98,32 @@ inline FrameRule cached_frame_rule(uintptr_t pc) {
 
 // The walk reads only [its own rsp, high) of the thread's stack: everything
 // there is mapped, so a wrong rule yields wrong frames, never a fault.
-// 16 bytes of dynamic TLS because the library may be dlopen'ed.
+// Dynamic TLS because the library may be dlopen'ed.
 struct StackBounds {
     uintptr_t low = 0;
     uintptr_t high = 0;  // 0: not queried yet on this thread
 };
 
-thread_local StackBounds t_stack_bounds;
+// The rules of the thread's last walk, by position: consecutive captures on
+// a thread share most of their frames (the same callers, a few calls
+// apart), and a rule is a function of its return address alone, so a frame
+// whose return address is the one at its position last time takes its rule
+// from here (1 KiB, in cache) rather than from the process-wide cache (a
+// miss per frame in a program that evicts it between captures).
+constexpr size_t kMemoFrames = 64;
+struct RuleMemo {
+    uintptr_t pc[kMemoFrames];
+    uint64_t rule[kMemoFrames];
+};
 
-__attribute__((noinline)) StackBounds query_stack_bounds() {
+struct ThreadWalk {
+    StackBounds bounds;
+    RuleMemo memo;
+};
+
+thread_local ThreadWalk t_walk;
+
+__attribute__((noinline)) StackBounds query_stack_bounds(ThreadWalk& walk) {
     // Unusable unless pthread tells us (low > high fails every check).
     StackBounds bounds{UINTPTR_MAX, 1};
     pthread_attr_t attr;
@@ -119,13 +136,22 @@ __attribute__((noinline)) StackBounds query_stack_bounds() {
         }
         pthread_attr_destroy(&attr);
     }
-    t_stack_bounds = bounds;
+    walk.bounds = bounds;
     return bounds;
 }
 
-inline StackBounds current_stack_bounds() {
-    StackBounds bounds = t_stack_bounds;
-    return bounds.high != 0 ? bounds : query_stack_bounds();
+inline StackBounds current_stack_bounds(ThreadWalk& walk) {
+    StackBounds bounds = walk.bounds;
+    return bounds.high != 0 ? bounds : query_stack_bounds(walk);
+}
+
+inline FrameRule memo_frame_rule(RuleMemo& memo, size_t position, uintptr_t pc) {
+    if (position >= kMemoFrames) return cached_frame_rule(pc);
+    if (memo.pc[position] == pc) return std::bit_cast<FrameRule>(memo.rule[position]);
+    const FrameRule rule = cached_frame_rule(pc);
+    memo.pc[position] = pc;
+    memo.rule[position] = std::bit_cast<uint64_t>(rule);
+    return rule;
 }
 
 // ASan never poisons return-address or saved-register slots; this only keeps
@@ -142,15 +168,16 @@ constexpr size_t kNeedsFallback = SIZE_MAX;
 // frame[1] = the return address into the caller, frame + 2 = the caller's rsp.
 inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, LeadingFrames leading,
                           const uintptr_t* frame) {
-    const StackBounds stack = current_stack_bounds();
+    ThreadWalk& walk = t_walk;
+    const StackBounds stack = current_stack_bounds(walk);
     uintptr_t sp = reinterpret_cast<uintptr_t>(frame + 2);
     // Signal alternate stacks and user-level fibers are not the thread stack.
     if (reinterpret_cast<uintptr_t>(frame) < stack.low || sp > stack.high) return kNeedsFallback;
     uintptr_t pc = frame[1];
     uintptr_t bp = frame[0];
     size_t depth = 0;
-    for (;;) {
-        const FrameRule rule = cached_frame_rule(pc);
+    for (size_t position = 0;; ++position) {
+        const FrameRule rule = memo_frame_rule(walk.memo, position, pc);
         if (rule.kind == FrameRuleKind::kOutermost) return depth;
         if (rule.kind != FrameRuleKind::kStep) return kNeedsFallback;
         uintptr_t base = (rule.flags & FrameRule::kCfaFromRbp) != 0 ? bp : sp;
@@ -193,6 +220,7 @@ void clear_frame_rule_cache() noexcept {
         slot.key.store(0, std::memory_order_relaxed);
         slot.rule.store(0, std::memory_order_relaxed);
     }
+    t_walk.memo = {};  // the calling thread's (tests and benchmarks walk on it)
 }
 
 uint64_t fallback_capture_count() noexcept {

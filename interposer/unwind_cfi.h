@@ -70,8 +70,9 @@ static_assert(sizeof(FrameRule) == 8);
 FrameRule compute_frame_rule(uintptr_t return_address) noexcept;
 
 // Defined in unwind.cpp next to the cache and the walk.
-// Forgets every cached rule. Only while no thread is inside capture_stack():
-// tests and benchmarks use it to measure the cold path.
+// Forgets every cached rule, and the calling thread's memo of its last
+// walk's rules. Only while no thread is inside capture_stack(): tests and
+// benchmarks use it to measure the cold path.
 void clear_frame_rule_cache() noexcept;
 // capture_stack() calls answered by _Unwind_Backtrace instead of the cache.
 uint64_t fallback_capture_count() noexcept;

@@ -320,6 +320,22 @@ TEST_CASE("stacks of mixed frame shapes match _Unwind_Backtrace cold and warm") 
     CHECK(captures[0].reference.size > kMixedShape.size());
 }
 
+TEST_CASE("walks one after the other on a thread, sharing some frames and not others, all match") {
+    // The walk remembers the rules of the thread's last walk by position;
+    // shapes that differ inside, in length and in their outer frames shift
+    // which positions still hold the same return address.
+    const char* shapes[] = {"ppppcafn", "ppppcafn", "ppfpcafn", "pppcafn", "ssppcafn",
+                            "ppppcafnpp", "nnppcafn", "ppppcafn", "p", "ppppcafn"};
+    for (int round = 0; round < 2; ++round) {
+        for (const char* shape : shapes) {
+            CAPTURE(round);
+            CAPTURE(shape);
+            Capture capture = capture_through(shape);
+            CHECK(capture.cached == capture.reference);
+        }
+    }
+}
+
 TEST_CASE("ordinary frames, libc and libstdc++ frames included, are walked without fallback") {
     capture_through(kMixedShape);
     uint64_t fallbacks_before = allocscope::fallback_capture_count();

@@ -12,6 +12,7 @@ for each configuration:
   plain               no recording
   allocscope/nostack  allocscope run --stack-depth 0 (tags, blocks, plugins live)
   allocscope          allocscope run (24 native frames + Python frames)
+  allocscope/ctypes-hooks  the same, ALLOCSCOPE_BRIDGE_HOOKS=0
   torch/python        _record_memory_history(stacks="python")
   torch/all           _record_memory_history(stacks="all")
 The step time of a run is the median over steps >= --skip of the slower
@@ -97,6 +98,8 @@ def main():
         ("plain", {}, []),
         ("allocscope/nostack", {}, under("a0", "--stack-depth", "0")),
         ("allocscope", {}, under("a1")),
+        # the module hooks through ctypes and Python tensor hooks, not the bridge's
+        ("allocscope/ctypes-hooks", {"ALLOCSCOPE_BRIDGE_HOOKS": "0"}, under("a2")),
         ("torch/python", {}, None),
         ("torch/all", {}, None),
     ]
