@@ -440,11 +440,16 @@ void report_write_failure_once() {
 std::string stack_cost_line() {
     const uint64_t n = g->stacks_captured.load();
     const uint64_t ns = g->stack_ns.load();
+    const WalkStats walks = walk_stats();
     return "allocscope: " + std::to_string(n) + " stacks captured, " +
            std::to_string(n ? ns / n : 0) + " ns each on average (" +
            std::to_string(ns / 1000000) + " ms in all), " +
            std::to_string(g->python_frames.load()) + " Python frames appended, " +
-           std::to_string(fallback_capture_count()) + " walks fell back to libgcc's unwinder";
+           std::to_string(fallback_capture_count()) + " walks fell back to libgcc's unwinder; " +
+           std::to_string(walks.walks ? walks.frames / walks.walks : 0) +
+           " native frames stepped through per walk, " +
+           std::to_string(walks.frames ? walks.memo_hits * 100 / walks.frames : 0) +
+           " % of their rules from the thread's memo of its last walk";
 }
 
 void* writer_main(void*) {
@@ -596,6 +601,7 @@ void initialize() {
     g->start_mono_ns = mono_ns();
     g->owner_pid = getpid();
     g->cost_stats = g->config.log == LogLevel::debug;
+    if (g->cost_stats) enable_walk_stats();
     // Sequence numbers start at 1: the plugin ABI's alloc_seq 0 means "a
     // free of an unknown address", so no allocation may have seq 0. No hook
     // runs yet, so taking and retiring seq 0 here cannot race.

@@ -145,9 +145,16 @@ inline StackBounds current_stack_bounds(ThreadWalk& walk) {
     return bounds.high != 0 ? bounds : query_stack_bounds(walk);
 }
 
-inline FrameRule memo_frame_rule(RuleMemo& memo, size_t position, uintptr_t pc) {
+std::atomic<bool> g_walk_stats_on{false};
+std::atomic<uint64_t> g_walks{0}, g_walk_frames{0}, g_memo_hits{0};
+
+inline FrameRule memo_frame_rule(RuleMemo& memo, size_t position, uintptr_t pc,
+                                 size_t& hits) {
     if (position >= kMemoFrames) return cached_frame_rule(pc);
-    if (memo.pc[position] == pc) return std::bit_cast<FrameRule>(memo.rule[position]);
+    if (memo.pc[position] == pc) {
+        ++hits;
+        return std::bit_cast<FrameRule>(memo.rule[position]);
+    }
     const FrameRule rule = cached_frame_rule(pc);
     memo.pc[position] = pc;
     memo.rule[position] = std::bit_cast<uint64_t>(rule);
@@ -176,8 +183,19 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, Leadi
     uintptr_t pc = frame[1];
     uintptr_t bp = frame[0];
     size_t depth = 0;
-    for (size_t position = 0;; ++position) {
-        const FrameRule rule = memo_frame_rule(walk.memo, position, pc);
+    size_t position = 0, hits = 0;
+    struct Count {  // on every way out of the walk
+        size_t& position;
+        size_t& hits;
+        ~Count() {
+            if (!g_walk_stats_on.load(std::memory_order_relaxed)) return;
+            g_walks.fetch_add(1, std::memory_order_relaxed);
+            g_walk_frames.fetch_add(position, std::memory_order_relaxed);
+            g_memo_hits.fetch_add(hits, std::memory_order_relaxed);
+        }
+    } count{position, hits};
+    for (;; ++position) {
+        const FrameRule rule = memo_frame_rule(walk.memo, position, pc, hits);
         if (rule.kind == FrameRuleKind::kOutermost) return depth;
         if (rule.kind != FrameRuleKind::kStep) return kNeedsFallback;
         uintptr_t base = (rule.flags & FrameRule::kCfaFromRbp) != 0 ? bp : sp;
@@ -221,6 +239,15 @@ void clear_frame_rule_cache() noexcept {
         slot.rule.store(0, std::memory_order_relaxed);
     }
     t_walk.memo = {};  // the calling thread's (tests and benchmarks walk on it)
+}
+
+void enable_walk_stats() noexcept {
+    g_walk_stats_on.store(true, std::memory_order_relaxed);
+}
+
+WalkStats walk_stats() noexcept {
+    return {g_walks.load(std::memory_order_relaxed), g_walk_frames.load(std::memory_order_relaxed),
+            g_memo_hits.load(std::memory_order_relaxed)};
 }
 
 uint64_t fallback_capture_count() noexcept {

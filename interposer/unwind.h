@@ -24,6 +24,17 @@ struct LeadingFrames {
 size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip,
                      LeadingFrames leading = {}) noexcept;
 
+// Counting for ALLOCSCOPE_LOG=debug: once enabled, cached walks add up the
+// frames they step through and how many rules came from the thread's memo
+// of its last walk (a relaxed add per walk).
+struct WalkStats {
+    uint64_t walks = 0;
+    uint64_t frames = 0;
+    uint64_t memo_hits = 0;
+};
+void enable_walk_stats() noexcept;
+WalkStats walk_stats() noexcept;
+
 // The same contract through libgcc's _Unwind_Backtrace alone: what
 // capture_stack() falls back to, 2-6 µs for 24 frames (the benchmark's
 // baseline).
