@@ -18,8 +18,8 @@ for each configuration:
 The step time of a run is the median over steps >= --skip of the slower
 rank; a configuration's is the median over --repeat runs (configurations
 interleave, so drifts of the machine hit all of them alike); the table also
-gives the fastest run of each, the figure least disturbed by other load on
-the host. With --harness,
+gives the fastest run of each and the median of the runs' 10th-percentile
+steps, the figures least disturbed by other load on the host. With --harness,
 also the C++ harness (cuda backend, 2 ranks) wall time with and without
 allocscope.
 """
@@ -45,8 +45,14 @@ def torchrun(steps, size=()):
             SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"] + list(size)
 
 
+def p10(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 10]
+
+
 def step_ms(output, skip):
-    """(median step time of the slower rank, its first-10 and last-10 medians)."""
+    """(median step time of the slower rank, its first-10 and last-10
+    medians, its 10th percentile)."""
     per_rank = {}
     for line in output.splitlines():
         m = STEP.match(line.strip())
@@ -55,7 +61,8 @@ def step_ms(output, skip):
     if len(per_rank) != 2:
         raise RuntimeError("expected step times from 2 ranks:\n" + output[-2000:])
     slow = max(per_rank.values(), key=statistics.median)
-    return statistics.median(slow), statistics.median(slow[:10]), statistics.median(slow[-10:])
+    return (statistics.median(slow), statistics.median(slow[:10]), statistics.median(slow[-10:]),
+            p10(slow))
 
 
 def run(cmd, env):
@@ -131,6 +138,7 @@ def main():
         wanted = set(args.only.split(";"))
         configs = [c for c in configs if c[0] in wanted]
     results = {}
+    fast_steps = {}  # name -> each run's 10th-percentile step time
     try:
         for rep in range(args.repeat):
             for name, extra, prefix in configs:
@@ -138,20 +146,24 @@ def main():
                     cmd = torchrun(args.steps, size) + ["--record-history", name.split("/")[1]]
                 else:
                     cmd = prefix + torchrun(args.steps, size)
-                median, first, last = step_ms(run(cmd, dict(env, **extra)), args.skip)
+                median, first, last, fast = step_ms(run(cmd, dict(env, **extra)), args.skip)
                 results.setdefault(name, []).append(median)
-                print("%-20s run %d: %.3f ms/step (first 10 steps %.3f, last 10 %.3f)"
-                      % (name, rep, median, first, last), flush=True)
+                fast_steps.setdefault(name, []).append(fast)
+                print("%-20s run %d: %.3f ms/step (first 10 steps %.3f, last 10 %.3f, "
+                      "10th percentile %.3f)" % (name, rep, median, first, last, fast), flush=True)
         base = statistics.median(results["plain"])
         fastest = min(results["plain"])
+        base_p10 = statistics.median(fast_steps["plain"])
         print("\n| configuration | step time (ms, median of runs) | overhead | fastest run (ms) "
-              "| overhead |")
-        print("| --- | --- | --- | --- | --- |")
+              "| overhead | 10th-percentile step (ms, median of runs) | overhead |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for name, _, _ in configs:
             t = statistics.median(results[name])
             f = min(results[name])
-            print("| %s | %.3f | %+.1f %% | %.3f | %+.1f %% |"
-                  % (name, t, (t / base - 1) * 100, f, (f / fastest - 1) * 100))
+            q = statistics.median(fast_steps[name])
+            print("| %s | %.3f | %+.1f %% | %.3f | %+.1f %% | %.3f | %+.1f %% |"
+                  % (name, t, (t / base - 1) * 100, f, (f / fastest - 1) * 100,
+                     q, (q / base_p10 - 1) * 100))
 
         if args.harness:
             harness = [args.harness, "--backend", "cuda", "--ranks", "2", "--steps", "200",
