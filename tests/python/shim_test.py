@@ -2,7 +2,8 @@
 """The Python shim without torch and without a GPU (meson test python_shim).
 
 * the allocscope package, preloaded interposer, host-memory CUDA runtime
-  (harness/sim_cudart): tags, steps, params and notes reach the trace;
+  (harness/sim_cudart): tags, steps, params and notes reach the trace, and
+  the keyed tags allocscope.torch uses work through its ctypes bindings;
 * without the interposer every call is a no-op with one warning;
 * tools/python/sitecustomize.py: nothing without ALLOCSCOPE_PYTHON=1, chains
   to the sitecustomize it shadows, never imports torch itself and runs its
@@ -131,6 +132,66 @@ def package_tags_reach_the_trace(scratch):
     check(len(bwd) == 1 and bwd[0]["allocations"] == 2, "backward tag: %r" % sorted(tags))
     steps = [s["step"] for s in rank.get("timeline", {}).get("steps", [])]
     check(1 in steps, "steps %r" % steps)
+
+
+KEYED_PROGRAM = textwrap.dedent(
+    """
+    import ctypes, os
+    import allocscope
+    api = allocscope._get()
+    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
+    process = ctypes.CDLL(None)
+    malloc, free = process.cudaMalloc, process.cudaFree
+    malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    free.argtypes = [ctypes.c_void_p]
+
+    def alloc(size):
+        p = ctypes.c_void_p()
+        assert malloc(ctypes.byref(p), size) == 0
+        free(p)
+
+    F, B = 1, 2
+    assert api.enter(10, F, 3, b"", b"forward") == 0
+    assert api.enter(11, F, 3, b"layers.0", b"forward") == 1
+    assert api.keyed_depth() == 2
+    buf = ctypes.create_string_buffer(64)
+    assert api.current_layer(buf, 64) == len(b"layers.0") and buf.value == b"layers.0"
+    alloc(30001)
+    assert api.leave(10, F, None) == 3      # pops layers.0 too
+    assert api.leave(11, F, None) == -1     # gone with it
+    assert api.keyed_depth() == 0
+    assert api.enter_nested(11, B, 3, b"layers.0", b"backward") == 1
+    assert api.enter_nested(12, B, 3, b"layers.1", b"backward") == 1   # layers.0 is over
+    alloc(30002)
+    assert api.keyed_depth() == 1
+    api.leave_kind(B, (1 << 64) - 1)
+    assert api.keyed_depth() == 0
+    alloc(30003)
+    print("keyed ok")
+    """
+)
+
+
+@test
+def keyed_tags_through_the_package(scratch):
+    out = os.path.join(scratch, "out")
+    env = clean_env(SIM_CUDART=SIM_CUDART)
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c", KEYED_PROGRAM], env)
+    check(p.returncode == 0 and "keyed ok" in p.stdout,
+          "exit status %d; stdout %r; stderr:\n%s" % (p.returncode, p.stdout, p.stderr))
+    r = run([CLI, "report", out, "--format", "json"], clean_env())
+    check(r.returncode == 0, "report failed: %s" % r.stderr)
+    try:
+        rank = json.loads(r.stdout)["ranks"][0]
+    except (ValueError, KeyError, IndexError) as e:
+        check(False, "no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
+        return
+    tags = {(t["layer"], t["phase"]): t["allocations"] for t in rank.get("tags", [])}
+    check(tags.get(("layers.0", "forward")) == 1, "layers.0 forward: %r" % tags)
+    check(tags.get(("layers.1", "backward")) == 1, "layers.1 backward: %r" % tags)
+    check(tags.get(("layers.0", "backward"), 0) == 0, "layers.0's backward was over: %r" % tags)
+    kinds = rank.get("events_by_kind", {})
+    check(kinds.get("tag_push") == kinds.get("tag_pop") == 4, "tag events: %r" % kinds)
 
 
 FRAMES_PROGRAM = textwrap.dedent(
