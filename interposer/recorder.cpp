@@ -115,6 +115,7 @@ struct State {
     bool cost_stats = false;
     std::atomic<uint64_t> stacks_captured{0};
     std::atomic<uint64_t> stack_ns{0};
+    std::atomic<uint64_t> walk_ns{0};  // of stack_ns: the walk, the rest is interning
     std::atomic<uint64_t> python_frames{0};
     uint64_t self_start = 0;  // text of liballocscope.so, see capture_stack_id
     uint64_t self_end = 0;
@@ -441,9 +442,11 @@ std::string stack_cost_line() {
     const uint64_t n = g->stacks_captured.load();
     const uint64_t ns = g->stack_ns.load();
     const WalkStats walks = walk_stats();
+    const uint64_t walk_ns = g->walk_ns.load();
     return "allocscope: " + std::to_string(n) + " stacks captured, " +
            std::to_string(n ? ns / n : 0) + " ns each on average (" +
-           std::to_string(ns / 1000000) + " ms in all), " +
+           std::to_string(ns / 1000000) + " ms in all; walking " +
+           std::to_string(n ? walk_ns / n : 0) + " ns, interning the rest), " +
            std::to_string(g->python_frames.load()) + " Python frames appended, " +
            std::to_string(fallback_capture_count()) + " walks fell back to libgcc's unwinder; " +
            std::to_string(walks.walks ? walks.frames / walks.walks : 0) +
@@ -730,13 +733,16 @@ constexpr size_t kOwnFramesMax = 8;
 
 // `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
 // native ones: they are the callers of the interpreter the native stack ends in.
-uint32_t capture_stack_id_untimed(std::span<const uint64_t> outer, uint32_t depth) noexcept {
-    uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
+// The native frames, then up to kMaxOuterFrames of `outer`; returns the count.
+size_t walk_stack(uint64_t* frames, std::span<const uint64_t> outer, uint32_t depth) noexcept {
     size_t n = capture_stack(frames, std::min<size_t>(depth, Config::kMaxStackDepth), 0,
                              {g->self_start, g->self_end, kOwnFramesMax});
     const size_t extra = std::min(outer.size(), kMaxOuterFrames);
     std::copy_n(outer.begin(), extra, frames + n);
-    n += extra;
+    return n + extra;
+}
+
+uint32_t intern_stack(const uint64_t* frames, size_t n) noexcept {
     if (n == 0) return 0;
     try {
         return g->stacks.intern({frames, n}, [](uint32_t id, std::span<const uint64_t> f) {
@@ -749,11 +755,24 @@ uint32_t capture_stack_id_untimed(std::span<const uint64_t> outer, uint32_t dept
     }
 }
 
+// `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
+// native ones: they are the callers of the interpreter the native stack ends in.
+__attribute__((always_inline)) inline uint32_t capture_stack_id_untimed(
+    std::span<const uint64_t> outer, uint32_t depth) noexcept {
+    uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
+    return intern_stack(frames, walk_stack(frames, outer, depth));
+}
+
 __attribute__((noinline)) uint32_t capture_stack_id_timed(std::span<const uint64_t> outer,
                                                           uint32_t depth) noexcept {
+    uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
     const uint64_t start = mono_ns();
-    const uint32_t id = capture_stack_id_untimed(outer, depth);
-    g->stack_ns.fetch_add(mono_ns() - start, std::memory_order_relaxed);
+    const size_t n = walk_stack(frames, outer, depth);
+    const uint64_t walked = mono_ns();
+    const uint32_t id = intern_stack(frames, n);
+    const uint64_t end = mono_ns();
+    g->stack_ns.fetch_add(end - start, std::memory_order_relaxed);
+    g->walk_ns.fetch_add(walked - start, std::memory_order_relaxed);
     g->stacks_captured.fetch_add(1, std::memory_order_relaxed);
     g->python_frames.fetch_add(outer.size(), std::memory_order_relaxed);
     return id;

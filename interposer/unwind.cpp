@@ -148,11 +148,18 @@ inline StackBounds current_stack_bounds(ThreadWalk& walk) {
 std::atomic<bool> g_walk_stats_on{false};
 std::atomic<uint64_t> g_walks{0}, g_walk_frames{0}, g_memo_hits{0};
 
-inline FrameRule memo_frame_rule(RuleMemo& memo, size_t position, uintptr_t pc,
-                                 size_t& hits) {
+struct WalkCounts {
+    size_t lookups = 0;
+    size_t memo_hits = 0;
+};
+
+inline FrameRule memo_frame_rule(ThreadWalk& walk, size_t position, uintptr_t pc,
+                                 WalkCounts& counts) {
+    ++counts.lookups;
     if (position >= kMemoFrames) return cached_frame_rule(pc);
+    RuleMemo& memo = walk.memo;
     if (memo.pc[position] == pc) {
-        ++hits;
+        ++counts.memo_hits;
         return std::bit_cast<FrameRule>(memo.rule[position]);
     }
     const FrameRule rule = cached_frame_rule(pc);
@@ -183,19 +190,19 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, Leadi
     uintptr_t pc = frame[1];
     uintptr_t bp = frame[0];
     size_t depth = 0;
-    size_t position = 0, hits = 0;
+    size_t position = 0;
+    WalkCounts counts;
     struct Count {  // on every way out of the walk
-        size_t& position;
-        size_t& hits;
+        WalkCounts& counts;
         ~Count() {
             if (!g_walk_stats_on.load(std::memory_order_relaxed)) return;
             g_walks.fetch_add(1, std::memory_order_relaxed);
-            g_walk_frames.fetch_add(position, std::memory_order_relaxed);
-            g_memo_hits.fetch_add(hits, std::memory_order_relaxed);
+            g_walk_frames.fetch_add(counts.lookups, std::memory_order_relaxed);
+            g_memo_hits.fetch_add(counts.memo_hits, std::memory_order_relaxed);
         }
-    } count{position, hits};
+    } count{counts};
     for (;; ++position) {
-        const FrameRule rule = memo_frame_rule(walk.memo, position, pc, hits);
+        const FrameRule rule = memo_frame_rule(walk, position, pc, counts);
         if (rule.kind == FrameRuleKind::kOutermost) return depth;
         if (rule.kind != FrameRuleKind::kStep) return kNeedsFallback;
         uintptr_t base = (rule.flags & FrameRule::kCfaFromRbp) != 0 ? bp : sp;

@@ -513,15 +513,23 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
     const std::string err = r.result.err;
     const size_t at = err.find(" stacks captured, ");
     const size_t line = err.rfind('\n', at) + 1;  // npos + 1 == 0 on the first line
-    unsigned long long captured = 0, ns = 0, ms = 0, python = 0, fallbacks = 0;
+    unsigned long long captured = 0, ns = 0, ms = 0, walk_ns = 0, python = 0, fallbacks = 0,
+                       frames = 0, memo = 0;
     REQUIRE(std::sscanf(err.c_str() + line,
                         "allocscope: %llu stacks captured, %llu ns each on average (%llu ms in "
-                        "all), %llu Python frames appended, %llu walks",
-                        &captured, &ns, &ms, &python, &fallbacks) == 5);
+                        "all; walking %llu ns, interning the rest), %llu Python frames appended, "
+                        "%llu walks fell back to libgcc's unwinder; %llu native frames stepped "
+                        "through per walk, %llu %% of their rules from the thread's memo of its "
+                        "last walk",
+                        &captured, &ns, &ms, &walk_ns, &python, &fallbacks, &frames,
+                        &memo) == 8);
     // One capture per successful allocation (the script's failed calls,
     // recorded as oom events, capture nothing).
     CHECK(captured == r.events(EventKind::alloc).size());
     CHECK(ns > 0);
+    CHECK(walk_ns <= ns);
+    CHECK(frames > 0);
+    CHECK(memo <= 100);
     CHECK(python == 0);
     CHECK(fallbacks <= captured);
     // Without debug logging nothing is timed and nothing is said.
