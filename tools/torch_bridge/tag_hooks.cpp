@@ -127,8 +127,8 @@ PyObject* enter_like(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if (!arg_count(n, 5, "enter") || !u64_arg(args[0], key) || !u64_arg(args[1], kind) ||
         !u64_arg(args[2], generation) || !text_arg(args[3], layer) || !text_arg(args[4], phase))
         return nullptr;
-    return PyLong_FromLong((g_tags.*call)(key, static_cast<uint32_t>(kind), generation, layer,
-                                          phase));
+    return PyLong_FromLong(
+        (g_tags.*call)(key, static_cast<uint32_t>(kind), generation, layer, phase));
 }
 
 PyObject* leave(PyObject*, PyObject* const* args, Py_ssize_t n) {
@@ -140,8 +140,7 @@ PyObject* leave(PyObject*, PyObject* const* args, Py_ssize_t n) {
 
 PyObject* leave_kind(PyObject*, PyObject* const* args, Py_ssize_t n) {
     uint64_t kind = 0, older_than = 0;
-    if (!arg_count(n, 2, "leave_kind") || !u64_arg(args[0], kind) ||
-        !u64_arg(args[1], older_than))
+    if (!arg_count(n, 2, "leave_kind") || !u64_arg(args[0], kind) || !u64_arg(args[1], older_than))
         return nullptr;
     g_tags.leave_kind(static_cast<uint32_t>(kind), older_than);
     Py_RETURN_NONE;
@@ -152,20 +151,60 @@ PyObject* keyed_depth(PyObject*, PyObject* const*, Py_ssize_t n) {
     return PyLong_FromLong(g_tags.keyed_depth());
 }
 
-// The tensors of `value` (a tensor, or a tuple or list of them) that require
-// grad, as the Python objects (identity decides "passed through").
-void grad_tensors(PyObject* value, std::vector<PyObject*>& out) {
-    auto add = [&](PyObject* o) {
-        if (THPVariable_Check(o) && THPVariable_Unpack(o).requires_grad()) out.push_back(o);
-    };
+// Containers inside containers looked into (allocscope/torch.py: the same).
+constexpr int kMaxNesting = 4;
+
+// The tensors in `value` that require grad, as the Python objects (identity
+// decides "passed through"): `value` itself, or those in it when it is a
+// tuple, list or dict (values), or a dataclass instance (the fields in its
+// __dict__), down to kMaxNesting levels, as _grad_tensors in
+// allocscope/torch.py. Every pointer is borrowed from a container that
+// `value` holds, so it lives as long as the call's arguments do.
+void grad_tensors(PyObject* value, std::vector<PyObject*>& out, int depth = 0) {
+    if (THPVariable_Check(value)) {
+        if (THPVariable_Unpack(value).requires_grad()) out.push_back(value);
+        return;
+    }
+    if (depth >= kMaxNesting || value == Py_None) return;
     if (PyTuple_Check(value)) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(value); ++i)
-            add(PyTuple_GET_ITEM(value, i));
+            grad_tensors(PyTuple_GET_ITEM(value, i), out, depth + 1);
     } else if (PyList_Check(value)) {
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); ++i)
-            add(PyList_GET_ITEM(value, i));
+            grad_tensors(PyList_GET_ITEM(value, i), out, depth + 1);
+    } else if (PyDict_Check(value)) {
+        PyObject* key = nullptr;
+        PyObject* item = nullptr;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(value, &pos, &key, &item))
+            grad_tensors(item, out, depth + 1);
     } else {
-        add(value);
+        PyObject* fields = PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(value)),
+                                                  "__dataclass_fields__");
+        if (fields == nullptr) {
+            PyErr_Clear();
+            return;
+        }
+        // A new reference to the instance's own __dict__ (slots dataclasses
+        // have none): its items stay alive through the instance.
+        PyObject* attrs = PyDict_Check(fields) ? PyObject_GenericGetDict(value, nullptr) : nullptr;
+        if (attrs == nullptr) {
+            PyErr_Clear();
+        } else if (PyDict_Check(attrs)) {
+            PyObject* name = nullptr;
+            PyObject* field = nullptr;
+            Py_ssize_t pos = 0;
+            while (PyDict_Next(fields, &pos, &name, &field)) {
+                PyObject* item = PyDict_GetItemWithError(attrs, name);
+                if (item != nullptr) {
+                    grad_tensors(item, out, depth + 1);
+                } else if (PyErr_Occurred()) {
+                    PyErr_Clear();
+                }
+            }
+        }
+        Py_XDECREF(attrs);
+        Py_DECREF(fields);
     }
 }
 
@@ -184,15 +223,13 @@ PyObject* forward_post(PyObject*, PyObject* const* args, Py_ssize_t n) {
         grad_tensors(args[1], inputs);
         for (PyObject* o : outputs) {
             if (std::find(inputs.begin(), inputs.end(), o) != inputs.end()) continue;
-            THPVariable_Unpack(o).register_hook(
-                [key, layer, generation](const at::TensorBase&) {
-                    backward_enter(key, layer, generation);
-                });
+            THPVariable_Unpack(o).register_hook([key, layer, generation](const at::TensorBase&) {
+                backward_enter(key, layer, generation);
+            });
         }
         for (PyObject* i : inputs) {
-            THPVariable_Unpack(i).register_hook([key](const at::TensorBase&) {
-                g_tags.leave(key, g_tags.backward, nullptr);
-            });
+            THPVariable_Unpack(i).register_hook(
+                [key](const at::TensorBase&) { g_tags.leave(key, g_tags.backward, nullptr); });
         }
     } catch (python_error& e) {
         e.restore();
@@ -205,14 +242,15 @@ PyObject* forward_post(PyObject*, PyObject* const* args, Py_ssize_t n) {
 }
 
 PyMethodDef g_methods[] = {
-    {"enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
-                  &enter_like<&TagApi::enter>)),
+    {"enter",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&enter_like<&TagApi::enter>)),
      METH_FASTCALL, "allocscope_enter(key, kind, generation, layer, phase)"},
-    {"enter_nested", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
-                         &enter_like<&TagApi::enter_nested>)),
+    {"enter_nested",
+     reinterpret_cast<PyCFunction>(
+         reinterpret_cast<void (*)()>(&enter_like<&TagApi::enter_nested>)),
      METH_FASTCALL, "allocscope_enter_nested(key, kind, generation, layer, phase)"},
-    {"leave", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&leave)),
-     METH_FASTCALL, "allocscope_leave(key, kind): the entry's generation, -1 when none"},
+    {"leave", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&leave)), METH_FASTCALL,
+     "allocscope_leave(key, kind): the entry's generation, -1 when none"},
     {"leave_kind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&leave_kind)),
      METH_FASTCALL, "allocscope_leave_kind(kind, older_than)"},
     {"keyed_depth", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_depth)),
@@ -230,7 +268,7 @@ bool resolve(F& out, const char* name) {
 }  // namespace
 
 ALLOCSCOPE_BRIDGE_EXPORT PyObject* allocscope_torch_bridge_ops(uint32_t forward_kind,
-                                                                uint32_t backward_kind) {
+                                                               uint32_t backward_kind) {
     TagApi api;
     if (!resolve(api.enter, "allocscope_enter") ||
         !resolve(api.enter_nested, "allocscope_enter_nested") ||

@@ -13,7 +13,9 @@ Tags (layer, phase), all per thread:
 
 * forward: a global forward pre-hook enters (layer = the module's qualified
   name, "forward"); a global forward hook registered with always_call=True
-  leaves it, also when forward raises.
+  leaves it, also when forward raises (torch < 2.0 has no always_call: a
+  forward that raises there leaves its entry on the thread's stack until
+  an enclosing module's leave pops it).
 * backward: when a module call's forward ends (with grad enabled), tensor
   hooks go on its outputs and inputs that require grad. The outputs' hooks
   enter (layer, "backward") when the first gradient of an output is ready,
@@ -31,7 +33,8 @@ Tags (layer, phase), all per thread:
   modify their input in place) and fire before the hooks registered after
   them on the same tensor, such as FSDP2's pre-backward hooks.
 * optimizer: global optimizer step pre-/post-hooks enter and leave
-  (enclosing layer, "optimizer"). After each step of the first optimizer
+  (enclosing layer, "optimizer"); torch < 2.0 has none, so there each
+  Optimizer subclass's step() is wrapped instead (_StepWrappers). After each step of the first optimizer
   that steps (or the one passed to enable) the process-wide step is
   incremented (allocscope_step).
 
@@ -378,14 +381,37 @@ def _python_forward_post(key, args, output, backward):
 # pre-backward hooks among them).
 
 
-def _grad_tensors(value):
-    """The tensors of `value` (a tensor, or a tuple or list of them) that
-    require grad."""
+_MAX_NESTING = 4  # containers inside containers looked into (tag_hooks.cpp: the same)
+
+
+def _grad_tensors(value, depth=0):
+    """The tensors in `value` that require grad: `value` itself, or those in
+    it when it is a tuple, list or dict (values), or a dataclass instance
+    (the fields in its __dict__; slots dataclasses are not looked into),
+    down to _MAX_NESTING levels of nesting (a model output such as
+    transformers' ModelOutput is a dict and a dataclass)."""
     if isinstance(value, torch.Tensor):
-        return (value,) if value.requires_grad else ()
+        return [value] if value.requires_grad else []
+    if depth >= _MAX_NESTING:
+        return []
     if isinstance(value, (tuple, list)):
-        return tuple(t for t in value if isinstance(t, torch.Tensor) and t.requires_grad)
-    return ()
+        items = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        fields = getattr(type(value), "__dataclass_fields__", None)
+        attrs = getattr(value, "__dict__", None) if fields is not None else None
+        if not isinstance(attrs, dict):
+            return []
+        items = [attrs.get(name) for name in fields]
+    out = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            if item.requires_grad:
+                out.append(item)
+        elif item is not None:
+            out.extend(_grad_tensors(item, depth + 1))
+    return out
 
 
 def _hook_backward(key, encoded, generation, args, output):
@@ -480,6 +506,102 @@ def _optimizer_post(optimizer, args, kwargs):
     except Exception as e:
         _say("optimizer", "optimizer hook failed (tags may be missing): %s" % e)
     return None
+
+
+def _optimizer_step_hooks(pre, post):
+    """Global optimizer step pre-/post-hooks: torch's own (2.0 and later),
+    else _StepWrappers. Returns the handles."""
+    from torch.optim import optimizer as optim_module
+
+    if hasattr(optim_module, "register_optimizer_step_pre_hook"):
+        return [
+            optim_module.register_optimizer_step_pre_hook(pre),
+            optim_module.register_optimizer_step_post_hook(post),
+        ]
+    return [_StepWrappers(pre, post)]
+
+
+class _StepWrappers:
+    """Global step hooks for torch < 2.0, which has none: the step() of
+    every Optimizer subclass that defines one is wrapped, as torch's own
+    profiler hook does (Optimizer._hook_for_profile) — the subclasses that
+    exist now, and those of optimizers constructed later (Optimizer.__init__
+    is wrapped to find them). pre(optimizer, args, kwargs) runs before the
+    outermost step() of an optimizer on a thread (a subclass's step() that
+    calls super().step() is one step), post after it returns. remove() puts
+    back what can be put back; a wrapper that something else wrapped in turn
+    stays, as a plain call."""
+
+    def __init__(self, pre, post):
+        self._pre = pre
+        self._post = post
+        self._on = True
+        self._inside = threading.local()
+        self._originals = {}  # class -> its own step() before wrapping
+        base = torch.optim.Optimizer
+        self._base_init = base.__dict__["__init__"]
+        wrappers = self
+
+        @functools.wraps(self._base_init)
+        def init(optimizer, *args, **kwargs):
+            wrappers._base_init(optimizer, *args, **kwargs)
+            wrappers._wrap_class_of(optimizer)
+
+        self._init = init
+        base.__init__ = init
+        pending = list(base.__subclasses__())
+        while pending:
+            cls = pending.pop()
+            pending.extend(cls.__subclasses__())
+            if "step" in cls.__dict__:
+                self._wrap(cls)
+
+    def _wrap_class_of(self, optimizer):
+        if not self._on:
+            return
+        for cls in type(optimizer).__mro__:
+            if cls is torch.optim.Optimizer:
+                return
+            if "step" in cls.__dict__:
+                self._wrap(cls)
+
+    def _wrap(self, cls):
+        with _lock:
+            if cls in self._originals:
+                return
+            original = cls.__dict__["step"]
+            if not callable(original):  # a staticmethod, a descriptor: leave it
+                return
+            self._originals[cls] = original
+            wrappers = self
+
+            @functools.wraps(original)
+            def step(optimizer, *args, **kwargs):
+                inside = wrappers._inside.__dict__.setdefault("ids", set())
+                if not wrappers._on or id(optimizer) in inside:
+                    return original(optimizer, *args, **kwargs)
+                inside.add(id(optimizer))
+                try:
+                    wrappers._pre(optimizer, args, kwargs)
+                    out = original(optimizer, *args, **kwargs)
+                    wrappers._post(optimizer, args, kwargs)
+                    return out
+                finally:
+                    inside.discard(id(optimizer))
+
+            step.allocscope_wrapped = True
+            cls.step = step
+
+    def remove(self):
+        with _lock:
+            self._on = False
+            base = torch.optim.Optimizer
+            if base.__dict__.get("__init__") is self._init:
+                base.__init__ = self._base_init
+            for cls, original in self._originals.items():
+                if getattr(cls.__dict__.get("step"), "allocscope_wrapped", False):
+                    cls.step = original
+            self._originals.clear()
 
 
 # ---------------------------------------------------------------- the bridge
@@ -650,19 +772,18 @@ def enable(model=None, optimizer=None):
                 _say("ops", "tag calls through %s" % how)
         timed = _timed if debug else (lambda f: f)
         _handles.append(nn_module.register_module_forward_pre_hook(timed(_forward_pre)))
-        _handles.append(
-            nn_module.register_module_forward_hook(timed(_forward_post), always_call=True)
-        )
+        try:
+            post = nn_module.register_module_forward_hook(timed(_forward_post), always_call=True)
+        except TypeError:  # torch < 2.0: no always_call (see the module's docstring)
+            post = nn_module.register_module_forward_hook(timed(_forward_post))
+        _handles.append(post)
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
         _backward_hooks = os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0"
         if timed is _timed:
             _backward_enter = _timed(_backward_enter)
             _backward_leave = _timed(_backward_leave)
-        from torch.optim import optimizer as optim_module
-
-        _handles.append(optim_module.register_optimizer_step_pre_hook(timed(_optimizer_pre)))
-        _handles.append(optim_module.register_optimizer_step_post_hook(timed(_optimizer_post)))
+        _handles.extend(_optimizer_step_hooks(timed(_optimizer_pre), timed(_optimizer_post)))
         try:
             if torch.cuda.is_initialized():
                 attach_bridge()
