@@ -534,8 +534,7 @@ std::vector<uint32_t> memory_viz_stacks(const Trace& t) {
     std::vector<bool> seen(t.stacks.size(), false);
     for (const Event& e : t.events) {
         if ((e.kind == EventKind::alloc || e.kind == EventKind::oom) &&
-            is_device_pool(pool_of(e)) && e.stack && e.stack < seen.size() &&
-            !seen[e.stack]) {
+            is_device_pool(pool_of(e)) && e.stack && e.stack < seen.size() && !seen[e.stack]) {
             seen[e.stack] = true;
             ids.push_back(e.stack);
         }

@@ -63,8 +63,8 @@ class CheckSet {
     // = every plugin in the directory) with `options` ("<plugin>.<key>=
     // <value>,..."). Waits for the writer to load them. Returns the check's
     // id (> 0), or 0 with `error` set.
-    uint64_t begin(const std::string& plugins, const std::string& options,
-                   const Settings& settings, std::string& error);
+    uint64_t begin(const std::string& plugins, const std::string& options, const Settings& settings,
+                   std::string& error);
     // Ends check `id`, whose events are those before ring position `end`;
     // waits for the writer to feed and finish it. False (with out.error)
     // when it could not complete; findings made so far are in out anyway.

@@ -444,11 +444,11 @@ std::string stack_cost_line() {
     const WalkStats walks = walk_stats();
     const uint64_t walk_ns = g->walk_ns.load();
     return "allocscope: " + std::to_string(n) + " stacks captured, " +
-           std::to_string(n ? ns / n : 0) + " ns each on average (" +
-           std::to_string(ns / 1000000) + " ms in all; walking " +
-           std::to_string(n ? walk_ns / n : 0) + " ns, interning the rest), " +
-           std::to_string(g->python_frames.load()) + " Python frames appended, " +
-           std::to_string(fallback_capture_count()) + " walks fell back to libgcc's unwinder; " +
+           std::to_string(n ? ns / n : 0) + " ns each on average (" + std::to_string(ns / 1000000) +
+           " ms in all; walking " + std::to_string(n ? walk_ns / n : 0) +
+           " ns, interning the rest), " + std::to_string(g->python_frames.load()) +
+           " Python frames appended, " + std::to_string(fallback_capture_count()) +
+           " walks fell back to libgcc's unwinder; " +
            std::to_string(walks.walks ? walks.frames / walks.walks : 0) +
            " native frames stepped through per walk, " +
            std::to_string(walks.frames ? walks.memo_hits * 100 / walks.frames : 0) +

@@ -84,9 +84,8 @@ TEST_CASE("seed inputs cut anywhere and with a byte flipped anywhere stay contai
 
 TEST_CASE("a record declaring 4 GiB is rejected before anything is allocated for it") {
     const auto files = corpus_files();
-    const auto it = std::find_if(files.begin(), files.end(), [](const fs::path& p) {
-        return p.filename() == "v2-complete";
-    });
+    const auto it = std::find_if(files.begin(), files.end(),
+                                 [](const fs::path& p) { return p.filename() == "v2-complete"; });
     REQUIRE(it != files.end());
     std::vector<uint8_t> b = bytes_of(*it);
     for (uint32_t length : {0xFFFFFFFFu, kMaxRecordPayload + 1}) {

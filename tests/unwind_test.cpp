@@ -324,8 +324,8 @@ TEST_CASE("walks one after the other on a thread, sharing some frames and not ot
     // The walk remembers the rules of the thread's last walk by position;
     // shapes that differ inside, in length and in their outer frames shift
     // which positions still hold the same return address.
-    const char* shapes[] = {"ppppcafn", "ppppcafn", "ppfpcafn", "pppcafn", "ssppcafn",
-                            "ppppcafnpp", "nnppcafn", "ppppcafn", "p", "ppppcafn"};
+    const char* shapes[] = {"ppppcafn",   "ppppcafn", "ppfpcafn", "pppcafn", "ssppcafn",
+                            "ppppcafnpp", "nnppcafn", "ppppcafn", "p",       "ppppcafn"};
     for (int round = 0; round < 2; ++round) {
         for (const char* shape : shapes) {
             CAPTURE(round);
@@ -419,8 +419,9 @@ void check_leading_frames_dropped(const std::string& shape) {
     const auto [lo, hi] =
         std::minmax({probe.cached.pcs[0], probe.cached.pcs[1], probe.cached.pcs[2]});
     const std::vector<Request> requests = {
-        {kMaxFrames, 0, {}}, {kMaxFrames, 0, {lo, hi + 1, 8}}, {5, 0, {lo, hi + 1, 8}},
-        {kMaxFrames, 0, {lo, hi + 1, 1}}, {5, 0, {lo, hi + 1, 0}}, {5, 0, {0, 1, 8}}};
+        {kMaxFrames, 0, {}},     {kMaxFrames, 0, {lo, hi + 1, 8}},
+        {5, 0, {lo, hi + 1, 8}}, {kMaxFrames, 0, {lo, hi + 1, 1}},
+        {5, 0, {lo, hi + 1, 0}}, {5, 0, {0, 1, 8}}};
     const std::vector<Capture> captures = capture_each(shape, requests);
     const Frames& full = captures[0].cached;
     REQUIRE(full == captures[0].reference);

@@ -131,18 +131,18 @@ inline Verdict conclude(Check& check, uint32_t severity) {
 
 }  // namespace allocscope::testing
 
-#define ALLOCSCOPE_CHECK_NO_FINDINGS_AT(check, severity)                                     \
-    do {                                                                                     \
-        const ::allocscope::testing::Verdict allocscope_verdict_ =                          \
-            ::allocscope::testing::conclude((check), (severity));                            \
-        CHECK_MESSAGE(allocscope_verdict_.clean, allocscope_verdict_.report);                \
+#define ALLOCSCOPE_CHECK_NO_FINDINGS_AT(check, severity)                      \
+    do {                                                                      \
+        const ::allocscope::testing::Verdict allocscope_verdict_ =            \
+            ::allocscope::testing::conclude((check), (severity));             \
+        CHECK_MESSAGE(allocscope_verdict_.clean, allocscope_verdict_.report); \
     } while (false)
 
-#define ALLOCSCOPE_REQUIRE_NO_FINDINGS_AT(check, severity)                                   \
-    do {                                                                                     \
-        const ::allocscope::testing::Verdict allocscope_verdict_ =                          \
-            ::allocscope::testing::conclude((check), (severity));                            \
-        REQUIRE_MESSAGE(allocscope_verdict_.clean, allocscope_verdict_.report);              \
+#define ALLOCSCOPE_REQUIRE_NO_FINDINGS_AT(check, severity)                      \
+    do {                                                                        \
+        const ::allocscope::testing::Verdict allocscope_verdict_ =              \
+            ::allocscope::testing::conclude((check), (severity));               \
+        REQUIRE_MESSAGE(allocscope_verdict_.clean, allocscope_verdict_.report); \
     } while (false)
 
 #define ALLOCSCOPE_CHECK_NO_FINDINGS(check) \

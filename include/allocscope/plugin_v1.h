@@ -179,7 +179,7 @@ typedef int (*allocscope_live_visitor_v1)(void* user, const allocscope_live_v1* 
 typedef struct allocscope_host_v1 {
     uint32_t struct_size;
     uint32_t abi_version;
-    void* ctx; /* pass to every function below */
+    void* ctx;          /* pass to every function below */
     int32_t rank;       /* -1: the process had no rank */
     int32_t world_size; /* 0: unknown */
     int32_t has_baseline;

@@ -622,7 +622,6 @@ extern "C" __attribute__((noinline)) void hostile_entry() {
 #endif
 // clang-format on
 
-
 int main(int argc, char** argv) {
     if (argc < 2) {
         std::fprintf(stderr,

@@ -470,12 +470,18 @@ TEST_CASE("keyed tags: a leave pops its own entry, nested enters drop what is ov
     REQUIRE(files.size() == 1);
     Trace t = load_trace(files[0].string());
     const std::map<uint64_t, std::pair<std::string, std::string>> want = {
-        {20001, {"root", "forward"}},      {20002, {"x", "forward"}},
-        {20003, {"root", "forward"}},      {20004, {"root", "forward"}},
-        {20005, {"", ""}},                 {20006, {"root.b", "backward"}},
-        {20007, {"root.a", "backward"}},   {20008, {"root.e.fc", "backward"}},
-        {20009, {"root.e", "backward"}},   {20010, {"root", "backward"}},
-        {20011, {"model", "optimizer"}},   {20012, {"", ""}},
+        {20001, {"root", "forward"}},
+        {20002, {"x", "forward"}},
+        {20003, {"root", "forward"}},
+        {20004, {"root", "forward"}},
+        {20005, {"", ""}},
+        {20006, {"root.b", "backward"}},
+        {20007, {"root.a", "backward"}},
+        {20008, {"root.e.fc", "backward"}},
+        {20009, {"root.e", "backward"}},
+        {20010, {"root", "backward"}},
+        {20011, {"model", "optimizer"}},
+        {20012, {"", ""}},
         {20013, {"", ""}},
     };
     size_t seen = 0;
@@ -521,8 +527,7 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
                         "%llu walks fell back to libgcc's unwinder; %llu native frames stepped "
                         "through per walk, %llu %% of their rules from the thread's memo of its "
                         "last walk",
-                        &captured, &ns, &ms, &walk_ns, &python, &fallbacks, &frames,
-                        &memo) == 8);
+                        &captured, &ns, &ms, &walk_ns, &python, &fallbacks, &frames, &memo) == 8);
     // One capture per successful allocation (the script's failed calls,
     // recorded as oom events, capture nothing).
     CHECK(captured == r.events(EventKind::alloc).size());

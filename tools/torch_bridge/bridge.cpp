@@ -31,11 +31,10 @@
 // first): allocscope_block_alloc_frames appends them to the native stack the
 // interposer captures, so a report shows the C++ site and the Python line.
 // Each (code object, instruction offset) is named once through
-// allocscope_python_frame and cached per thread, holding a reference to the code object so its address
-// is never reused for another. Only on Python >= 3.12, where creating a frame
-// object cannot run the garbage collector on the spot (it is deferred to
-// the interpreter's next safe point): a collection here could free tensors
-// inside the allocator. ALLOCSCOPE_PYTHON_STACKS=0 turns it off.
+// allocscope_python_frame and cached per thread, holding a reference to the code object so its
+// address is never reused for another. Only on Python >= 3.12, where creating a frame object cannot
+// run the garbage collector on the spot (it is deferred to the interpreter's next safe point): a
+// collection here could free tensors inside the allocator. ALLOCSCOPE_PYTHON_STACKS=0 turns it off.
 //
 // C API (loaded by allocscope/torch.py with ctypes after CUDA is initialized):
 //   int allocscope_torch_bridge_attach(char* error, size_t error_size)
@@ -219,7 +218,8 @@ void on_entry(const Entry& e) noexcept {
         }
 #endif
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
-        if (alloc) timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
+        if (alloc)
+            timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
     } else if (action == Action::FREE_REQUESTED) {
         BlockFree release = g_block_free.load(std::memory_order_relaxed);
         if (!release) return;
