@@ -57,6 +57,18 @@ def run(cmd, env, cwd=None):
     return p
 
 
+def report_rank(out):
+    """Rank 0 of `allocscope report OUT --format json`, or None (checked
+    as a failure) when the report fails or holds no rank."""
+    r = run([CLI, "report", out, "--format", "json"], clean_env())
+    check(r.returncode == 0, "report failed: %s" % r.stderr)
+    try:
+        return json.loads(r.stdout)["ranks"][0]
+    except (ValueError, KeyError, IndexError) as e:
+        check(False, "no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
+        return None
+
+
 def test(fn):
     current[0] = fn.__name__
     print("test " + fn.__name__)
@@ -113,12 +125,8 @@ def package_tags_reach_the_trace(scratch):
     check(len(traces) == 1, "one trace expected, found %s" % traces)
     if not traces:
         return
-    r = run([CLI, "report", out, "--format", "json"], clean_env())
-    check(r.returncode == 0, "report failed: %s" % r.stderr)
-    try:
-        rank = json.loads(r.stdout)["ranks"][0]
-    except (ValueError, KeyError, IndexError) as e:
-        check(False, "no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
+    rank = report_rank(out)
+    if rank is None:
         return
     kinds = rank.get("events_by_kind", {})
     check(kinds.get("param") == 1, "param events: %r" % kinds)
@@ -179,12 +187,8 @@ def keyed_tags_through_the_package(scratch):
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c", KEYED_PROGRAM], env)
     check(p.returncode == 0 and "keyed ok" in p.stdout,
           "exit status %d; stdout %r; stderr:\n%s" % (p.returncode, p.stdout, p.stderr))
-    r = run([CLI, "report", out, "--format", "json"], clean_env())
-    check(r.returncode == 0, "report failed: %s" % r.stderr)
-    try:
-        rank = json.loads(r.stdout)["ranks"][0]
-    except (ValueError, KeyError, IndexError) as e:
-        check(False, "no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
+    rank = report_rank(out)
+    if rank is None:
         return
     tags = {(t["layer"], t["phase"]): t["allocations"] for t in rank.get("tags", [])}
     check(tags.get(("layers.0", "forward")) == 1, "layers.0 forward: %r" % tags)
@@ -220,12 +224,12 @@ def python_frames_follow_the_native_stack_in_reports(scratch):
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
              FRAMES_PROGRAM], clean_env())
     check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
-    r = run([CLI, "report", out, "--format", "json"], clean_env())
-    check(r.returncode == 0, "report failed: %s" % r.stderr)
-    try:
-        sites = json.loads(r.stdout)["ranks"][0]["sites_at_exit"]
-    except (ValueError, KeyError, IndexError) as e:
-        check(False, "no sites in the JSON report (%s): %r" % (e, r.stdout[:500]))
+    rank = report_rank(out)
+    if rank is None:
+        return
+    sites = rank.get("sites_at_exit")
+    check(sites is not None, "no sites_at_exit in the JSON report")
+    if sites is None:
         return
     block = [s for s in sites if s["bytes"] == 1 << 20]
     check(len(block) == 1, "the 1 MiB block at exit: %r" % sites)

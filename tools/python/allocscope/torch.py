@@ -122,8 +122,13 @@ def _say(key, text):
 
 
 def _compiling():
+    """is_compiling for torch without torch.compiler (before 2.1): 2.0's
+    dynamo once something loaded it; nothing compiles before 2.0. Never
+    raises: an exception per module call would cost microseconds."""
+    dynamo = sys.modules.get("torch._dynamo")
+    is_compiling = getattr(dynamo, "is_compiling", None)
     try:
-        return torch.compiler.is_compiling()
+        return bool(is_compiling()) if is_compiling is not None else False
     except Exception:
         return False
 
