@@ -74,6 +74,17 @@ struct TagEntry {
 };
 
 // Trivially constructible so TLS needs no constructor or destructor calls.
+// A string this thread interned, by the pointer it came in: a tag call
+// whose text sits at the same address with the same content (checked with
+// strcmp against the interned copy, which never changes or moves) takes
+// its id from here, without the definitions lock and the table's hash.
+struct InternedText {
+    const char* ptr;
+    const std::string* text;
+    uint32_t id;
+};
+constexpr size_t kInternCacheSlots = 32;
+
 struct ThreadState {
     bool in_hook;
     bool is_writer;
@@ -82,6 +93,7 @@ struct ThreadState {
     int32_t device;  // cached current device, valid while device_context is current
     void* device_context;
     TagEntry tags[kMaxTagDepth];
+    InternedText interned[kInternCacheSlots];
 };
 thread_local ThreadState t_thread;
 
@@ -965,18 +977,48 @@ void pop_to(uint32_t depth) noexcept {
 
 // The entry (layer, phase) makes over the calling thread's current tag: a
 // NULL value keeps the enclosing one, "" is none. False when interning failed.
+InternedText& interned_slot(const char* text) noexcept {
+    const auto bits = reinterpret_cast<uintptr_t>(text);
+    return t_thread.interned[((bits >> 3) ^ (bits >> 11)) % kInternCacheSlots];
+}
+
+// The id and interned copy of non-empty `text` from the thread's cache, or
+// false.
+bool cached_intern(const char* text, uint32_t& id, const std::string*& interned) noexcept {
+    const InternedText& slot = interned_slot(text);
+    if (slot.ptr != text || std::strcmp(text, slot.text->c_str()) != 0) return false;
+    id = slot.id;
+    interned = slot.text;
+    return true;
+}
+
+// Interns `text` (NULL: keeps `id` and `interned` as they are; "": none)
+// through the thread's cache, else under the definitions lock.
+void intern_for_tag(const char* text, uint32_t& id, const std::string*& interned) {
+    if (!text) return;
+    if (!*text) {
+        id = 0;
+        interned = nullptr;
+        return;
+    }
+    if (cached_intern(text, id, interned)) return;
+    {
+        std::lock_guard lock(g->defs_mutex);
+        id = intern_locked(text);
+        interned = &g->strings.at(id);
+    }
+    interned_slot(text) = {text, interned, id};
+}
+
 bool make_entry(TagEntry& tag, const char* layer, const char* phase) noexcept {
     tag = current_tag();
     tag.kind = 0;
     tag.key = 0;
     tag.generation = 0;
     try {
-        std::lock_guard lock(g->defs_mutex);
-        if (layer) {
-            tag.layer = intern_locked(layer);
-            tag.layer_text = tag.layer ? &g->strings.at(tag.layer) : nullptr;
-        }
-        if (phase) tag.phase = intern_locked(phase);
+        intern_for_tag(layer, tag.layer, tag.layer_text);
+        const std::string* phase_text = nullptr;
+        intern_for_tag(phase, tag.phase, phase_text);
     } catch (...) {
         return false;
     }

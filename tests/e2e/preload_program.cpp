@@ -527,6 +527,21 @@ int run_keyed_tags() {
     mark();  // 20012 untagged
     expect(enter(12, 0, 0, "kind0", "forward"), -1, "enter of kind 0");
     mark();  // 20013 untagged
+
+    // One buffer, names of the same length one after the other: a tag's
+    // text is read at every call, never taken from its address alone.
+    char name[32];
+    std::strcpy(name, "reused.first");
+    expect(enter(13, F, 9, name, "forward"), 0, "enter reused.first");
+    mark();  // 20014 reused.first/forward
+    expect(leave(13, F, nullptr), 9, "leave reused.first");
+    std::strcpy(name, "reused.other");
+    expect(enter(14, F, 9, name, "forward"), 0, "enter reused.other");
+    mark();  // 20015 reused.other/forward
+    expect(leave(14, F, nullptr), 9, "leave reused.other");
+    expect(enter(15, F, 9, name, "forward"), 0, "enter reused.other again");
+    mark();  // 20016 reused.other/forward
+    expect(leave(15, F, nullptr), 9, "leave reused.other again");
     std::printf("keyed-tags done\n");
     return g_failures == 0 ? 0 : 1;
 }
