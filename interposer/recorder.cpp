@@ -73,7 +73,6 @@ struct TagEntry {
     const std::string* layer_text;
 };
 
-// Trivially constructible so TLS needs no constructor or destructor calls.
 // A string this thread interned, by the pointer it came in: a tag call
 // whose text sits at the same address with the same content (checked with
 // strcmp against the interned copy, which never changes or moves) takes
@@ -85,6 +84,7 @@ struct InternedText {
 };
 constexpr size_t kInternCacheSlots = 32;
 
+// Trivially constructible so TLS needs no constructor or destructor calls.
 struct ThreadState {
     bool in_hook;
     bool is_writer;
@@ -975,8 +975,6 @@ void pop_to(uint32_t depth) noexcept {
         pop_entry();
 }
 
-// The entry (layer, phase) makes over the calling thread's current tag: a
-// NULL value keeps the enclosing one, "" is none. False when interning failed.
 InternedText& interned_slot(const char* text) noexcept {
     const auto bits = reinterpret_cast<uintptr_t>(text);
     return t_thread.interned[((bits >> 3) ^ (bits >> 11)) % kInternCacheSlots];
@@ -1010,6 +1008,8 @@ void intern_for_tag(const char* text, uint32_t& id, const std::string*& interned
     interned_slot(text) = {text, interned, id};
 }
 
+// The entry (layer, phase) makes over the calling thread's current tag: a
+// NULL value keeps the enclosing one, "" is none. False when interning failed.
 bool make_entry(TagEntry& tag, const char* layer, const char* phase) noexcept {
     tag = current_tag();
     tag.kind = 0;

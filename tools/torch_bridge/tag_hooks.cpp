@@ -45,10 +45,10 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
-#include <vector>
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -160,7 +160,10 @@ constexpr int kMaxNesting = 4;
 // __dict__), down to kMaxNesting levels, as _grad_tensors in
 // allocscope/torch.py. Every pointer is borrowed from a container that
 // `value` holds, so it lives as long as the call's arguments do.
-void grad_tensors(PyObject* value, std::vector<PyObject*>& out, int depth = 0) {
+// A module call's tensors: on the stack for the usual few, no allocation.
+using Tensors = c10::SmallVector<PyObject*, 8>;
+
+void grad_tensors(PyObject* value, Tensors& out, int depth = 0) {
     if (THPVariable_Check(value)) {
         if (THPVariable_Unpack(value).requires_grad()) out.push_back(value);
         return;
@@ -217,7 +220,7 @@ PyObject* forward_post(PyObject*, PyObject* const* args, Py_ssize_t n) {
     const int64_t generation = g_tags.leave(key, g_tags.forward, &layer);
     if (generation < 0 || !wanted || !c10::GradMode::is_enabled()) Py_RETURN_NONE;
     try {
-        std::vector<PyObject*> outputs, inputs;
+        Tensors outputs, inputs;
         grad_tensors(args[2], outputs);
         if (outputs.empty()) Py_RETURN_NONE;
         grad_tensors(args[1], inputs);

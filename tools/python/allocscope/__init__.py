@@ -43,59 +43,36 @@ _api = None  # _Api, or False once the lookup failed
 _warned = False
 
 
+_u32, _u64, _str, _ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_void_p
+
+# The C API (include/allocscope/allocscope.h): name -> (argtypes, restype).
+_SIGNATURES = {
+    "push": ([_str, _str], None),
+    "pop": ([], None),
+    "enter": ([_u64, _u32, _u64, _str, _str], ctypes.c_int),
+    "enter_nested": ([_u64, _u32, _u64, _str, _str], ctypes.c_int),
+    "leave": ([_u64, _u32, _ptr], ctypes.c_int64),
+    "leave_kind": ([_u32, _u64], None),
+    "keyed_depth": ([], ctypes.c_int),
+    "current_layer": ([_str, ctypes.c_size_t], ctypes.c_size_t),
+    "step": ([_u64], None),
+    "register_param": ([_str, _str, _u64, _str, _u64], None),
+    "mark": ([_str], None),
+    "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
+    "block_free": ([_ptr], None),
+}
+
+
 class _Api:
+    """The C API's functions of `lib` as attributes (push, pop, enter, ...);
+    AttributeError when one is missing."""
+
     def __init__(self, lib):
-        self.push = lib.allocscope_push
-        self.push.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-        self.push.restype = None
-        self.pop = lib.allocscope_pop
-        self.pop.argtypes = []
-        self.pop.restype = None
-        self.enter = lib.allocscope_enter
-        self.enter.argtypes = [
-            ctypes.c_uint64,
-            ctypes.c_uint32,
-            ctypes.c_uint64,
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-        ]
-        self.enter.restype = ctypes.c_int
-        self.enter_nested = lib.allocscope_enter_nested
-        self.enter_nested.argtypes = self.enter.argtypes
-        self.enter_nested.restype = ctypes.c_int
-        self.leave = lib.allocscope_leave
-        self.leave.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p]
-        self.leave.restype = ctypes.c_int64
-        self.leave_kind = lib.allocscope_leave_kind
-        self.leave_kind.argtypes = [ctypes.c_uint32, ctypes.c_uint64]
-        self.leave_kind.restype = None
-        self.keyed_depth = lib.allocscope_keyed_depth
-        self.keyed_depth.argtypes = []
-        self.keyed_depth.restype = ctypes.c_int
-        self.current_layer = lib.allocscope_current_layer
-        self.current_layer.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        self.current_layer.restype = ctypes.c_size_t
-        self.step = lib.allocscope_step
-        self.step.argtypes = [ctypes.c_uint64]
-        self.step.restype = None
-        self.register_param = lib.allocscope_register_param
-        self.register_param.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_uint64,
-            ctypes.c_char_p,
-            ctypes.c_uint64,
-        ]
-        self.register_param.restype = None
-        self.mark = lib.allocscope_mark
-        self.mark.argtypes = [ctypes.c_char_p]
-        self.mark.restype = None
-        self.block_alloc = lib.allocscope_block_alloc
-        self.block_alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-        self.block_alloc.restype = None
-        self.block_free = lib.allocscope_block_free
-        self.block_free.argtypes = [ctypes.c_void_p]
-        self.block_free.restype = None
+        for name, (argtypes, restype) in _SIGNATURES.items():
+            function = getattr(lib, "allocscope_" + name)
+            function.argtypes = argtypes
+            function.restype = restype
+            setattr(self, name, function)
 
 
 def _lookup():

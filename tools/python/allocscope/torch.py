@@ -34,9 +34,9 @@ Tags (layer, phase), all per thread:
   them on the same tensor, such as FSDP2's pre-backward hooks.
 * optimizer: global optimizer step pre-/post-hooks enter and leave
   (enclosing layer, "optimizer"); torch < 2.0 has none, so there each
-  Optimizer subclass's step() is wrapped instead (_StepWrappers). After each step of the first optimizer
-  that steps (or the one passed to enable) the process-wide step is
-  incremented (allocscope_step).
+  Optimizer subclass's step() is wrapped instead (_StepWrappers). After
+  each step of the first optimizer that steps (or the one passed to enable)
+  the process-wide step is incremented (allocscope_step).
 
 Layer names. Modules of a known model are named by its named_modules(): the
 model passed to enable(), else every *root* found lazily: the top-most module
@@ -69,8 +69,9 @@ its builtins, not ctypes, and the backward wiring of _forward_post is C++:
 tensor hooks that call the interposer on autograd's threads without the GIL,
 by the same rules (tag_hooks.cpp). The bridge also attaches to the native
 caching allocator's trace tracker once CUDA is initialized and reports every
-tensor block to the interposer. With PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync it is not
-needed: every tensor is a cudaMallocAsync call the interposer sees.
+tensor block to the interposer. With
+PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync it is not needed: every
+tensor is a cudaMallocAsync call the interposer sees.
 """
 
 import ctypes
