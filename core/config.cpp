@@ -75,6 +75,7 @@ Config parse_config(const EnvLookup& env) {
     };
     flag("ALLOCSCOPE_DISABLE", c.disabled);
     flag("ALLOCSCOPE_DRIVER_HOOKS", c.driver_hooks);
+    flag("ALLOCSCOPE_WALK_CYCLES", c.walk_cycles);
     if (const char* v = env("ALLOCSCOPE_OUT")) {
         if (*v) {
             c.out_dir = v;

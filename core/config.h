@@ -33,8 +33,9 @@ struct Config {
     LogLevel log = LogLevel::info;              // ALLOCSCOPE_LOG
     bool disabled = false;                      // ALLOCSCOPE_DISABLE
     bool driver_hooks = true;                   // ALLOCSCOPE_DRIVER_HOOKS
-    int32_t rank = -1;        // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
-    int32_t world_size = -1;  // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
+    bool walk_cycles = false;  // ALLOCSCOPE_WALK_CYCLES (with ALLOCSCOPE_LOG=debug)
+    int32_t rank = -1;         // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
+    int32_t world_size = -1;   // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
 
     std::vector<std::string> warnings;  // one line each, "allocscope: ..." prefixed
 };

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace allocscope {
@@ -29,7 +30,12 @@ class StackTable {
     // table is full (counted in dropped()). `on_new(id, frames)` is called
     // under the insert lock for a stack seen for the first time.
     template <typename OnNew>
-    uint32_t intern(std::span<const uint64_t> frames, OnNew&& on_new);
+    uint32_t intern(std::span<const uint64_t> frames, OnNew&& on_new) {
+        return intern(hash(frames), frames, std::forward<OnNew>(on_new));
+    }
+    // The same, for a caller that already has hash(frames).
+    template <typename OnNew>
+    uint32_t intern(uint64_t hash_of_frames, std::span<const uint64_t> frames, OnNew&& on_new);
 
     uint32_t size() const noexcept { return count_.load(std::memory_order_relaxed); }
     uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
@@ -58,8 +64,7 @@ class StackTable {
 };
 
 template <typename OnNew>
-uint32_t StackTable::intern(std::span<const uint64_t> frames, OnNew&& on_new) {
-    const uint64_t h = hash(frames);
+uint32_t StackTable::intern(uint64_t h, std::span<const uint64_t> frames, OnNew&& on_new) {
     size_t index = 0;
     if (uint32_t id = find(h, frames, index)) return id;
     std::lock_guard lock(insert_mutex_);

@@ -84,6 +84,19 @@ struct InternedText {
 };
 constexpr size_t kInternCacheSlots = 32;
 
+// A stack this thread interned, by its 64-bit hash and depth: a capture
+// whose frames hash to the same value takes the id from here instead of
+// the process-wide table, whose slot and stored frames are two cache
+// misses in a program that evicts them between captures. Two different
+// stacks of one depth with one hash would share an id; with 64-bit hashes
+// and n distinct stacks that has odds of about n^2 / 2^65 per process.
+struct StackIdSlot {
+    uint64_t hash;  // 0: empty (StackTable::hash never returns 0)
+    uint32_t id;
+    uint32_t depth;
+};
+constexpr size_t kStackIdSlots = 1024;  // 16 KiB per thread
+
 // Trivially constructible so TLS needs no constructor or destructor calls.
 struct ThreadState {
     bool in_hook;
@@ -94,6 +107,7 @@ struct ThreadState {
     void* device_context;
     TagEntry tags[kMaxTagDepth];
     InternedText interned[kInternCacheSlots];
+    StackIdSlot stack_ids[kStackIdSlots];
 };
 thread_local ThreadState t_thread;
 
@@ -449,6 +463,16 @@ void report_write_failure_once() {
     }
 }
 
+// ALLOCSCOPE_WALK_CYCLES=1: cycles per frame by where its rule came from.
+std::string walk_cycles_text(const WalkStats& w) {
+    if (w.memo_hit_cycles + w.recent_hit_cycles + w.miss_cycles == 0) return "";
+    const uint64_t misses = w.frames - w.memo_hits - w.recent_hits;
+    auto per = [](uint64_t cycles, uint64_t n) { return std::to_string(n ? cycles / n : 0); };
+    return "; cycles per frame: " + per(w.memo_hit_cycles, w.memo_hits) +
+           " (rule from the memo), " + per(w.recent_hit_cycles, w.recent_hits) +
+           " (recent rules), " + per(w.miss_cycles, misses) + " (process-wide cache)";
+}
+
 // ALLOCSCOPE_LOG=debug: what stack capture cost the program's threads.
 std::string stack_cost_line() {
     const uint64_t n = g->stacks_captured.load();
@@ -464,7 +488,9 @@ std::string stack_cost_line() {
            std::to_string(walks.walks ? walks.frames / walks.walks : 0) +
            " native frames stepped through per walk, " +
            std::to_string(walks.frames ? walks.memo_hits * 100 / walks.frames : 0) +
-           " % of their rules from the thread's memo of its last walk";
+           " % of their rules from the thread's memo of its last walk, " +
+           std::to_string(walks.frames ? walks.recent_hits * 100 / walks.frames : 0) +
+           " % from its recent rules" + walk_cycles_text(walks);
 }
 
 void* writer_main(void*) {
@@ -616,7 +642,7 @@ void initialize() {
     g->start_mono_ns = mono_ns();
     g->owner_pid = getpid();
     g->cost_stats = g->config.log == LogLevel::debug;
-    if (g->cost_stats) enable_walk_stats();
+    if (g->cost_stats) enable_walk_stats(g->config.walk_cycles);
     // Sequence numbers start at 1: the plugin ABI's alloc_seq 0 means "a
     // free of an unknown address", so no allocation may have seq 0. No hook
     // runs yet, so taking and retiring seq 0 here cannot race.
@@ -756,12 +782,19 @@ size_t walk_stack(uint64_t* frames, std::span<const uint64_t> outer, uint32_t de
 
 uint32_t intern_stack(const uint64_t* frames, size_t n) noexcept {
     if (n == 0) return 0;
+    const std::span<const uint64_t> stack{frames, n};
+    const uint64_t h = StackTable::hash(stack);
+    StackIdSlot& cached = t_thread.stack_ids[h % kStackIdSlots];
+    if (cached.hash == h && cached.depth == n) return cached.id;
     try {
-        return g->stacks.intern({frames, n}, [](uint32_t id, std::span<const uint64_t> f) {
-            std::lock_guard lock(g->defs_mutex);
-            g->pending_defs.push_back(
-                {RecordType::stack, id, {}, std::vector<uint64_t>(f.begin(), f.end()), {}});
-        });
+        const uint32_t id =
+            g->stacks.intern(h, stack, [](uint32_t id, std::span<const uint64_t> f) {
+                std::lock_guard lock(g->defs_mutex);
+                g->pending_defs.push_back(
+                    {RecordType::stack, id, {}, std::vector<uint64_t>(f.begin(), f.end()), {}});
+            });
+        if (id != 0) cached = {h, id, static_cast<uint32_t>(n)};
+        return id;
     } catch (...) {
         return 0;
     }

@@ -1,6 +1,9 @@
 #include "unwind.h"
 
 #include <pthread.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include <atomic>
 #include <bit>
@@ -116,9 +119,21 @@ struct RuleMemo {
     uint64_t rule[kMemoFrames];
 };
 
+// Behind the memo, the thread's recent rules by return address (direct
+// mapped, 8 KiB): a frame that moved to another position since the last
+// walk, or that an earlier walk on this thread met, takes its rule from
+// here instead of the process-wide cache, whose 1 MiB a program evicts
+// between captures (ALLOCSCOPE_WALK_CYCLES measures the difference).
+constexpr size_t kRecentRules = 512;
+struct RecentRules {
+    uintptr_t pc[kRecentRules];
+    uint64_t rule[kRecentRules];
+};
+
 struct ThreadWalk {
     StackBounds bounds;
     RuleMemo memo;
+    RecentRules recent;
 };
 
 thread_local ThreadWalk t_walk;
@@ -146,23 +161,54 @@ inline StackBounds current_stack_bounds(ThreadWalk& walk) {
 }
 
 std::atomic<bool> g_walk_stats_on{false};
-std::atomic<uint64_t> g_walks{0}, g_walk_frames{0}, g_memo_hits{0};
+std::atomic<bool> g_walk_cycles_on{false};
+std::atomic<uint64_t> g_walks{0}, g_walk_frames{0}, g_memo_hits{0}, g_recent_hits{0},
+    g_memo_hit_cycles{0}, g_recent_hit_cycles{0}, g_miss_cycles{0};
+
+// After the loads before it have completed (lfence), so that each frame's
+// cycles are its own.
+inline uint64_t cycles() noexcept {
+#if defined(__x86_64__)
+    _mm_lfence();
+    return __rdtsc();
+#else
+    return 0;
+#endif
+}
+
+// Where a frame's rule came from.
+enum RuleSource : unsigned { kFromMemo, kFromRecent, kFromProcessCache };
 
 struct WalkCounts {
     size_t lookups = 0;
-    size_t memo_hits = 0;
+    size_t hits[2] = {};      // by RuleSource: memo, recent
+    uint64_t cycles[3] = {};  // by RuleSource
 };
 
+inline FrameRule recent_frame_rule(ThreadWalk& walk, uintptr_t pc, RuleSource& source) {
+    RecentRules& recent = walk.recent;
+    const size_t i = (pc ^ (pc >> 9)) % kRecentRules;
+    if (recent.pc[i] == pc) {
+        source = kFromRecent;
+        return std::bit_cast<FrameRule>(recent.rule[i]);
+    }
+    source = kFromProcessCache;
+    const FrameRule rule = cached_frame_rule(pc);
+    recent.pc[i] = pc;
+    recent.rule[i] = std::bit_cast<uint64_t>(rule);
+    return rule;
+}
+
 inline FrameRule memo_frame_rule(ThreadWalk& walk, size_t position, uintptr_t pc,
-                                 WalkCounts& counts) {
+                                 WalkCounts& counts, RuleSource& source) {
     ++counts.lookups;
-    if (position >= kMemoFrames) return cached_frame_rule(pc);
+    if (position >= kMemoFrames) return recent_frame_rule(walk, pc, source);
     RuleMemo& memo = walk.memo;
     if (memo.pc[position] == pc) {
-        ++counts.memo_hits;
+        source = kFromMemo;
         return std::bit_cast<FrameRule>(memo.rule[position]);
     }
-    const FrameRule rule = cached_frame_rule(pc);
+    const FrameRule rule = recent_frame_rule(walk, pc, source);
     memo.pc[position] = pc;
     memo.rule[position] = std::bit_cast<uint64_t>(rule);
     return rule;
@@ -192,17 +238,27 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, Leadi
     size_t depth = 0;
     size_t position = 0;
     WalkCounts counts;
+    const bool counted = g_walk_stats_on.load(std::memory_order_relaxed);
+    const bool timed = counted && g_walk_cycles_on.load(std::memory_order_relaxed);
     struct Count {  // on every way out of the walk
         WalkCounts& counts;
+        bool counted;
         ~Count() {
-            if (!g_walk_stats_on.load(std::memory_order_relaxed)) return;
+            if (!counted) return;
             g_walks.fetch_add(1, std::memory_order_relaxed);
             g_walk_frames.fetch_add(counts.lookups, std::memory_order_relaxed);
-            g_memo_hits.fetch_add(counts.memo_hits, std::memory_order_relaxed);
+            g_memo_hits.fetch_add(counts.hits[kFromMemo], std::memory_order_relaxed);
+            g_recent_hits.fetch_add(counts.hits[kFromRecent], std::memory_order_relaxed);
+            g_memo_hit_cycles.fetch_add(counts.cycles[kFromMemo], std::memory_order_relaxed);
+            g_recent_hit_cycles.fetch_add(counts.cycles[kFromRecent], std::memory_order_relaxed);
+            g_miss_cycles.fetch_add(counts.cycles[kFromProcessCache], std::memory_order_relaxed);
         }
-    } count{counts};
+    } count{counts, counted};
     for (;; ++position) {
-        const FrameRule rule = memo_frame_rule(walk, position, pc, counts);
+        const uint64_t started = timed ? cycles() : 0;
+        RuleSource source;
+        const FrameRule rule = memo_frame_rule(walk, position, pc, counts, source);
+        if (source != kFromProcessCache) ++counts.hits[source];
         if (rule.kind == FrameRuleKind::kOutermost) return depth;
         if (rule.kind != FrameRuleKind::kStep) return kNeedsFallback;
         uintptr_t base = (rule.flags & FrameRule::kCfaFromRbp) != 0 ? bp : sp;
@@ -216,6 +272,7 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, Leadi
         }
         pc = load_stack_word(cfa - 8);
         sp = cfa;
+        if (timed) counts.cycles[source] += cycles() - started;
         if (pc == 0) return depth;
         if (skip > 0) {
             --skip;
@@ -246,15 +303,22 @@ void clear_frame_rule_cache() noexcept {
         slot.rule.store(0, std::memory_order_relaxed);
     }
     t_walk.memo = {};  // the calling thread's (tests and benchmarks walk on it)
+    t_walk.recent = {};
 }
 
-void enable_walk_stats() noexcept {
+void enable_walk_stats(bool cycles) noexcept {
+    g_walk_cycles_on.store(cycles, std::memory_order_relaxed);
     g_walk_stats_on.store(true, std::memory_order_relaxed);
 }
 
 WalkStats walk_stats() noexcept {
-    return {g_walks.load(std::memory_order_relaxed), g_walk_frames.load(std::memory_order_relaxed),
-            g_memo_hits.load(std::memory_order_relaxed)};
+    return {g_walks.load(std::memory_order_relaxed),
+            g_walk_frames.load(std::memory_order_relaxed),
+            g_memo_hits.load(std::memory_order_relaxed),
+            g_recent_hits.load(std::memory_order_relaxed),
+            g_memo_hit_cycles.load(std::memory_order_relaxed),
+            g_recent_hit_cycles.load(std::memory_order_relaxed),
+            g_miss_cycles.load(std::memory_order_relaxed)};
 }
 
 uint64_t fallback_capture_count() noexcept {

@@ -26,13 +26,20 @@ size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip,
 
 // Counting for ALLOCSCOPE_LOG=debug: once enabled, cached walks add up the
 // frames they step through and how many rules came from the thread's memo
-// of its last walk (a relaxed add per walk).
+// of its last walk and from its table of recent rules (a relaxed add per
+// walk); with `cycles` also the time-stamp-counter cycles spent on frames
+// by where their rule came from (two fenced counter reads per frame:
+// slower walks).
 struct WalkStats {
     uint64_t walks = 0;
     uint64_t frames = 0;
     uint64_t memo_hits = 0;
+    uint64_t recent_hits = 0;
+    uint64_t memo_hit_cycles = 0;  // all 0 where the processor has no time-stamp counter
+    uint64_t recent_hit_cycles = 0;
+    uint64_t miss_cycles = 0;  // rules from the process-wide cache (or computed)
 };
-void enable_walk_stats() noexcept;
+void enable_walk_stats(bool cycles) noexcept;
 WalkStats walk_stats() noexcept;
 
 // The same contract through libgcc's _Unwind_Backtrace alone: what

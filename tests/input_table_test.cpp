@@ -46,6 +46,7 @@ const std::vector<EnvCase>& env_cases() {
          {"1", "0", "true", "no", ""},
          {"off", "enable", "-1"},
          "1, 0, true, false, yes, no"},
+        {"ALLOCSCOPE_WALK_CYCLES", {"1", "false"}, {"on"}, "1, 0, true, false, yes, no"},
         {"ALLOCSCOPE_OUT", {"/tmp/x", "relative/dir", "a b"}, {""}, "directory path"},
         {"ALLOCSCOPE_STACK_DEPTH",
          {"0", "1", "128"},

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Step-time overhead of allocscope on the PyTorch FSDP2 FP8 run, against
 PyTorch's own memory history recording (the benchmark behind the overhead
-table in docs/RESULTS.md). Needs 2 GPUs and torch.
+table in docs/RESULTS.md). Needs torch and 2 GPUs (--nproc 1: one).
 
     python3 tests/bench/torch_overhead.py --cli build-gpu/tools/allocscope \
         [--harness build-gpu/harness/allocscope-harness] [--steps 60] [--skip 10] [--repeat 2]
         [--hidden H --tokens T]   (a larger, GPU-bound step; default: the proof's sizes)
+        [--nproc N]               (ranks, default 2 as in the proof)
 
 Runs tests/gpu/fsdp2_fp8_train.py --mode seed --time under torchrun (2 ranks)
 for each configuration:
@@ -40,9 +41,9 @@ SCRIPT = os.path.join(HERE, "..", "gpu", "fsdp2_fp8_train.py")
 STEP = re.compile(r"^STEP_MS rank (\d+) step (\d+) ([0-9.]+)$")
 
 
-def torchrun(steps, size=()):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"] + list(size)
+def torchrun(steps, size=(), nproc=2):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            str(nproc), SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"] + list(size)
 
 
 def p10(values):
@@ -50,7 +51,7 @@ def p10(values):
     return ordered[len(ordered) // 10]
 
 
-def step_ms(output, skip):
+def step_ms(output, skip, nproc):
     """(median step time of the slower rank, its first-10 and last-10
     medians, its 10th percentile)."""
     per_rank = {}
@@ -58,8 +59,8 @@ def step_ms(output, skip):
         m = STEP.match(line.strip())
         if m and int(m.group(2)) >= skip:
             per_rank.setdefault(int(m.group(1)), []).append(float(m.group(3)))
-    if len(per_rank) != 2:
-        raise RuntimeError("expected step times from 2 ranks:\n" + output[-2000:])
+    if len(per_rank) != nproc:
+        raise RuntimeError("expected step times from %d ranks:\n%s" % (nproc, output[-2000:]))
     slow = max(per_rank.values(), key=statistics.median)
     return (statistics.median(slow), statistics.median(slow[:10]), statistics.median(slow[-10:]),
             p10(slow))
@@ -82,6 +83,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--hidden", type=int, help="the script's --hidden (default: the proof's)")
     ap.add_argument("--tokens", type=int, help="the script's --tokens (default: the proof's)")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (GPUs), default 2")
     ap.add_argument("--json")
     ap.add_argument("--breakdown", action="store_true",
                     help="also the interposer alone, + shim and bridge, + stacks, one at a time")
@@ -143,10 +145,12 @@ def main():
         for rep in range(args.repeat):
             for name, extra, prefix in configs:
                 if prefix is None:
-                    cmd = torchrun(args.steps, size) + ["--record-history", name.split("/")[1]]
+                    cmd = torchrun(args.steps, size, args.nproc) + ["--record-history",
+                                                                    name.split("/")[1]]
                 else:
-                    cmd = prefix + torchrun(args.steps, size)
-                median, first, last, fast = step_ms(run(cmd, dict(env, **extra)), args.skip)
+                    cmd = prefix + torchrun(args.steps, size, args.nproc)
+                median, first, last, fast = step_ms(run(cmd, dict(env, **extra)), args.skip,
+                                                    args.nproc)
                 results.setdefault(name, []).append(median)
                 fast_steps.setdefault(name, []).append(fast)
                 print("%-20s run %d: %.3f ms/step (first 10 steps %.3f, last 10 %.3f, "
@@ -166,7 +170,7 @@ def main():
                      q, (q / base_p10 - 1) * 100))
 
         if args.harness:
-            harness = [args.harness, "--backend", "cuda", "--ranks", "2", "--steps", "200",
+            harness = [args.harness, "--backend", "cuda", "--ranks", str(args.nproc), "--steps", "200",
                        "--warmup", "2"]
             walls = {"harness plain": [], "harness allocscope": []}
             for rep in range(args.repeat):

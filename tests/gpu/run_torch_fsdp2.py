@@ -17,11 +17,15 @@ Checks, on both ranks:
          are the layer's FP8 weight copies (+ at most 4 KiB: the scales), and
          a transpose-cache-retention finding for each whose bytes are its
          transposed FP8 copies (+ at most 4 KiB)
+         whose evidence stacks (allocscope report --format json) hold a
+         Python frame of the script (the line that allocated) after native
+         frames (the C++ site)
   fixed, bf16  neither plugin finds anything
 The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
+--nproc 1 runs one rank on one GPU (the same checks for rank 0).
 
-Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, 2 GPUs
-or FP8 support (sm_89 or newer).
+Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, the
+GPUs (--nproc, default 2) or FP8 support (sm_89 or newer).
 """
 
 import argparse
@@ -47,22 +51,22 @@ def skip(reason):
     sys.exit(77)
 
 
-def check_machine():
+def check_machine(nproc):
     try:
         import torch
     except Exception as e:  # no torch
         skip("python3 cannot import torch (%s)" % e)
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        skip("needs 2 CUDA GPUs (found %d)" % (torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
+        skip("needs %d CUDA GPUs (found %d)" % (nproc, torch.cuda.device_count() if torch.cuda.is_available() else 0))
     if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
         skip("this torch has no float8_e4m3fn / _scaled_mm")
-    for d in range(2):
+    for d in range(nproc):
         if torch.cuda.get_device_capability(d) < (8, 9):
             skip("FP8 GEMMs need sm_89 or newer (GPU %d is sm_%d%d)" % ((d,) + torch.cuda.get_device_capability(d)))
     return torch.__version__
 
 
-def run_one(cli, out_dir, mode, allocator, steps):
+def run_one(cli, out_dir, mode, allocator, steps, nproc):
     env = dict(os.environ)
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         env.pop(var, None)
@@ -70,7 +74,7 @@ def run_one(cli, out_dir, mode, allocator, steps):
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[allocator]
     cmd = [
         cli, "run", "--out", out_dir, "--force", "--",
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
         SCRIPT, "--mode", mode, "--steps", str(steps),
     ]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -87,7 +91,34 @@ def expectations(stdout):
     return layers
 
 
-def check(mode, findings, expected, problems):
+def stacks_by_rank(cli, out_dir, problems):
+    """rank -> {stack id: [frame text]} from the report's JSON."""
+    p = subprocess.run([cli, "report", out_dir, "--format", "json"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+    if p.returncode != 0:
+        problems.append("allocscope report --format json exited %d: %s" % (p.returncode, p.stderr[-500:]))
+        return {}
+    report = json.loads(p.stdout)
+    return {r["rank"]: {int(k): v for k, v in r.get("stacks", {}).items()} for r in report["ranks"]}
+
+
+def check_stacks(rank, plugin, finding, stacks, problems):
+    """The finding's evidence shows where it was allocated: native frames,
+    then the script's Python line."""
+    script = os.path.basename(SCRIPT)
+    for e in finding.get("evidence", []):
+        frames = stacks.get(e.get("stack_id"), [])
+        python = [i for i, f in enumerate(frames) if script + ":" in f]
+        if python and python[0] > 0:
+            return
+    problems.append("seed rank %d: %s %s: no evidence stack has native frames and then a line "
+                    "of %s (first evidence stack: %s)"
+                    % (rank, plugin, finding["layer"], script,
+                       " <- ".join(stacks.get(finding["evidence"][0].get("stack_id"), ["none"])[-4:])
+                       if finding.get("evidence") else "no evidence"))
+
+
+def check(mode, findings, expected, problems, nproc, stacks):
     by = {}
     for f in findings.get("findings", []):
         if f["plugin"] in ("weight-copy-accumulation", "transpose-cache-retention"):
@@ -98,7 +129,7 @@ def check(mode, findings, expected, problems):
                 problems.append("%s rank %d: unexpected %s finding: %s %s %d B: %s"
                                 % (mode, rank, plugin, f["layer"], f["phase"], f["bytes"], f["summary"]))
         return
-    for rank in (0, 1):
+    for rank in range(nproc):
         for i in range(8):
             layer = "layers.%d" % i
             e = expected.get((rank, layer))
@@ -115,6 +146,7 @@ def check(mode, findings, expected, problems):
                 if not (want <= b <= want + SLACK):
                     problems.append("seed rank %d: %s %s: %d B, want %d..%d B"
                                     % (rank, plugin, layer, b, want, want + SLACK))
+                check_stacks(rank, plugin, got[0], stacks.get(rank, {}), problems)
 
 
 def main():
@@ -123,12 +155,13 @@ def main():
     parser.add_argument("--modes", default="seed,fixed,bf16")
     parser.add_argument("--allocators", default="default,async,expandable")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--nproc", type=int, default=2, help="ranks, one GPU each (default 2)")
     args = parser.parse_args()
     cli = os.environ.get("E2E_CLI")
     if not cli or not os.access(cli, os.X_OK):
         print("E2E_CLI must name the allocscope executable")
         return 2
-    version = check_machine()
+    version = check_machine(args.nproc)
     print("torch %s; allocscope %s" % (version, cli), flush=True)
     root = args.keep or tempfile.mkdtemp(prefix="allocscope-torch-")
     failed = []
@@ -137,12 +170,12 @@ def main():
             for mode in args.modes.split(","):
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 label = "%s / %s" % (mode, allocator)
-                proc = run_one(cli, out_dir, mode, allocator, args.steps)
+                proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)
                 traces = sorted(f for f in os.listdir(out_dir) if f.endswith(".trace")) if os.path.isdir(out_dir) else []
-                for want in ("rank0.trace", "rank1.trace"):
+                for want in ["rank%d.trace" % r for r in range(args.nproc)]:
                     if want not in traces:
                         problems.append("no %s (traces: %s)" % (want, ", ".join(traces) or "none"))
                 findings_path = os.path.join(out_dir, "findings.json")
@@ -153,7 +186,8 @@ def main():
                 else:
                     problems.append("no findings.json")
                 if not problems or findings:
-                    check(mode, findings, expectations(proc.stdout), problems)
+                    stacks = stacks_by_rank(cli, out_dir, problems) if mode == "seed" else {}
+                    check(mode, findings, expectations(proc.stdout), problems, args.nproc, stacks)
                 status = "ok" if not problems else "FAILED"
                 print("%-20s %s" % (label, status), flush=True)
                 for p in problems:

@@ -25,16 +25,28 @@
 // (and does nothing) without the interposer. The callback never throws and
 // never touches torch.
 //
-// Python frames. When the allocating thread holds the GIL (a tensor made by
-// Python code; autograd's backward threads mostly do not), an ALLOC also
-// carries the Python frames that led to it (at most kPythonFrames, innermost
-// first): allocscope_block_alloc_frames appends them to the native stack the
-// interposer captures, so a report shows the C++ site and the Python line.
-// Each (code object, instruction offset) is named once through
-// allocscope_python_frame and cached per thread, holding a reference to the code object so its
-// address is never reused for another. Only on Python >= 3.12, where creating a frame object cannot
-// run the garbage collector on the spot (it is deferred to the interpreter's next safe point): a
-// collection here could free tensors inside the allocator. ALLOCSCOPE_PYTHON_STACKS=0 turns it off.
+// Python frames. An ALLOC also carries the Python frames that led to it (at
+// most kPythonFrames, innermost first): allocscope_block_alloc_frames
+// appends them to the native stack the interposer captures, so a report
+// shows the C++ site and the Python line. Most tensors are made with the
+// GIL released (PyTorch's Python bindings drop it around every operator
+// call), so on Python 3.12 and 3.13 the frames are read without it, from
+// the calling thread's own interpreter frames: while this thread is inside
+// the allocator it runs no Python, so its frame chain cannot change, and
+// every code object on it is kept alive by its frame. That walk only reads
+// (no reference counts, no objects made, no allocation by Python), never
+// takes the GIL (the allocator's lock is held here; waiting for the GIL
+// under it could deadlock with a thread that holds the GIL and wants the
+// lock), and follows the layout of CPython's _PyInterpreterFrame of those
+// versions (RawFrame below). Elsewhere (3.14 and later) frames come only
+// when the thread holds the GIL, through the public frame API, which on
+// >= 3.12 cannot run the garbage collector on the spot. Each
+// (code object, instruction offset) is named once through
+// allocscope_python_frame and cached per thread; a cached name is used
+// again only while the code object at that address still has the same
+// qualified name, file and first line (or, named with the GIL held, holds
+// a reference that keeps the address from being reused).
+// ALLOCSCOPE_PYTHON_STACKS=0 turns this off.
 //
 // C API (loaded by allocscope/torch.py with ctypes after CUDA is initialized):
 //   int allocscope_torch_bridge_attach(char* error, size_t error_size)
@@ -135,37 +147,158 @@ struct FrameKeyHash {
         return std::hash<const void*>()(k.code) * 31 + static_cast<size_t>(k.lasti);
     }
 };
+// What a cached name was made from: a hit whose code object no longer
+// matches (its address reused by another code object) is named again.
+struct FrameName {
+    uint64_t address;
+    const void* qualname;
+    const void* filename;
+    int first_line;
+    bool pinned;  // holds a reference to the code object: the address cannot be reused
+};
+using FrameNames = std::unordered_map<FrameKey, FrameName, FrameKeyHash>;
 
-// The calling thread's Python frames, innermost first; 0 frames without the
-// GIL. Called with the allocator's lock held: only reads the frame chain
-// and names each (code, instruction offset) once.
+#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+// The head of CPython's _PyInterpreterFrame (Include/internal/
+// pycore_frame.h) in 3.12 and 3.13, the fields read here: the code object
+// (3.13: f_executable, a code object for every frame the walk names),
+// the calling frame, the instruction pointer (3.12: prev_instr, the unit
+// before the next instruction; 3.13: instr_ptr, the one executing) and
+// who owns the frame.
+struct RawFrame {
+    PyObject* code;
+    RawFrame* previous;
+    PyObject* funcobj;
+    PyObject* globals;
+    PyObject* builtins;
+    PyObject* locals;
+    PyFrameObject* frame_obj;
+    _Py_CODEUNIT* instr;
+    int stacktop;
+    uint16_t return_offset;
+    char owner;
+};
+static_assert(sizeof(void*) != 8 ||
+                  (offsetof(RawFrame, instr) == 56 && offsetof(RawFrame, owner) == 70),
+              "RawFrame must match CPython's 64-bit _PyInterpreterFrame layout");
+constexpr char kOwnedByGenerator = 1;
+constexpr char kOwnedByCStack = 3;  // a shim frame of the interpreter's, not Python code
+
+RawFrame* current_raw_frame(PyThreadState* ts) noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+    return reinterpret_cast<RawFrame*>(ts->current_frame);
+#else
+    return ts->cframe ? reinterpret_cast<RawFrame*>(ts->cframe->current_frame) : nullptr;
+#endif
+}
+
+// The UTF-8 text of `s` without making anything: ASCII strings are their
+// own UTF-8, others only when CPython already has their UTF-8 form.
+const char* utf8_without_gil(PyObject* s) noexcept {
+    if (!s || !PyUnicode_Check(s)) return "?";
+    if (PyUnicode_IS_COMPACT_ASCII(s)) return static_cast<const char*>(PyUnicode_DATA(s));
+    if (PyUnicode_IS_COMPACT(s)) {
+        const char* utf8 = reinterpret_cast<PyCompactUnicodeObject*>(s)->utf8;
+        if (utf8) return utf8;
+    }
+    return "?";
+}
+
+#define ALLOCSCOPE_RAW_PYTHON_FRAMES 1
+#endif
+
+// The name of (code, lasti), from the thread's cache or made now. `gil`:
+// the calling thread holds the GIL (the name may pin the code object).
+uint64_t frame_address(FrameNames& names, PyCodeObject* code, int lasti, bool gil,
+                       PythonFrame name_frame) {
+    const FrameKey key{code, lasti};
+    auto it = names.find(key);
+    if (it != names.end()) {
+        const FrameName& n = it->second;
+        if (n.pinned || (n.qualname == code->co_qualname && n.filename == code->co_filename &&
+                         n.first_line == code->co_firstlineno))
+            return n.address;
+    }
+    const char* function;
+    const char* file;
+    if (gil) {
+        function = PyUnicode_AsUTF8(code->co_qualname);
+        file = PyUnicode_AsUTF8(code->co_filename);
+        if (!function || !file) PyErr_Clear();
+    } else {
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+        function = utf8_without_gil(code->co_qualname);
+        file = utf8_without_gil(code->co_filename);
+#else
+        return 0;  // not reached: without the raw walk, frames need the GIL
+#endif
+    }
+    const uint64_t address =
+        name_frame(function ? function : "?", file ? file : "?", PyCode_Addr2Line(code, lasti));
+    if (gil && !(it != names.end() && it->second.pinned))
+        Py_INCREF(code);  // kept: the address of a pinned code object is never reused
+    FrameName name{address, code->co_qualname, code->co_filename, code->co_firstlineno, gil};
+    if (it != names.end()) {
+        if (it->second.pinned) name.pinned = true;
+        it->second = name;
+    } else {
+        names.emplace(key, name);
+    }
+    return address;
+}
+
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+// The calling thread's frames read without the GIL (see the note at the
+// top). `gil`: the thread holds it, so new names may pin code objects.
+size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil) {
+    // With the GIL, the current thread state (a program may have swapped
+    // in another); without it, the one Python keeps for this thread.
+    PyThreadState* ts = gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
+    if (!ts) return 0;  // a thread Python has never run on
+    thread_local FrameNames names;
+    size_t n = 0;
+    for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
+        if (f->owner == kOwnedByCStack || !f->code || Py_TYPE(f->code) != &PyCode_Type) continue;
+        auto* code = reinterpret_cast<PyCodeObject*>(f->code);
+        const _Py_CODEUNIT* first = _PyCode_CODE(code);
+        // Frames not yet started (before their first traceable
+        // instruction) are skipped, as CPython's own tracebacks do.
+        if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable) continue;
+        const int lasti =
+            static_cast<int>(f->instr - first) * static_cast<int>(sizeof(_Py_CODEUNIT));
+        if (const uint64_t address = frame_address(names, code, lasti, gil, name_frame))
+            out[n++] = address;
+    }
+    return n;
+}
+#endif
+
+// The calling thread's Python frames, innermost first. Called with the
+// allocator's lock held.
 size_t python_frames(uint64_t* out, PythonFrame name_frame) {
-    if (!Py_IsInitialized() || !PyGILState_Check()) return 0;
-    thread_local std::unordered_map<FrameKey, uint64_t, FrameKeyHash> names;
+    if (!Py_IsInitialized()) return 0;
+    const bool gil = PyGILState_Check() != 0;
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+    return python_frames_raw(out, name_frame, gil);
+#else
+    if (!gil) return 0;
+    thread_local FrameNames names;
     size_t n = 0;
     PyFrameObject* frame = PyEval_GetFrame();  // borrowed
     Py_XINCREF(frame);
     while (frame && n < kPythonFrames) {
         PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-        const FrameKey key{code, PyFrame_GetLasti(frame)};
-        auto it = names.find(key);
-        if (it == names.end()) {
-            const char* function = PyUnicode_AsUTF8(code->co_qualname);
-            const char* file = PyUnicode_AsUTF8(code->co_filename);
-            if (!function || !file) PyErr_Clear();
-            const uint64_t address = name_frame(function ? function : "?", file ? file : "?",
-                                                PyFrame_GetLineNumber(frame));
-            Py_INCREF(code);  // kept: the address of a cached code object is never reused
-            it = names.emplace(key, address).first;
-        }
+        if (const uint64_t address =
+                frame_address(names, code, PyFrame_GetLasti(frame), true, name_frame))
+            out[n++] = address;
         Py_DECREF(code);
-        if (it->second) out[n++] = it->second;
         PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
         Py_DECREF(frame);
         frame = back;
     }
     Py_XDECREF(frame);
     return n;
+#endif
 }
 #endif
 
