@@ -13,6 +13,7 @@ for each configuration:
   plain               no recording
   allocscope/nostack  allocscope run --stack-depth 0 (tags, blocks, plugins live)
   allocscope          allocscope run (24 native frames + Python frames)
+  allocscope/depth16  allocscope run --stack-depth 16
   allocscope/ctypes-hooks  the same, ALLOCSCOPE_BRIDGE_HOOKS=0
   torch/python        _record_memory_history(stacks="python")
   torch/all           _record_memory_history(stacks="all")
@@ -107,6 +108,8 @@ def main():
         ("plain", {}, []),
         ("allocscope/nostack", {}, under("a0", "--stack-depth", "0")),
         ("allocscope", {}, under("a1")),
+        # 16 native frames instead of 24 (the Python frames follow either way)
+        ("allocscope/depth16", {}, under("a16", "--stack-depth", "16")),
         # the module hooks through ctypes and Python tensor hooks, not the bridge's
         ("allocscope/ctypes-hooks", {"ALLOCSCOPE_BRIDGE_HOOKS": "0"}, under("a2")),
         ("torch/python", {}, None),

@@ -207,20 +207,25 @@ const char* utf8_without_gil(PyObject* s) noexcept {
 #define ALLOCSCOPE_RAW_PYTHON_FRAMES 1
 #endif
 
-// The name of (code, lasti), from the thread's cache or made now. `gil`:
-// the calling thread holds the GIL (the name may pin the code object).
-uint64_t frame_address(FrameNames& names, PyCodeObject* code, int lasti, bool gil,
-                       PythonFrame name_frame) {
+// Whether a name cached for the code object at `code`'s address was made
+// from `code` itself.
+bool same_code(const FrameName& n, const PyCodeObject* code) noexcept {
+    return n.pinned || (n.qualname == code->co_qualname && n.filename == code->co_filename &&
+                        n.first_line == code->co_firstlineno);
+}
+
+// The name of (code, lasti), from the thread's cache or made now (address
+// 0, and nothing cached, where the interposer could not name it). `gil`: the calling
+// thread holds the GIL (the name may pin the code object). The reference
+// stays valid: unordered_map never moves its elements.
+const FrameName& frame_name(FrameNames& names, PyCodeObject* code, int lasti, bool gil,
+                            PythonFrame name_frame) {
     const FrameKey key{code, lasti};
-    auto it = names.find(key);
-    if (it != names.end()) {
-        const FrameName& n = it->second;
-        if (n.pinned || (n.qualname == code->co_qualname && n.filename == code->co_filename &&
-                         n.first_line == code->co_firstlineno))
-            return n.address;
-    }
-    const char* function;
-    const char* file;
+    auto [it, inserted] = names.try_emplace(key);
+    FrameName& cached = it->second;
+    if (!inserted && same_code(cached, code)) return cached;
+    const char* function = "?";
+    const char* file = "?";
     if (gil) {
         function = PyUnicode_AsUTF8(code->co_qualname);
         file = PyUnicode_AsUTF8(code->co_filename);
@@ -229,22 +234,19 @@ uint64_t frame_address(FrameNames& names, PyCodeObject* code, int lasti, bool gi
 #ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
         function = utf8_without_gil(code->co_qualname);
         file = utf8_without_gil(code->co_filename);
-#else
-        return 0;  // not reached: without the raw walk, frames need the GIL
-#endif
+#endif  // else not reached: without the raw walk, frames need the GIL
     }
     const uint64_t address =
         name_frame(function ? function : "?", file ? file : "?", PyCode_Addr2Line(code, lasti));
-    if (gil && !(it != names.end() && it->second.pinned))
-        Py_INCREF(code);  // kept: the address of a pinned code object is never reused
-    FrameName name{address, code->co_qualname, code->co_filename, code->co_firstlineno, gil};
-    if (it != names.end()) {
-        if (it->second.pinned) name.pinned = true;
-        it->second = name;
-    } else {
-        names.emplace(key, name);
+    if (address == 0) {  // not recording (yet): named again next time
+        static const FrameName unnamed{};
+        if (inserted) names.erase(it);
+        return unnamed;
     }
-    return address;
+    const bool pinned = cached.pinned || gil;
+    if (gil && !cached.pinned) Py_INCREF(code);  // kept: a pinned code's address is never reused
+    cached = {address, code->co_qualname, code->co_filename, code->co_firstlineno, pinned};
+    return cached;
 }
 
 #ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
@@ -256,6 +258,13 @@ size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil) {
     PyThreadState* ts = gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
     if (!ts) return 0;  // a thread Python has never run on
     thread_local FrameNames names;
+    // The thread's last walk by position: consecutive allocations share
+    // their outer frames (the training loop, the module calls), which then
+    // skip the hash table.
+    thread_local struct {
+        FrameKey key[kPythonFrames];
+        FrameName name[kPythonFrames];
+    } last{};
     size_t n = 0;
     for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
         if (f->owner == kOwnedByCStack || !f->code || Py_TYPE(f->code) != &PyCode_Type) continue;
@@ -266,8 +275,18 @@ size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil) {
         if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable) continue;
         const int lasti =
             static_cast<int>(f->instr - first) * static_cast<int>(sizeof(_Py_CODEUNIT));
-        if (const uint64_t address = frame_address(names, code, lasti, gil, name_frame))
-            out[n++] = address;
+        const FrameKey key{code, lasti};
+        if (last.key[n] == key && same_code(last.name[n], code)) {
+            out[n] = last.name[n].address;
+            ++n;
+            continue;
+        }
+        const FrameName& name = frame_name(names, code, lasti, gil, name_frame);
+        if (name.address) {
+            last.key[n] = key;
+            last.name[n] = name;
+            out[n++] = name.address;
+        }
     }
     return n;
 }
@@ -289,7 +308,7 @@ size_t python_frames(uint64_t* out, PythonFrame name_frame) {
     while (frame && n < kPythonFrames) {
         PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
         if (const uint64_t address =
-                frame_address(names, code, PyFrame_GetLasti(frame), true, name_frame))
+                frame_name(names, code, PyFrame_GetLasti(frame), true, name_frame).address)
             out[n++] = address;
         Py_DECREF(code);
         PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
