@@ -82,6 +82,10 @@ ALLOCSCOPE_EXPORT uint64_t allocscope_python_frame(const char* function, const c
     return allocscope::recorder::python_frame(function, file, line);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_set_outer_frames(size_t (*provider)(uint64_t*, size_t)) {
+    allocscope::recorder::set_outer_frames(provider);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_block_alloc_frames(void* ptr, size_t size, int device,
                                                      void* stream, const uint64_t* outer_frames,
                                                      size_t outer_count) {
@@ -90,7 +94,7 @@ ALLOCSCOPE_EXPORT void allocscope_block_alloc_frames(void* ptr, size_t size, int
     allocscope::recorder::record_alloc(
         {allocscope::Api::block_alloc, allocscope::Level::block, allocscope::MemoryKind::device,
          size, reinterpret_cast<uint64_t>(stream), device},
-        ptr, 0, {outer_frames, outer_frames ? outer_count : 0});
+        ptr, 0, {outer_frames, outer_frames ? outer_count : 0});  // null: the provider's
 }
 
 ALLOCSCOPE_EXPORT void allocscope_block_free(void* ptr) {

@@ -173,6 +173,7 @@ struct State {
 };
 
 std::atomic<int> g_state{kUninitialized};
+std::atomic<OuterFrames> g_outer_frames{nullptr};  // set_outer_frames
 pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
 // Never destroyed: hooks may run during static destruction of other objects.
 alignas(State) unsigned char g_storage[sizeof(State)];
@@ -909,6 +910,15 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
                                             std::span<const uint64_t> outer) noexcept {
     if (!ensure_started()) return;
     const bool ok = result == 0 && address != nullptr;
+    // No frames given (a runtime or driver hook): ask the registered
+    // provider (set_outer_frames) for the thread's Python frames.
+    uint64_t provided[kMaxOuterFrames];
+    if (ok && outer.data() == nullptr && g->config.stack_depth != 0) {
+        if (OuterFrames provider = g_outer_frames.load(std::memory_order_acquire)) {
+            const size_t n = provider(provided, kMaxOuterFrames);
+            outer = {provided, std::min(n, kMaxOuterFrames)};
+        }
+    }
     const uint32_t stack = ok ? capture_stack_id(outer) : 0;
     const EventKind kind = ok ? EventKind::alloc : EventKind::oom;
     EventRing::Slot* slot = begin_event(kind);
@@ -1243,9 +1253,14 @@ void mark(const char* text) noexcept {
     emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
 }
 
+void set_outer_frames(OuterFrames provider) noexcept {
+    g_outer_frames.store(provider, std::memory_order_release);
+}
+
+// Also inside a hook: the outer-frames provider names frames from there.
+// Interning makes no CUDA call, so nothing here needs the hooks' guard.
 uint64_t python_frame(const char* function, const char* file, int line) noexcept {
-    ApiScope scope;
-    if (!scope.active() || !file) return 0;
+    if (!file || !ensure_started()) return 0;
     try {
         const uint32_t id = intern(python_frame_text(function ? function : "", file, line).c_str());
         return id ? python_frame_address(id) : 0;

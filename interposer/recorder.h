@@ -58,14 +58,22 @@ struct AllocInfo {
 // A successful allocation at `address`, or a failed one (`result` != 0,
 // recorded as oom with the requested size). `outer` frames, at most
 // kMaxOuterFrames, are appended to the captured native stack (Python frames
-// from python_frame()).
+// from python_frame()); without any (a null `outer`), those of the
+// set_outer_frames provider, if one is registered.
 inline constexpr size_t kMaxOuterFrames = 32;
 void record_alloc(const AllocInfo& info, void* address, int result,
                   std::span<const uint64_t> outer = {}) noexcept;
 
 // The pseudo-address of a Python frame (core/event.h, python_frame_address):
-// its text is interned once. 0 when not recording.
+// its text is interned once. 0 when not recording. Callable inside a hook.
 uint64_t python_frame(const char* function, const char* file, int line) noexcept;
+
+// A function that writes the calling thread's outer (Python) frames, at most
+// `max`, innermost first, and returns how many; called by record_alloc,
+// inside the hook, for allocations recorded without frames of their own.
+// It must not call CUDA, block, or throw. nullptr unregisters.
+using OuterFrames = size_t (*)(uint64_t* out, size_t max);
+void set_outer_frames(OuterFrames provider) noexcept;
 
 // A free is recorded in two halves around the real call so its seq precedes
 // any later allocation that reuses the address.

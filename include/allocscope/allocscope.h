@@ -120,6 +120,16 @@ uint64_t allocscope_python_frame(const char* function, const char* file, int lin
 void allocscope_block_alloc_frames(void* ptr, size_t size, int device, void* stream,
                                    const uint64_t* outer_frames, size_t outer_count);
 
+/* The same frames for every other allocation: `provider` writes the calling
+ * thread's Python frames (allocscope_python_frame addresses, at most `max`,
+ * innermost first) and returns how many. The interposer calls it, inside its
+ * hook, for each allocation it records without frames of its own (runtime
+ * and driver calls: caching-allocator segments, cudaMallocAsync tensors,
+ * library workspaces), and appends them to the native stack. It must not
+ * call CUDA, block or throw; allocscope_python_frame may be called from it.
+ * NULL unregisters. */
+void allocscope_set_outer_frames(size_t (*provider)(uint64_t* out, size_t max));
+
 /* Checks: detection plugins (plugin_v1.h) run on a stretch of this
  * process's own allocation events, for a program's test suite to assert on
  * (include/allocscope/doctest.h wraps them for doctest).

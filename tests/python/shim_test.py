@@ -218,6 +218,59 @@ FRAMES_PROGRAM = textwrap.dedent(
 )
 
 
+PROVIDER_PROGRAM = textwrap.dedent(
+    """
+    import ctypes, os
+    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
+    process = ctypes.CDLL(None)
+    malloc = process.cudaMalloc
+    malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    frame = process.allocscope_python_frame
+    frame.restype = ctypes.c_uint64
+    frame.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    calls = []
+
+    # What a bridge registers: the thread's Python frames, named from
+    # inside the interposer's hook (allocscope_python_frame works there).
+    @ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
+    def provider(out, max_frames):
+        calls.append(max_frames)
+        names = [frame(b"Model.forward", b"/src/model.py", 11), frame(b"main", b"/src/train.py", 3)]
+        for i, address in enumerate(names[:max_frames]):
+            out[i] = address
+        return len(names)
+
+    process.allocscope_set_outer_frames.argtypes = [ctypes.c_void_p]
+    process.allocscope_set_outer_frames(ctypes.cast(provider, ctypes.c_void_p))
+    held = ctypes.c_void_p()
+    assert malloc(ctypes.byref(held), 3 << 20) == 0  # kept until exit
+    process.allocscope_set_outer_frames(None)
+    plain = ctypes.c_void_p()
+    assert malloc(ctypes.byref(plain), 5 << 20) == 0  # after unregistering: no frames
+    assert calls == [32], calls
+    """
+)
+
+
+@test
+def a_registered_provider_appends_python_frames_to_runtime_allocations(scratch):
+    out = os.path.join(scratch, "out")
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
+             PROVIDER_PROGRAM], clean_env(SIM_CUDART=SIM_CUDART))
+    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    rank = report_rank(out)
+    if rank is None:
+        return
+    sites = {s["bytes"]: s["frames"] for s in rank.get("sites_at_exit", [])}
+    check(set(sites) >= {3 << 20, 5 << 20}, "the 3 MiB and 5 MiB segments at exit: %r" % sites)
+    with_provider = sites.get(3 << 20, [])
+    check(with_provider[-2:] == ["Model.forward (/src/model.py:11)", "main (/src/train.py:3)"]
+          and len(with_provider) > 2,
+          "native frames, then the provider's, innermost first: %r" % with_provider)
+    check(not any(".py:" in f for f in sites.get(5 << 20, [])),
+          "no Python frames once unregistered: %r" % sites.get(5 << 20))
+
+
 @test
 def python_frames_follow_the_native_stack_in_reports(scratch):
     out = os.path.join(scratch, "out")

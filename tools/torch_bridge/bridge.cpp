@@ -380,6 +380,57 @@ void on_entry(const Entry& e) noexcept {
     }
 }
 
+// allocscope_set_outer_frames's provider: the Python frames of allocations
+// the interposer records itself (the allocator's segments, every tensor
+// under backend:cudaMallocAsync, library workspaces). Runs inside the
+// interposer's hook, so it names frames through allocscope_python_frame,
+// which works there.
+size_t outer_frames(uint64_t* out, size_t max) noexcept {
+#if PY_VERSION_HEX >= 0x030C0000
+    const PythonFrame name_frame = g_python_frame.load(std::memory_order_relaxed);
+    if (!name_frame) return 0;
+    uint64_t frames[kPythonFrames];
+    size_t n = 0;
+    timed(g_cost.walks, g_cost.walk_ns, [&] {
+        try {
+            n = python_frames(frames, name_frame);
+        } catch (...) {  // out of host memory in the cache: no frames
+            n = 0;
+        }
+    });
+    if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
+    n = n < max ? n : max;
+    std::memcpy(out, frames, n * sizeof(uint64_t));
+    return n;
+#else
+    (void)out;
+    (void)max;
+    return 0;
+#endif
+}
+
+// Once, whatever the allocator: Python frames for blocks (on_entry) and,
+// through the interposer's provider hook, for its own allocations. Off with
+// ALLOCSCOPE_PYTHON_STACKS=0 or ALLOCSCOPE_STACK_DEPTH=0.
+void provide_python_frames() {
+    static std::atomic<bool> done{false};
+    if (done.exchange(true)) return;
+    const char* log = std::getenv("ALLOCSCOPE_LOG");
+    g_cost.on = log && std::strcmp(log, "debug") == 0;
+    const char* py_stacks = std::getenv("ALLOCSCOPE_PYTHON_STACKS");
+    const char* depth = std::getenv("ALLOCSCOPE_STACK_DEPTH");
+    const bool python_stacks = !(py_stacks && std::strcmp(py_stacks, "0") == 0) &&
+                               !(depth && std::strcmp(depth, "0") == 0);
+    if (!python_stacks) return;
+    g_python_frame.store(
+        reinterpret_cast<PythonFrame>(dlsym(RTLD_DEFAULT, "allocscope_python_frame")));
+    using SetOuterFrames = void (*)(size_t(*)(uint64_t*, size_t));
+    if (auto set =
+            reinterpret_cast<SetOuterFrames>(dlsym(RTLD_DEFAULT, "allocscope_set_outer_frames"));
+        set && g_python_frame.load())
+        set(outer_frames);
+}
+
 }  // namespace
 
 ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t error_size) {
@@ -391,6 +442,7 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
             copy_error("no CUDA allocator is installed", error, error_size);
             return -1;
         }
+        provide_python_frames();
         const std::string name = a->name();
         if (name == "cudaMallocAsync") return 1;
         int expected = 0;
@@ -399,18 +451,10 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
             reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
         g_block_free.store(
             reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
-        const char* py_stacks = std::getenv("ALLOCSCOPE_PYTHON_STACKS");
-        const char* depth = std::getenv("ALLOCSCOPE_STACK_DEPTH");
-        const bool python_stacks = !(py_stacks && std::strcmp(py_stacks, "0") == 0) &&
-                                   !(depth && std::strcmp(depth, "0") == 0);
-        if (python_stacks) {
+        if (g_python_frame.load()) {
             g_block_alloc_frames.store(reinterpret_cast<BlockAllocFrames>(
                 dlsym(RTLD_DEFAULT, "allocscope_block_alloc_frames")));
-            g_python_frame.store(
-                reinterpret_cast<PythonFrame>(dlsym(RTLD_DEFAULT, "allocscope_python_frame")));
         }
-        const char* log = std::getenv("ALLOCSCOPE_LOG");
-        g_cost.on = log && std::strcmp(log, "debug") == 0;
         try {
             a->attachAllocatorTraceTracker([](const auto& entry) { on_entry(entry); });
         } catch (...) {
