@@ -652,11 +652,15 @@ def attach_bridge():
 
 
 def _attach():
-    if _allocator_backend() == "cudaMallocAsync":
-        return True  # every tensor reaches the runtime API
+    # Under cudaMallocAsync every tensor reaches the runtime API; the bridge
+    # is still loaded there for the Python frames of those allocations
+    # (allocscope_torch_bridge_attach registers them and answers 1).
+    asynchronous = _allocator_backend() == "cudaMallocAsync"
     candidates = _bridge_candidates()
     path = _bridge_path()
     if path is None:
+        if asynchronous:
+            return True
         _say(
             "bridge",
             "the PyTorch bridge is not built (looked for %s): per-tensor blocks of the caching "
@@ -671,7 +675,7 @@ def _attach():
         attach.restype = ctypes.c_int
     except (OSError, AttributeError) as e:
         _say("bridge", "the PyTorch bridge %s cannot be loaded: %s" % (path, e))
-        return False
+        return asynchronous
     error = ctypes.create_string_buffer(512)
     rc = attach(error, len(error))
     if rc < 0:
@@ -679,7 +683,7 @@ def _attach():
             "bridge",
             "the PyTorch bridge did not attach: %s" % error.value.decode("utf-8", "replace"),
         )
-        return False
+        return asynchronous
     return True
 
 
