@@ -336,6 +336,21 @@ TEST_CASE("walks one after the other on a thread, sharing some frames and not ot
     }
 }
 
+TEST_CASE("a frame met again at another position takes its rule from the thread's recent rules") {
+    allocscope::enable_walk_stats(false);
+    // The same frames, then one more inside them: every frame of the first
+    // walk is one position further out in the second.
+    const Capture first = capture_through("ppppcafn");
+    const allocscope::WalkStats before = allocscope::walk_stats();
+    const Capture shifted = capture_through("ppppcafnp");
+    const allocscope::WalkStats after = allocscope::walk_stats();
+    CHECK(first.cached == first.reference);
+    CHECK(shifted.cached == shifted.reference);
+    CHECK(after.walks == before.walks + 1);
+    CHECK(after.recent_hits - before.recent_hits >= 8);
+    CHECK(after.frames - before.frames >= after.recent_hits - before.recent_hits);
+}
+
 TEST_CASE("ordinary frames, libc and libstdc++ frames included, are walked without fallback") {
     capture_through(kMixedShape);
     uint64_t fallbacks_before = allocscope::fallback_capture_count();

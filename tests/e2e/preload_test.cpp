@@ -516,6 +516,23 @@ TEST_CASE("ALLOCSCOPE_STACK_DEPTH=0 turns stack capture off") {
     CHECK(r.trace.stacks.size() == 1);  // only the implicit "no stack"
 }
 
+TEST_CASE("ALLOCSCOPE_WALK_CYCLES=1 adds the cycles a frame cost by where its rule came from") {
+    ScriptRun r("ALLOCSCOPE_LOG=debug ALLOCSCOPE_WALK_CYCLES=1");
+    CHECK(r.result.status == 0);
+    const std::string& err = r.result.err;
+    const size_t at = err.find("; cycles per frame: ");
+    REQUIRE(at != std::string::npos);
+    unsigned long long memo = 0, recent = 0, process = 0;
+    REQUIRE(std::sscanf(err.c_str() + at,
+                        "; cycles per frame: %llu (rule from the memo), %llu (recent rules), %llu "
+                        "(process-wide cache)",
+                        &memo, &recent, &process) == 3);
+#if defined(__x86_64__)
+    CHECK(memo > 0);     // the script's loops walk the same frames again and again
+    CHECK(process > 0);  // the first walk of each frame computes its rule
+#endif
+}
+
 TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured and their cost") {
     ScriptRun r("ALLOCSCOPE_LOG=debug");
     CHECK(r.result.status == 0);
@@ -541,6 +558,13 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
     CHECK(memo <= 100);
     CHECK(python == 0);
     CHECK(fallbacks <= captured);
+    unsigned long long recent = 0;
+    REQUIRE(std::sscanf(err.c_str() + err.find(" % of their rules from the thread's memo", line),
+                        " %% of their rules from the thread's memo of its last walk, %llu %% "
+                        "from its recent rules",
+                        &recent) == 1);
+    CHECK(memo + recent <= 100);
+    CHECK(err.find("cycles per frame", line) > err.find('\n', at));  // only when asked for
     // Without debug logging nothing is timed and nothing is said.
     CHECK(count_lines_containing(script_run().result.err, " stacks captured, ") == 0);
 }
