@@ -358,6 +358,12 @@ std::string render_json(const Report& report) {
     return out;
 }
 
+bool caching_allocator_frame(std::string_view frame) noexcept {
+    return frame.starts_with("c10::cuda::CUDACachingAllocator::") ||
+           frame.starts_with("c10::CachingDeviceAllocator::") ||
+           frame.find("on_entry<c10::") != std::string_view::npos;  // tools/torch_bridge
+}
+
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
                                      size_t python) {
     std::vector<std::string> lines;
@@ -366,10 +372,18 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     const std::vector<std::string>& frames = it->second;
     auto py = r.python_from.find(stack);
     const size_t first_python = py == r.python_from.end() ? frames.size() : py->second;
-    for (size_t f = 0; f < first_python && f < native; ++f)
+    // The allocator's own frames lead every block's stack: one line for
+    // them, and the native frames shown start with its caller.
+    size_t first = 0;
+    while (first + 1 < first_python && caching_allocator_frame(frames[first]))
+        ++first;
+    if (first > 0)
+        lines.push_back("[" + std::to_string(first) + " frames of PyTorch's caching allocator]");
+    const size_t last = std::min(first_python, first + native);
+    for (size_t f = first; f < last; ++f)
         lines.push_back(printable(frames[f]));
-    if (first_python > native)
-        lines.push_back("... " + std::to_string(first_python - native) + " more native frames");
+    if (first_python > last)
+        lines.push_back("... " + std::to_string(first_python - last) + " more native frames");
     for (size_t f = first_python; f < frames.size() && f < first_python + python; ++f)
         lines.push_back(printable(frames[f]));
     if (frames.size() > first_python + python)

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "analysis.h"
@@ -27,8 +28,12 @@ struct RankReport {
 // frames, then (after a "... N native frames" line) up to `python` of its
 // Python frames, so the C++ site and the Python line that allocated both
 // show; without Python frames, the first `native` frames and a count.
+// Leading frames of PyTorch's caching allocator (caching_allocator_frame),
+// the same in every block's stack, are one line ("[N frames of ...]") and
+// do not count towards `native`; at least one native frame is shown.
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
                                      size_t python);
+bool caching_allocator_frame(std::string_view frame) noexcept;
 
 struct Report {
     std::vector<RankReport> ranks;   // in rank order
