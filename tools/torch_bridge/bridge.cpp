@@ -321,6 +321,22 @@ size_t python_frames(uint64_t* out, PythonFrame name_frame) {
 }
 #endif
 
+#if PY_VERSION_HEX >= 0x030C0000
+// python_frames, its time and frames counted for ALLOCSCOPE_LOG=debug.
+size_t counted_python_frames(uint64_t* frames, PythonFrame name_frame) noexcept {
+    size_t n = 0;
+    timed(g_cost.walks, g_cost.walk_ns, [&] {
+        try {
+            n = python_frames(frames, name_frame);
+        } catch (...) {  // out of host memory in the cache: no frames
+            n = 0;
+        }
+    });
+    if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
+    return n;
+}
+#endif
+
 constexpr size_t kMinBlockSize = 512;  // c10: kMinBlockSize, round_size()
 
 size_t rounded(size_t size) {
@@ -355,15 +371,7 @@ void on_entry(const Entry& e) noexcept {
         PythonFrame name_frame = g_python_frame.load(std::memory_order_relaxed);
         if (with_frames && name_frame) {
             uint64_t frames[kPythonFrames];
-            size_t n = 0;
-            timed(g_cost.walks, g_cost.walk_ns, [&] {
-                try {
-                    n = python_frames(frames, name_frame);
-                } catch (...) {  // out of host memory in the cache: no frames
-                    n = 0;
-                }
-            });
-            if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
+            const size_t n = counted_python_frames(frames, name_frame);
             timed(g_cost.allocs, g_cost.alloc_ns,
                   [&] { with_frames(addr, size, device, stream, frames, n); });
             return;
@@ -390,15 +398,7 @@ size_t outer_frames(uint64_t* out, size_t max) noexcept {
     const PythonFrame name_frame = g_python_frame.load(std::memory_order_relaxed);
     if (!name_frame) return 0;
     uint64_t frames[kPythonFrames];
-    size_t n = 0;
-    timed(g_cost.walks, g_cost.walk_ns, [&] {
-        try {
-            n = python_frames(frames, name_frame);
-        } catch (...) {  // out of host memory in the cache: no frames
-            n = 0;
-        }
-    });
-    if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
+    size_t n = counted_python_frames(frames, name_frame);
     n = n < max ? n : max;
     std::memcpy(out, frames, n * sizeof(uint64_t));
     return n;
