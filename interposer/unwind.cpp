@@ -114,9 +114,12 @@ struct StackBounds {
 // from here (1 KiB, in cache) rather than from the process-wide cache (a
 // miss per frame in a program that evicts it between captures).
 constexpr size_t kMemoFrames = 64;
+struct KnownRule {
+    uintptr_t pc;
+    FrameRule rule;
+};
 struct RuleMemo {
-    uintptr_t pc[kMemoFrames];
-    uint64_t rule[kMemoFrames];
+    KnownRule at[kMemoFrames];
 };
 
 // Behind the memo, the thread's recent rules by return address (direct
@@ -126,8 +129,7 @@ struct RuleMemo {
 // between captures (ALLOCSCOPE_WALK_CYCLES measures the difference).
 constexpr size_t kRecentRules = 512;
 struct RecentRules {
-    uintptr_t pc[kRecentRules];
-    uint64_t rule[kRecentRules];
+    KnownRule slot[kRecentRules];
 };
 
 struct ThreadWalk {
@@ -136,7 +138,7 @@ struct ThreadWalk {
     RecentRules recent;
 };
 
-thread_local ThreadWalk t_walk;
+constinit thread_local ThreadWalk t_walk{};
 
 __attribute__((noinline)) StackBounds query_stack_bounds(ThreadWalk& walk) {
     // Unusable unless pthread tells us (low > high fails every check).
@@ -180,38 +182,32 @@ inline uint64_t cycles() noexcept {
 enum RuleSource : unsigned { kFromMemo, kFromRecent, kFromProcessCache };
 
 struct WalkCounts {
-    size_t lookups = 0;
     size_t hits[2] = {};      // by RuleSource: memo, recent
     uint64_t cycles[3] = {};  // by RuleSource
 };
 
 inline FrameRule recent_frame_rule(ThreadWalk& walk, uintptr_t pc, RuleSource& source) {
-    RecentRules& recent = walk.recent;
-    const size_t i = (pc ^ (pc >> 9)) % kRecentRules;
-    if (recent.pc[i] == pc) {
+    KnownRule& known = walk.recent.slot[(pc ^ (pc >> 9)) % kRecentRules];
+    if (known.pc == pc) {
         source = kFromRecent;
-        return std::bit_cast<FrameRule>(recent.rule[i]);
+        return known.rule;
     }
     source = kFromProcessCache;
-    const FrameRule rule = cached_frame_rule(pc);
-    recent.pc[i] = pc;
-    recent.rule[i] = std::bit_cast<uint64_t>(rule);
-    return rule;
+    known = {pc, cached_frame_rule(pc)};
+    return known.rule;
 }
 
 inline FrameRule memo_frame_rule(ThreadWalk& walk, size_t position, uintptr_t pc,
-                                 WalkCounts& counts, RuleSource& source) {
-    ++counts.lookups;
-    if (position >= kMemoFrames) return recent_frame_rule(walk, pc, source);
-    RuleMemo& memo = walk.memo;
-    if (memo.pc[position] == pc) {
+                                 RuleSource& source) {
+    if (position >= kMemoFrames) [[unlikely]]
+        return recent_frame_rule(walk, pc, source);
+    KnownRule& known = walk.memo.at[position];
+    if (known.pc == pc) [[likely]] {
         source = kFromMemo;
-        return std::bit_cast<FrameRule>(memo.rule[position]);
+        return known.rule;
     }
-    const FrameRule rule = recent_frame_rule(walk, pc, source);
-    memo.pc[position] = pc;
-    memo.rule[position] = std::bit_cast<uint64_t>(rule);
-    return rule;
+    known = {pc, recent_frame_rule(walk, pc, source)};
+    return known.rule;
 }
 
 // ASan never poisons return-address or saved-register slots; this only keeps
@@ -226,9 +222,11 @@ constexpr size_t kNeedsFallback = SIZE_MAX;
 
 // `frame` is capture_stack's frame record: frame[0] = the caller's rbp,
 // frame[1] = the return address into the caller, frame + 2 = the caller's rsp.
-inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, LeadingFrames leading,
-                          const uintptr_t* frame) {
-    ThreadWalk& walk = t_walk;
+// The walk, with (kCounted) or without ALLOCSCOPE_LOG=debug's counting:
+// two instantiations, so the common one carries none of it.
+template <bool kCounted>
+size_t walk_cached(ThreadWalk& walk, uint64_t* frames, size_t max_depth, size_t skip,
+                   LeadingFrames leading, const uintptr_t* frame) {
     const StackBounds stack = current_stack_bounds(walk);
     uintptr_t sp = reinterpret_cast<uintptr_t>(frame + 2);
     // Signal alternate stacks and user-level fibers are not the thread stack.
@@ -238,27 +236,26 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, Leadi
     size_t depth = 0;
     size_t position = 0;
     WalkCounts counts;
-    const bool counted = g_walk_stats_on.load(std::memory_order_relaxed);
-    const bool timed = counted && g_walk_cycles_on.load(std::memory_order_relaxed);
+    const bool timed = kCounted && g_walk_cycles_on.load(std::memory_order_relaxed);
     struct Count {  // on every way out of the walk
         WalkCounts& counts;
-        bool counted;
+        const size_t& position;
         ~Count() {
-            if (!counted) return;
+            if (!kCounted) return;
             g_walks.fetch_add(1, std::memory_order_relaxed);
-            g_walk_frames.fetch_add(counts.lookups, std::memory_order_relaxed);
+            g_walk_frames.fetch_add(position + 1, std::memory_order_relaxed);
             g_memo_hits.fetch_add(counts.hits[kFromMemo], std::memory_order_relaxed);
             g_recent_hits.fetch_add(counts.hits[kFromRecent], std::memory_order_relaxed);
             g_memo_hit_cycles.fetch_add(counts.cycles[kFromMemo], std::memory_order_relaxed);
             g_recent_hit_cycles.fetch_add(counts.cycles[kFromRecent], std::memory_order_relaxed);
             g_miss_cycles.fetch_add(counts.cycles[kFromProcessCache], std::memory_order_relaxed);
         }
-    } count{counts, counted};
+    } count{counts, position};
     for (;; ++position) {
         const uint64_t started = timed ? cycles() : 0;
         RuleSource source;
-        const FrameRule rule = memo_frame_rule(walk, position, pc, counts, source);
-        if (source != kFromProcessCache) ++counts.hits[source];
+        const FrameRule rule = memo_frame_rule(walk, position, pc, source);
+        if (kCounted && source != kFromProcessCache) ++counts.hits[source];
         if (rule.kind == FrameRuleKind::kOutermost) return depth;
         if (rule.kind != FrameRuleKind::kStep) return kNeedsFallback;
         uintptr_t base = (rule.flags & FrameRule::kCfaFromRbp) != 0 ? bp : sp;
@@ -272,7 +269,7 @@ inline size_t walk_cached(uint64_t* frames, size_t max_depth, size_t skip, Leadi
         }
         pc = load_stack_word(cfa - 8);
         sp = cfa;
-        if (timed) counts.cycles[source] += cycles() - started;
+        if (kCounted && timed) counts.cycles[source] += cycles() - started;
         if (pc == 0) return depth;
         if (skip > 0) {
             --skip;
@@ -334,7 +331,10 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
     // differently.
     const auto* frame = static_cast<const uintptr_t*>(__builtin_frame_address(0));
     if (frame[1] == reinterpret_cast<uintptr_t>(__builtin_return_address(0))) {
-        size_t depth = walk_cached(frames, max_depth, skip, leading, frame);
+        ThreadWalk& walk = t_walk;
+        size_t depth = g_walk_stats_on.load(std::memory_order_relaxed)
+                           ? walk_cached<true>(walk, frames, max_depth, skip, leading, frame)
+                           : walk_cached<false>(walk, frames, max_depth, skip, leading, frame);
         if (depth != kNeedsFallback) return depth;
     }
     g_fallback_captures.fetch_add(1, std::memory_order_relaxed);

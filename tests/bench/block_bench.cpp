@@ -1,0 +1,100 @@
+// block_bench: what the caching-allocator bridge's calls cost the
+// allocating thread (allocscope_block_alloc_frames + allocscope_block_free,
+// the path of every tensor under PyTorch's native allocator), with a
+// chosen native depth below the calls and a chosen number of Python
+// frames. Run with the interposer preloaded:
+//
+//   LD_PRELOAD=build/interposer/liballocscope.so ALLOCSCOPE_OUT=/tmp/bb
+//   build/tests/block_bench [--pairs N] [--depth D] [--python P] [--live L]
+//
+// Prints ns per alloc/free pair (wall and CPU). Not a test.
+#include <dlfcn.h>
+#include <time.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using BlockAllocFrames = void (*)(void*, size_t, int, void*, const uint64_t*, size_t);
+using BlockFree = void (*)(void*);
+using PythonFrame = uint64_t (*)(const char*, const char*, int);
+
+struct Api {
+    BlockAllocFrames alloc;
+    BlockFree release;
+};
+
+struct Options {
+    long pairs = 200000;
+    int depth = 20;
+    int python = 10;
+    int live = 64;
+};
+
+double now_ns(clockid_t clock) {
+    timespec ts;
+    clock_gettime(clock, &ts);
+    return double(ts.tv_sec) * 1e9 + double(ts.tv_nsec);
+}
+
+// The loop, `depth` frames below main.
+__attribute__((noinline)) void run(const Api& api, const Options& o,
+                                   const std::vector<uint64_t>& frames, int depth) {
+    if (depth > 0) {
+        run(api, o, frames, depth - 1);
+        asm volatile("" ::: "memory");  // not a tail call
+        return;
+    }
+    const uintptr_t base = uintptr_t{0x7f0000000000};
+    for (long i = 0; i < o.pairs; ++i) {
+        api.alloc(reinterpret_cast<void*>(base + uintptr_t(i) * 4096), 4096, 0, nullptr,
+                  frames.data(), frames.size());
+        if (i >= o.live) api.release(reinterpret_cast<void*>(base + uintptr_t(i - o.live) * 4096));
+    }
+    for (long i = o.pairs > o.live ? o.pairs - o.live : 0; i < o.pairs; ++i)
+        api.release(reinterpret_cast<void*>(base + uintptr_t(i) * 4096));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const std::string flag = argv[i];
+        const long value = std::strtol(argv[i + 1], nullptr, 10);
+        if (flag == "--pairs")
+            o.pairs = value;
+        else if (flag == "--depth")
+            o.depth = int(value);
+        else if (flag == "--python")
+            o.python = int(value);
+        else if (flag == "--live")
+            o.live = int(value);
+        else {
+            std::fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    Api api{
+        reinterpret_cast<BlockAllocFrames>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc_frames")),
+        reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free"))};
+    auto name = reinterpret_cast<PythonFrame>(dlsym(RTLD_DEFAULT, "allocscope_python_frame"));
+    if (!api.alloc || !api.release || !name) {
+        std::fprintf(stderr, "block_bench: run it with liballocscope.so preloaded\n");
+        return 2;
+    }
+    std::vector<uint64_t> frames;
+    for (int i = 0; i < o.python; ++i)
+        frames.push_back(name(("f" + std::to_string(i)).c_str(), "/src/model.py", 10 + i));
+    const double wall = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
+    run(api, o, frames, o.depth);
+    const double n = double(o.pairs);
+    std::printf("ns_per_pair %.1f\ncpu_ns_per_pair %.1f\n", (now_ns(CLOCK_MONOTONIC) - wall) / n,
+                (now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu) / n);
+    return 0;
+}
