@@ -226,7 +226,8 @@ static allocscope_plugin_status count_finish(void* state) {
     for (size_t i = 0; i < live.n; ++i) {
         live.items[i].layer = (const char*)(uintptr_t)i;
     }
-    qsort(live.items, live.n, sizeof *live.items, by_seq);
+    /* Nothing live: items is NULL, which qsort may not be given. */
+    if (live.n > 1) qsort(live.items, live.n, sizeof *live.items, by_seq);
     for (size_t i = 0; i < live.n; ++i) {
         size_t k = (size_t)(uintptr_t)live.items[i].layer;
         live.items[i].layer = live.strings[k][0];
