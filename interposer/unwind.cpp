@@ -269,7 +269,7 @@ size_t walk_cached(ThreadWalk& walk, uint64_t* frames, size_t max_depth, size_t 
         }
         pc = load_stack_word(cfa - 8);
         sp = cfa;
-        if (kCounted && timed) counts.cycles[source] += cycles() - started;
+        if (timed) counts.cycles[source] += cycles() - started;
         if (pc == 0) return depth;
         if (skip > 0) {
             --skip;

@@ -25,10 +25,12 @@
 // (and does nothing) without the interposer. The callback never throws and
 // never touches torch.
 //
-// Python frames. An ALLOC also carries the Python frames that led to it (at
-// most kPythonFrames, innermost first): allocscope_block_alloc_frames
-// appends them to the native stack the interposer captures, so a report
-// shows the C++ site and the Python line. Most tensors are made with the
+// Python frames. The bridge registers outer_frames with the interposer
+// (allocscope_set_outer_frames), which calls it for every allocation it
+// records without frames of its own, the blocks above included, and
+// appends the Python frames that led to it (at most kPythonFrames,
+// innermost first) to the native stack it captures, so a report shows the
+// C++ site and the Python line. Most tensors are made with the
 // GIL released (PyTorch's Python bindings drop it around every operator
 // call), so on Python 3.12 and 3.13 the frames are read without it, from
 // the calling thread's own interpreter frames: while this thread is inside
@@ -80,12 +82,10 @@
 namespace {
 
 using BlockAlloc = void (*)(void*, size_t, int, void*);
-using BlockAllocFrames = void (*)(void*, size_t, int, void*, const uint64_t*, size_t);
 using PythonFrame = uint64_t (*)(const char*, const char*, int);
 using BlockFree = void (*)(void*);
 
 std::atomic<BlockAlloc> g_block_alloc{nullptr};
-std::atomic<BlockAllocFrames> g_block_alloc_frames{nullptr};
 std::atomic<PythonFrame> g_python_frame{nullptr};
 std::atomic<BlockFree> g_block_free{nullptr};
 std::atomic<int> g_attached{0};
@@ -110,7 +110,8 @@ struct EntryCost {
         if (!on) return;
         std::fprintf(stderr,
                      "allocscope: PyTorch bridge: %llu Python frame walks, %llu ns each (%llu "
-                     "frames); %llu block allocs, %llu ns each in the interposer; %llu block "
+                     "frames); %llu block allocs, %llu ns each in the interposer (Python frame "
+                     "walks included); %llu block "
                      "frees, %llu ns each\n",
                      static_cast<unsigned long long>(walks.load()), avg(walk_ns, walks),
                      static_cast<unsigned long long>(frames.load()),
@@ -321,22 +322,6 @@ size_t python_frames(uint64_t* out, PythonFrame name_frame) {
 }
 #endif
 
-#if PY_VERSION_HEX >= 0x030C0000
-// python_frames, its time and frames counted for ALLOCSCOPE_LOG=debug.
-size_t counted_python_frames(uint64_t* frames, PythonFrame name_frame) noexcept {
-    size_t n = 0;
-    timed(g_cost.walks, g_cost.walk_ns, [&] {
-        try {
-            n = python_frames(frames, name_frame);
-        } catch (...) {  // out of host memory in the cache: no frames
-            n = 0;
-        }
-    });
-    if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
-    return n;
-}
-#endif
-
 constexpr size_t kMinBlockSize = 512;  // c10: kMinBlockSize, round_size()
 
 size_t rounded(size_t size) {
@@ -366,17 +351,7 @@ void on_entry(const Entry& e) noexcept {
             stream = reinterpret_cast<void*>(e.stream_);
         void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_));
         const size_t size = rounded(static_cast<size_t>(e.size_));
-#if PY_VERSION_HEX >= 0x030C0000
-        BlockAllocFrames with_frames = g_block_alloc_frames.load(std::memory_order_relaxed);
-        PythonFrame name_frame = g_python_frame.load(std::memory_order_relaxed);
-        if (with_frames && name_frame) {
-            uint64_t frames[kPythonFrames];
-            const size_t n = counted_python_frames(frames, name_frame);
-            timed(g_cost.allocs, g_cost.alloc_ns,
-                  [&] { with_frames(addr, size, device, stream, frames, n); });
-            return;
-        }
-#endif
+        // Python frames come from outer_frames, which the interposer calls.
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
         if (alloc)
             timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
@@ -398,7 +373,15 @@ size_t outer_frames(uint64_t* out, size_t max) noexcept {
     const PythonFrame name_frame = g_python_frame.load(std::memory_order_relaxed);
     if (!name_frame) return 0;
     uint64_t frames[kPythonFrames];
-    size_t n = counted_python_frames(frames, name_frame);
+    size_t n = 0;
+    timed(g_cost.walks, g_cost.walk_ns, [&] {
+        try {
+            n = python_frames(frames, name_frame);
+        } catch (...) {  // out of host memory in the cache: no frames
+            n = 0;
+        }
+    });
+    if (g_cost.on) g_cost.frames.fetch_add(n, std::memory_order_relaxed);
     n = n < max ? n : max;
     std::memcpy(out, frames, n * sizeof(uint64_t));
     return n;
@@ -451,10 +434,6 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
             reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
         g_block_free.store(
             reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
-        if (g_python_frame.load()) {
-            g_block_alloc_frames.store(reinterpret_cast<BlockAllocFrames>(
-                dlsym(RTLD_DEFAULT, "allocscope_block_alloc_frames")));
-        }
         try {
             a->attachAllocatorTraceTracker([](const auto& entry) { on_entry(entry); });
         } catch (...) {
