@@ -491,7 +491,9 @@ std::string stack_cost_line() {
            std::to_string(walks.frames ? walks.memo_hits * 100 / walks.frames : 0) +
            " % of their rules from the thread's memo of its last walk, " +
            std::to_string(walks.frames ? walks.recent_hits * 100 / walks.frames : 0) +
-           " % from its recent rules" + walk_cycles_text(walks);
+           " % from its recent rules; " + std::to_string(walks.replays) +
+           " captures replayed an earlier walk (the stack words it read unchanged)" +
+           walk_cycles_text(walks);
 }
 
 void* writer_main(void*) {

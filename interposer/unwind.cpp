@@ -1,12 +1,14 @@
 #include "unwind.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #if defined(__x86_64__)
 #include <x86intrin.h>
 #endif
 
 #include <atomic>
 #include <bit>
+#include <cstring>
 
 #include "unwind_cfi.h"
 
@@ -132,10 +134,106 @@ struct RecentRules {
     KnownRule slot[kRecentRules];
 };
 
+// Replay of an earlier walk. A walk is a function of the registers it
+// starts from (pc, rsp, and rbp where a rule reads it before any frame
+// restores it), of the request (depth, skip, leading frames) and of the
+// stack words it reads: started from the same registers, with every word it
+// read last time still holding the same value, it would read the same words
+// again and give the same frames. So a capture whose registers match a
+// recorded walk's only compares those words (independent loads: they
+// overlap, where the walk's loads each wait for the one before) and copies
+// its frames. Exact, not a guess: one changed word and the capture walks.
+// Per thread, set-associative by (pc, rsp), mapped on the thread's first
+// capture and unmapped when it exits.
+constexpr size_t kReplayReads = 64;   // words a recorded walk may have read
+constexpr size_t kReplayFrames = 32;  // frames it may have returned
+constexpr size_t kReplaySets = 128;
+constexpr size_t kReplayWays = 2;  // replacement: the way not used last
+
+struct ReplayEntry {
+    uintptr_t pc0;  // 0: empty
+    uintptr_t sp0;
+    uintptr_t bp0;  // compared only when uses_bp0
+    uintptr_t leading_lo;
+    uintptr_t leading_hi;
+    uint32_t leading_max;
+    uint32_t max_depth;
+    uint32_t skip;
+    uint8_t uses_bp0;
+    uint8_t reads;
+    uint8_t depth;
+    uint32_t offset[kReplayReads];  // of each word read, from sp0
+    uint64_t value[kReplayReads];
+    uint64_t frames[kReplayFrames];
+
+    bool matches(uintptr_t pc, uintptr_t sp, uintptr_t bp, size_t depth_wanted, size_t skip_wanted,
+                 const LeadingFrames& leading) const noexcept {
+        return pc0 == pc && sp0 == sp && (!uses_bp0 || bp0 == bp) && max_depth == depth_wanted &&
+               skip == skip_wanted && leading_lo == leading.lo && leading_hi == leading.hi &&
+               leading_max == leading.max;
+    }
+};
+
+static_assert(kReplayWays == 2);
+struct ReplaySet {
+    ReplayEntry way[kReplayWays];
+    uint32_t last_used;  // the way hit or filled last
+};
+
+struct ReplayCache {
+    ReplaySet set[kReplaySets];
+};
+
+// The stack words a walk's frames depend on, for its replay entry (entry
+// null: not recorded): every return address, and each restored rbp that a
+// later rule takes its CFA from. A restored rbp no rule uses (code without
+// frame pointers keeps anything in rbp, a loop counter for one) is not
+// kept: it would only make captures that differ in it miss.
+struct WalkRecording {
+    ReplayEntry* entry = nullptr;
+    uintptr_t sp0 = 0;
+    size_t reads = 0;
+    bool bp_restored = false;  // a frame has restored rbp from the stack
+    bool uses_bp0 = false;     // a rule took the CFA from the starting rbp
+    bool too_long = false;
+    bool bp_pending = false;  // the last restore, not yet used
+    uintptr_t bp_address = 0;
+    uint64_t bp_value = 0;
+
+    void restore_bp(uintptr_t address, uint64_t value) noexcept {
+        bp_restored = bp_pending = true;
+        bp_address = address;
+        bp_value = value;
+    }
+    void use_bp() noexcept {
+        if (bp_pending) {
+            bp_pending = false;
+            read(bp_address, bp_value);
+        } else if (!bp_restored) {
+            uses_bp0 = true;
+        }
+    }
+    void read(uintptr_t address, uint64_t value) noexcept {
+        if (!entry) return;
+        const uintptr_t offset = address - sp0;
+        if (reads == kReplayReads || offset > UINT32_MAX) {
+            too_long = true;
+            return;
+        }
+        entry->offset[reads] = static_cast<uint32_t>(offset);
+        entry->value[reads] = value;
+        ++reads;
+    }
+};
+
 struct ThreadWalk {
     StackBounds bounds;
     RuleMemo memo;
     RecentRules recent;
+    ReplayCache* replay;      // null until the thread's first capture
+    bool replay_unavailable;  // mapping failed, or the thread is exiting
+    bool in_capture;  // a capture on this thread has not returned (a signal handler's must not
+                      // touch the cache)
 };
 
 constinit thread_local ThreadWalk t_walk{};
@@ -165,7 +263,7 @@ inline StackBounds current_stack_bounds(ThreadWalk& walk) {
 std::atomic<bool> g_walk_stats_on{false};
 std::atomic<bool> g_walk_cycles_on{false};
 std::atomic<uint64_t> g_walks{0}, g_walk_frames{0}, g_memo_hits{0}, g_recent_hits{0},
-    g_memo_hit_cycles{0}, g_recent_hit_cycles{0}, g_miss_cycles{0};
+    g_memo_hit_cycles{0}, g_recent_hit_cycles{0}, g_miss_cycles{0}, g_replays{0};
 
 // After the loads before it have completed (lfence), so that each frame's
 // cycles are its own.
@@ -226,7 +324,7 @@ constexpr size_t kNeedsFallback = SIZE_MAX;
 // two instantiations, so the common one carries none of it.
 template <bool kCounted>
 size_t walk_cached(ThreadWalk& walk, uint64_t* frames, size_t max_depth, size_t skip,
-                   LeadingFrames leading, const uintptr_t* frame) {
+                   LeadingFrames leading, const uintptr_t* frame, WalkRecording& recording) {
     const StackBounds stack = current_stack_bounds(walk);
     uintptr_t sp = reinterpret_cast<uintptr_t>(frame + 2);
     // Signal alternate stacks and user-level fibers are not the thread stack.
@@ -258,7 +356,9 @@ size_t walk_cached(ThreadWalk& walk, uint64_t* frames, size_t max_depth, size_t 
         if (kCounted && source != kFromProcessCache) ++counts.hits[source];
         if (rule.kind == FrameRuleKind::kOutermost) return depth;
         if (rule.kind != FrameRuleKind::kStep) return kNeedsFallback;
-        uintptr_t base = (rule.flags & FrameRule::kCfaFromRbp) != 0 ? bp : sp;
+        const bool from_rbp = (rule.flags & FrameRule::kCfaFromRbp) != 0;
+        if (from_rbp) recording.use_bp();
+        uintptr_t base = from_rbp ? bp : sp;
         uintptr_t cfa = base + static_cast<uintptr_t>(static_cast<intptr_t>(rule.cfa_offset));
         // The CFA only grows (no cycles) and the return address lies in [sp, high).
         if (cfa < sp + 8 || cfa > stack.high) return kNeedsFallback;
@@ -266,8 +366,10 @@ size_t walk_cached(ThreadWalk& walk, uint64_t* frames, size_t max_depth, size_t 
             uintptr_t slot = cfa + static_cast<uintptr_t>(static_cast<intptr_t>(rule.rbp_offset));
             if (slot < sp || slot > stack.high - sizeof(uintptr_t)) return kNeedsFallback;
             bp = load_stack_word(slot);
+            recording.restore_bp(slot, bp);
         }
         pc = load_stack_word(cfa - 8);
+        recording.read(cfa - 8, pc);
         sp = cfa;
         if (timed) counts.cycles[source] += cycles() - started;
         if (pc == 0) return depth;
@@ -279,6 +381,56 @@ size_t walk_cached(ThreadWalk& walk, uint64_t* frames, size_t max_depth, size_t 
         frames[depth++] = pc;
         if (depth == max_depth) return depth;
     }
+}
+
+const pthread_key_t* replay_key() noexcept;
+
+// The thread's replay cache, mapped on first use (mmap: captures are also
+// taken in signal handlers, where malloc is not safe); null where it cannot be.
+ReplayCache* replay_cache(ThreadWalk& walk) noexcept {
+    if (walk.replay || walk.replay_unavailable) return walk.replay;
+    const pthread_key_t* key = replay_key();
+    if (!key) return nullptr;  // before this file's static initialization: try again later
+    void* mapped = mmap(nullptr, sizeof(ReplayCache), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED || pthread_setspecific(*key, mapped) != 0) {
+        if (mapped != MAP_FAILED) munmap(mapped, sizeof(ReplayCache));
+        walk.replay_unavailable = true;
+        return nullptr;
+    }
+    walk.replay = static_cast<ReplayCache*>(mapped);  // zero-filled: every entry empty
+    return walk.replay;
+}
+
+void release_replay_cache(void* cache) noexcept {
+    t_walk.replay = nullptr;
+    t_walk.replay_unavailable = true;  // a capture in a later destructor walks without it
+    munmap(cache, sizeof(ReplayCache));
+}
+
+struct ReplayKey {
+    pthread_key_t key{};
+    bool ok = pthread_key_create(&key, release_replay_cache) == 0;
+};
+ReplayKey g_replay_key;
+
+const pthread_key_t* replay_key() noexcept {
+    return g_replay_key.ok ? &g_replay_key.key : nullptr;
+}
+
+size_t replay_set_index(uintptr_t pc, uintptr_t sp) noexcept {
+    constexpr unsigned kBits = std::countr_zero(kReplaySets);
+    static_assert((size_t{1} << kBits) == kReplaySets);
+    return static_cast<size_t>(((pc ^ sp) * 0x9e3779b97f4a7c15ull) >> (64 - kBits));
+}
+
+// Whether every stack word `entry`'s walk read still holds what it read:
+// then a walk from the same registers would return entry's frames.
+inline bool still_holds(const ReplayEntry& entry, uintptr_t sp0) noexcept {
+    uint64_t changed = 0;
+    for (size_t i = 0; i < entry.reads; ++i)
+        changed |= load_stack_word(sp0 + entry.offset[i]) ^ entry.value[i];
+    return changed == 0;
 }
 
 // Inlined into its callers so that its own frame never shows: the first
@@ -301,6 +453,10 @@ void clear_frame_rule_cache() noexcept {
     }
     t_walk.memo = {};  // the calling thread's (tests and benchmarks walk on it)
     t_walk.recent = {};
+    if (ReplayCache* cache = t_walk.replay)
+        for (ReplaySet& set : cache->set)
+            for (ReplayEntry& entry : set.way)
+                entry.pc0 = 0;
 }
 
 void enable_walk_stats(bool cycles) noexcept {
@@ -315,7 +471,8 @@ WalkStats walk_stats() noexcept {
             g_recent_hits.load(std::memory_order_relaxed),
             g_memo_hit_cycles.load(std::memory_order_relaxed),
             g_recent_hit_cycles.load(std::memory_order_relaxed),
-            g_miss_cycles.load(std::memory_order_relaxed)};
+            g_miss_cycles.load(std::memory_order_relaxed),
+            g_replays.load(std::memory_order_relaxed)};
 }
 
 uint64_t fallback_capture_count() noexcept {
@@ -332,9 +489,58 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
     const auto* frame = static_cast<const uintptr_t*>(__builtin_frame_address(0));
     if (frame[1] == reinterpret_cast<uintptr_t>(__builtin_return_address(0))) {
         ThreadWalk& walk = t_walk;
-        size_t depth = g_walk_stats_on.load(std::memory_order_relaxed)
-                           ? walk_cached<true>(walk, frames, max_depth, skip, leading, frame)
-                           : walk_cached<false>(walk, frames, max_depth, skip, leading, frame);
+        const bool counted = g_walk_stats_on.load(std::memory_order_relaxed);
+        const uintptr_t pc0 = frame[1];
+        const uintptr_t sp0 = reinterpret_cast<uintptr_t>(frame + 2);
+        const uintptr_t bp0 = frame[0];
+        // A capture interrupting another on this thread (a signal handler)
+        // walks without the cache: the interrupted one may be filling it.
+        const bool replayable = !walk.in_capture && max_depth <= UINT32_MAX && skip <= UINT32_MAX &&
+                                leading.max <= UINT32_MAX;
+        ReplaySet* set = nullptr;
+        size_t way = 0;
+        if (replayable) {
+            walk.in_capture = true;
+            if (ReplayCache* cache = replay_cache(walk)) {
+                set = &cache->set[replay_set_index(pc0, sp0)];
+                // Both ways may hold walks from these registers (two
+                // callers whose frames happen to line up).
+                for (size_t w = 0; w < kReplayWays; ++w) {
+                    const ReplayEntry& entry = set->way[w];
+                    if (entry.matches(pc0, sp0, bp0, max_depth, skip, leading) &&
+                        still_holds(entry, sp0)) {
+                        std::memcpy(frames, entry.frames, entry.depth * sizeof(uint64_t));
+                        set->last_used = static_cast<uint32_t>(w);
+                        walk.in_capture = false;
+                        if (counted) g_replays.fetch_add(1, std::memory_order_relaxed);
+                        return entry.depth;
+                    }
+                }
+                way = set->last_used ^ 1;  // the walk replaces the older entry
+                set->way[way].pc0 = 0;     // empty until filled below
+            }
+        }
+        WalkRecording recording{set ? &set->way[way] : nullptr, sp0};
+        const size_t depth =
+            counted ? walk_cached<true>(walk, frames, max_depth, skip, leading, frame, recording)
+                    : walk_cached<false>(walk, frames, max_depth, skip, leading, frame, recording);
+        if (set && depth != kNeedsFallback && depth <= kReplayFrames && !recording.too_long) {
+            ReplayEntry& entry = set->way[way];
+            entry.sp0 = sp0;
+            entry.bp0 = bp0;
+            entry.leading_lo = leading.lo;
+            entry.leading_hi = leading.hi;
+            entry.leading_max = static_cast<uint32_t>(leading.max);
+            entry.max_depth = static_cast<uint32_t>(max_depth);
+            entry.skip = static_cast<uint32_t>(skip);
+            entry.uses_bp0 = recording.uses_bp0;
+            entry.reads = static_cast<uint8_t>(recording.reads);
+            entry.depth = static_cast<uint8_t>(depth);
+            std::memcpy(entry.frames, frames, depth * sizeof(uint64_t));
+            entry.pc0 = pc0;  // last: the entry is complete
+            set->last_used = static_cast<uint32_t>(way);
+        }
+        if (replayable) walk.in_capture = false;
         if (depth != kNeedsFallback) return depth;
     }
     g_fallback_captures.fetch_add(1, std::memory_order_relaxed);

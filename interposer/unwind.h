@@ -38,6 +38,7 @@ struct WalkStats {
     uint64_t memo_hit_cycles = 0;  // all 0 where the processor has no time-stamp counter
     uint64_t recent_hit_cycles = 0;
     uint64_t miss_cycles = 0;  // rules from the process-wide cache (or computed)
+    uint64_t replays = 0;      // captures answered by replaying an earlier walk (not in `walks`)
 };
 void enable_walk_stats(bool cycles) noexcept;
 WalkStats walk_stats() noexcept;

@@ -52,6 +52,7 @@ struct Frames {
 struct Capture {
     Frames cached;
     Frames reference;
+    uintptr_t frame = 0;  // of the function that called capture_stack
 };
 
 struct ReferenceState {
@@ -87,6 +88,7 @@ __attribute__((noinline)) Capture capture_both(const Request& request) {
     capture.cached.size =
         capture_stack(capture.cached.pcs.data(), request.max_depth, request.skip, request.leading);
     capture.reference = reference_stack(request.max_depth, request.skip);
+    capture.frame = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
     asm volatile("" ::: "memory");
     return capture;
 }
@@ -351,6 +353,86 @@ TEST_CASE("a frame met again at another position takes its rule from the thread'
     CHECK(after.frames - before.frames >= after.recent_hits - before.recent_hits);
 }
 
+__attribute__((noinline)) uintptr_t frame_of_a_call() {
+    return reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+}
+
+// Captures with capture_both's frame at the same address whatever the
+// caller's depth: alloca pads the stack down to `target`.
+__attribute__((noinline)) Capture capture_at(uintptr_t target, const Request& request) {
+    const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    auto* pad = static_cast<char*>(alloca(here - target));
+    asm volatile("" : : "r"(pad) : "memory");
+    Capture capture = capture_both(request);
+    asm volatile("" : : "r"(pad) : "memory");
+    return capture;
+}
+
+// Two callers of capture_at with frames of different sizes.
+__attribute__((noinline)) Capture via_small_frame(uintptr_t target, const Request& request) {
+    char block[32] = {};
+    asm volatile("" : : "r"(block) : "memory");
+    Capture capture = capture_at(target, request);
+    asm volatile("" : : "r"(block) : "memory");
+    return capture;
+}
+
+__attribute__((noinline)) Capture via_large_frame(uintptr_t target, const Request& request) {
+    char block[480] = {};
+    asm volatile("" : : "r"(block) : "memory");
+    Capture capture = capture_at(target, request);
+    asm volatile("" : : "r"(block) : "memory");
+    return capture;
+}
+
+TEST_CASE("a capture from the registers of an earlier one, over the same stack words, replays it") {
+    allocscope::clear_frame_rule_cache();
+    allocscope::enable_walk_stats(false);
+    const Request request{24, 0};
+    Capture captures[3];
+    allocscope::WalkStats stats[4];
+    stats[0] = allocscope::walk_stats();
+    for (int i = 0; i < 3; ++i) {
+        captures[i] = capture_through("ppfnacpp", request);
+        stats[i + 1] = allocscope::walk_stats();
+    }
+    for (const Capture& capture : captures) {
+        CHECK(capture.cached == capture.reference);
+        CHECK(capture.frame == captures[0].frame);
+    }
+    // The first walks; the others compare the words it read and copy its frames.
+    CHECK(stats[1].walks == stats[0].walks + 1);
+    CHECK(stats[1].replays == stats[0].replays);
+    for (int i = 2; i <= 3; ++i) {
+        CHECK(stats[i].walks == stats[i - 1].walks);
+        CHECK(stats[i].replays == stats[i - 1].replays + 1);
+    }
+}
+
+TEST_CASE(
+    "two stacks that reach the capture with the same registers are told apart, and both replay") {
+    allocscope::clear_frame_rule_cache();
+    allocscope::enable_walk_stats(false);
+    const Request request{16, 0};
+    // Below the callers' frames (a few hundred bytes each), 16-byte aligned.
+    const uintptr_t target = (frame_of_a_call() - 8192) & ~uintptr_t{15};
+    Capture (*const callers[])(uintptr_t, const Request&) = {via_small_frame, via_large_frame};
+    Capture captures[6];
+    const allocscope::WalkStats before = allocscope::walk_stats();
+    for (int i = 0; i < 6; ++i)
+        captures[i] = callers[i % 2](target, request);
+    const allocscope::WalkStats after = allocscope::walk_stats();
+    // The premise: capture_stack saw the same return address and rsp each time.
+    REQUIRE(captures[1].frame == captures[0].frame);
+    for (const Capture& capture : captures)
+        CHECK(capture.cached == capture.reference);
+    CHECK_FALSE(captures[0].cached == captures[1].cached);
+    // Only the first of each was walked: the second's return address into
+    // its caller differs from the first's, so it did not replay the first.
+    CHECK(after.walks == before.walks + 2);
+    CHECK(after.replays == before.replays + 4);
+}
+
 TEST_CASE("ordinary frames, libc and libstdc++ frames included, are walked without fallback") {
     capture_through(kMixedShape);
     uint64_t fallbacks_before = allocscope::fallback_capture_count();
@@ -389,6 +471,25 @@ std::vector<Capture> capture_each(const std::string& shape, const std::vector<Re
 
 std::vector<Capture> capture_each(const std::vector<Request>& requests) {
     return capture_each(kMixedShape, requests);
+}
+
+TEST_CASE("a capture with another request from the same registers walks again") {
+    allocscope::clear_frame_rule_cache();
+    allocscope::enable_walk_stats(false);
+    const Request requests[] = {{24, 0}, {24, 1}, {24, 1}};
+    Capture captures[3];
+    allocscope::WalkStats stats[4];
+    stats[0] = allocscope::walk_stats();
+    for (int i = 0; i < 3; ++i) {
+        captures[i] = capture_through("ppfnacpp", requests[i]);
+        stats[i + 1] = allocscope::walk_stats();
+    }
+    for (const Capture& capture : captures)
+        CHECK(capture.cached == capture.reference);
+    CHECK(captures[1].cached == captures[0].cached.slice(1));
+    CHECK(stats[2].walks == stats[1].walks + 1);  // skip 1 is not skip 0's walk
+    CHECK(stats[2].replays == stats[1].replays);
+    CHECK(stats[3].replays == stats[2].replays + 1);
 }
 
 TEST_CASE("max_depth truncates to the innermost frames") {

@@ -564,6 +564,13 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
                         "from its recent rules",
                         &recent) == 1);
     CHECK(memo + recent <= 100);
+    unsigned long long replayed = 0;
+    REQUIRE(std::sscanf(err.c_str() + err.find(" % from its recent rules; ", line),
+                        " %% from its recent rules; %llu captures replayed an earlier walk",
+                        &replayed) == 1);
+    // The script allocates in loops: the same registers over the same stack.
+    CHECK(replayed > 0);
+    CHECK(replayed <= captured);
     CHECK(err.find("cycles per frame", line) > err.find('\n', at));  // only when asked for
     // Without debug logging nothing is timed and nothing is said.
     CHECK(count_lines_containing(script_run().result.err, " stacks captured, ") == 0);
