@@ -141,7 +141,7 @@ def main():
         ]
     if args.only:
         wanted = set(args.only.split(";"))
-        configs = [c for c in configs if c[0] in wanted]
+        configs = [c for c in configs if c[0] in wanted or c[0] == "plain"]
     results = {}
     fast_steps = {}  # name -> each run's 10th-percentile step time
     try:

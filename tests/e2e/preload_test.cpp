@@ -568,8 +568,8 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
     REQUIRE(std::sscanf(err.c_str() + err.find(" % from its recent rules; ", line),
                         " %% from its recent rules; %llu captures replayed an earlier walk",
                         &replayed) == 1);
-    // The script allocates in loops: the same registers over the same stack.
-    CHECK(replayed > 0);
+    // Whether any capture replays depends on the runtime (the script has no
+    // loop; tests/unwind_test.cpp covers replay itself).
     CHECK(replayed <= captured);
     CHECK(err.find("cycles per frame", line) > err.find('\n', at));  // only when asked for
     // Without debug logging nothing is timed and nothing is said.
