@@ -71,6 +71,8 @@
 #include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include "python_frames.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -81,16 +83,18 @@
 
 namespace {
 
+using allocscope::pyframes::PythonFrame;
+#if PY_VERSION_HEX >= 0x030C0000
+using allocscope::pyframes::kPythonFrames;
+using allocscope::pyframes::python_frames;
+#endif
 using BlockAlloc = void (*)(void*, size_t, int, void*);
-using PythonFrame = uint64_t (*)(const char*, const char*, int);
 using BlockFree = void (*)(void*);
 
 std::atomic<BlockAlloc> g_block_alloc{nullptr};
 std::atomic<PythonFrame> g_python_frame{nullptr};
 std::atomic<BlockFree> g_block_free{nullptr};
 std::atomic<int> g_attached{0};
-
-constexpr size_t kPythonFrames = 16;
 
 uint64_t mono_ns() noexcept {
     timespec ts;
@@ -133,194 +137,6 @@ void timed(std::atomic<uint64_t>& count, std::atomic<uint64_t>& ns, Call&& call)
     ns.fetch_add(mono_ns() - start, std::memory_order_relaxed);
     count.fetch_add(1, std::memory_order_relaxed);
 }
-
-#if PY_VERSION_HEX >= 0x030C0000
-// (code object, instruction offset) -> the interposer's pseudo-address of
-// its "function (file:line)". Keyed by the offset, not the line: the line is
-// decoded from the code's location table only once per call site.
-struct FrameKey {
-    const void* code;
-    int lasti;
-    bool operator==(const FrameKey&) const = default;
-};
-struct FrameKeyHash {
-    size_t operator()(const FrameKey& k) const noexcept {
-        return std::hash<const void*>()(k.code) * 31 + static_cast<size_t>(k.lasti);
-    }
-};
-// What a cached name was made from: a hit whose code object no longer
-// matches (its address reused by another code object) is named again.
-struct FrameName {
-    uint64_t address;
-    const void* qualname;
-    const void* filename;
-    int first_line;
-    bool pinned;  // holds a reference to the code object: the address cannot be reused
-};
-using FrameNames = std::unordered_map<FrameKey, FrameName, FrameKeyHash>;
-
-#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
-// The head of CPython's _PyInterpreterFrame (Include/internal/
-// pycore_frame.h) in 3.12 and 3.13, the fields read here: the code object
-// (3.13: f_executable, a code object for every frame the walk names),
-// the calling frame, the instruction pointer (3.12: prev_instr, the unit
-// before the next instruction; 3.13: instr_ptr, the one executing) and
-// who owns the frame.
-struct RawFrame {
-    PyObject* code;
-    RawFrame* previous;
-    PyObject* funcobj;
-    PyObject* globals;
-    PyObject* builtins;
-    PyObject* locals;
-    PyFrameObject* frame_obj;
-    _Py_CODEUNIT* instr;
-    int stacktop;
-    uint16_t return_offset;
-    char owner;
-};
-static_assert(sizeof(void*) != 8 ||
-                  (offsetof(RawFrame, instr) == 56 && offsetof(RawFrame, owner) == 70),
-              "RawFrame must match CPython's 64-bit _PyInterpreterFrame layout");
-constexpr char kOwnedByGenerator = 1;
-constexpr char kOwnedByCStack = 3;  // a shim frame of the interpreter's, not Python code
-
-RawFrame* current_raw_frame(PyThreadState* ts) noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-    return reinterpret_cast<RawFrame*>(ts->current_frame);
-#else
-    return ts->cframe ? reinterpret_cast<RawFrame*>(ts->cframe->current_frame) : nullptr;
-#endif
-}
-
-// The UTF-8 text of `s` without making anything: ASCII strings are their
-// own UTF-8, others only when CPython already has their UTF-8 form.
-const char* utf8_without_gil(PyObject* s) noexcept {
-    if (!s || !PyUnicode_Check(s)) return "?";
-    if (PyUnicode_IS_COMPACT_ASCII(s)) return static_cast<const char*>(PyUnicode_DATA(s));
-    if (PyUnicode_IS_COMPACT(s)) {
-        const char* utf8 = reinterpret_cast<PyCompactUnicodeObject*>(s)->utf8;
-        if (utf8) return utf8;
-    }
-    return "?";
-}
-
-#define ALLOCSCOPE_RAW_PYTHON_FRAMES 1
-#endif
-
-// Whether a name cached for the code object at `code`'s address was made
-// from `code` itself.
-bool same_code(const FrameName& n, const PyCodeObject* code) noexcept {
-    return n.pinned || (n.qualname == code->co_qualname && n.filename == code->co_filename &&
-                        n.first_line == code->co_firstlineno);
-}
-
-// The name of (code, lasti), from the thread's cache or made now (address
-// 0, and nothing cached, where the interposer could not name it). `gil`: the calling
-// thread holds the GIL (the name may pin the code object). The reference
-// stays valid: unordered_map never moves its elements.
-const FrameName& frame_name(FrameNames& names, PyCodeObject* code, int lasti, bool gil,
-                            PythonFrame name_frame) {
-    const FrameKey key{code, lasti};
-    auto [it, inserted] = names.try_emplace(key);
-    FrameName& cached = it->second;
-    if (!inserted && same_code(cached, code)) return cached;
-    const char* function = "?";
-    const char* file = "?";
-    if (gil) {
-        function = PyUnicode_AsUTF8(code->co_qualname);
-        file = PyUnicode_AsUTF8(code->co_filename);
-        if (!function || !file) PyErr_Clear();
-    } else {
-#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
-        function = utf8_without_gil(code->co_qualname);
-        file = utf8_without_gil(code->co_filename);
-#endif  // else not reached: without the raw walk, frames need the GIL
-    }
-    const uint64_t address =
-        name_frame(function ? function : "?", file ? file : "?", PyCode_Addr2Line(code, lasti));
-    if (address == 0) {  // not recording (yet): named again next time
-        static const FrameName unnamed{};
-        if (inserted) names.erase(it);
-        return unnamed;
-    }
-    const bool pinned = cached.pinned || gil;
-    if (gil && !cached.pinned) Py_INCREF(code);  // kept: a pinned code's address is never reused
-    cached = {address, code->co_qualname, code->co_filename, code->co_firstlineno, pinned};
-    return cached;
-}
-
-#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
-// The calling thread's frames read without the GIL (see the note at the
-// top). `gil`: the thread holds it, so new names may pin code objects.
-size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil) {
-    // With the GIL, the current thread state (a program may have swapped
-    // in another); without it, the one Python keeps for this thread.
-    PyThreadState* ts = gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
-    if (!ts) return 0;  // a thread Python has never run on
-    thread_local FrameNames names;
-    // The thread's last walk by position: consecutive allocations share
-    // their outer frames (the training loop, the module calls), which then
-    // skip the hash table.
-    thread_local struct {
-        FrameKey key[kPythonFrames];
-        FrameName name[kPythonFrames];
-    } last{};
-    size_t n = 0;
-    for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
-        if (f->owner == kOwnedByCStack || !f->code || Py_TYPE(f->code) != &PyCode_Type) continue;
-        auto* code = reinterpret_cast<PyCodeObject*>(f->code);
-        const _Py_CODEUNIT* first = _PyCode_CODE(code);
-        // Frames not yet started (before their first traceable
-        // instruction) are skipped, as CPython's own tracebacks do.
-        if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable) continue;
-        const int lasti =
-            static_cast<int>(f->instr - first) * static_cast<int>(sizeof(_Py_CODEUNIT));
-        const FrameKey key{code, lasti};
-        if (last.key[n] == key && same_code(last.name[n], code)) {
-            out[n] = last.name[n].address;
-            ++n;
-            continue;
-        }
-        const FrameName& name = frame_name(names, code, lasti, gil, name_frame);
-        if (name.address) {
-            last.key[n] = key;
-            last.name[n] = name;
-            out[n++] = name.address;
-        }
-    }
-    return n;
-}
-#endif
-
-// The calling thread's Python frames, innermost first. Called with the
-// allocator's lock held.
-size_t python_frames(uint64_t* out, PythonFrame name_frame) {
-    if (!Py_IsInitialized()) return 0;
-    const bool gil = PyGILState_Check() != 0;
-#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
-    return python_frames_raw(out, name_frame, gil);
-#else
-    if (!gil) return 0;
-    thread_local FrameNames names;
-    size_t n = 0;
-    PyFrameObject* frame = PyEval_GetFrame();  // borrowed
-    Py_XINCREF(frame);
-    while (frame && n < kPythonFrames) {
-        PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-        if (const uint64_t address =
-                frame_name(names, code, PyFrame_GetLasti(frame), true, name_frame).address)
-            out[n++] = address;
-        Py_DECREF(code);
-        PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
-        Py_DECREF(frame);
-        frame = back;
-    }
-    Py_XDECREF(frame);
-    return n;
-#endif
-}
-#endif
 
 constexpr size_t kMinBlockSize = 512;  // c10: kMinBlockSize, round_size()
 

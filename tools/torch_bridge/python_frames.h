@@ -1,0 +1,232 @@
+// The calling thread's Python frames, for the PyTorch bridge (bridge.cpp,
+// whose opening comment says when and why they are read without the GIL)
+// and for tests/python/python_frames_probe.cpp, which checks and times the
+// walk without torch. Needs <Python.h>; 3.12 and later only (before, no
+// frames).
+#pragma once
+
+#include <Python.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+
+namespace allocscope::pyframes {
+
+// Names one frame: allocscope_python_frame's signature (0: not named).
+using PythonFrame = uint64_t (*)(const char* function, const char* file, int line);
+
+// Python frames kept per allocation, innermost first.
+inline constexpr size_t kPythonFrames = 16;
+
+#if PY_VERSION_HEX >= 0x030C0000
+// (code object, instruction offset) -> the interposer's pseudo-address of
+// its "function (file:line)". Keyed by the offset, not the line: the line is
+// decoded from the code's location table only once per call site.
+struct FrameKey {
+    const void* code;
+    int lasti;
+    bool operator==(const FrameKey&) const = default;
+};
+struct FrameKeyHash {
+    size_t operator()(const FrameKey& k) const noexcept {
+        return std::hash<const void*>()(k.code) * 31 + static_cast<size_t>(k.lasti);
+    }
+};
+// What a cached name was made from: a hit whose code object no longer
+// matches (its address reused by another code object) is named again.
+struct FrameName {
+    uint64_t address;
+    const void* qualname;
+    const void* filename;
+    int first_line;
+    bool pinned;  // holds a reference to the code object: the address cannot be reused
+};
+using FrameNames = std::unordered_map<FrameKey, FrameName, FrameKeyHash>;
+
+#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+// The head of CPython's _PyInterpreterFrame (Include/internal/
+// pycore_frame.h) in 3.12 and 3.13, the fields read here: the code object
+// (3.13: f_executable, a code object for every frame the walk names),
+// the calling frame, the instruction pointer (3.12: prev_instr, the unit
+// before the next instruction; 3.13: instr_ptr, the one executing) and
+// who owns the frame.
+// One unit of bytecode (CPython's _Py_CODEUNIT, internal from 3.13 on).
+using CodeUnit = uint16_t;
+
+// The first unit of `code`'s bytecode (CPython's _PyCode_CODE, likewise).
+inline const CodeUnit* first_unit(const PyCodeObject* code) noexcept {
+    return reinterpret_cast<const CodeUnit*>(code->co_code_adaptive);
+}
+
+struct RawFrame {
+    PyObject* code;
+    RawFrame* previous;
+    PyObject* funcobj;
+    PyObject* globals;
+    PyObject* builtins;
+    PyObject* locals;
+    PyFrameObject* frame_obj;
+    const CodeUnit* instr;
+    int stacktop;
+    uint16_t return_offset;
+    char owner;
+};
+static_assert(sizeof(void*) != 8 ||
+                  (offsetof(RawFrame, instr) == 56 && offsetof(RawFrame, owner) == 70),
+              "RawFrame must match CPython's 64-bit _PyInterpreterFrame layout");
+inline constexpr char kOwnedByGenerator = 1;
+inline constexpr char kOwnedByCStack = 3;  // a shim frame of the interpreter's, not Python code
+
+inline RawFrame* current_raw_frame(PyThreadState* ts) noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+    return reinterpret_cast<RawFrame*>(ts->current_frame);
+#else
+    return ts->cframe ? reinterpret_cast<RawFrame*>(ts->cframe->current_frame) : nullptr;
+#endif
+}
+
+// The UTF-8 text of `s` without making anything: ASCII strings are their
+// own UTF-8, others only when CPython already has their UTF-8 form.
+inline const char* utf8_without_gil(PyObject* s) noexcept {
+    if (!s || !PyUnicode_Check(s)) return "?";
+    if (PyUnicode_IS_COMPACT_ASCII(s)) return static_cast<const char*>(PyUnicode_DATA(s));
+    if (PyUnicode_IS_COMPACT(s)) {
+        const char* utf8 = reinterpret_cast<PyCompactUnicodeObject*>(s)->utf8;
+        if (utf8) return utf8;
+    }
+    return "?";
+}
+
+#define ALLOCSCOPE_RAW_PYTHON_FRAMES 1
+#endif
+
+// Whether a name cached for the code object at `code`'s address was made
+// from `code` itself.
+inline bool same_code(const FrameName& n, const PyCodeObject* code) noexcept {
+    return n.pinned || (n.qualname == code->co_qualname && n.filename == code->co_filename &&
+                        n.first_line == code->co_firstlineno);
+}
+
+// The name of (code, lasti), from the thread's cache or made now (address
+// 0, and nothing cached, where the interposer could not name it). `gil`: the calling
+// thread holds the GIL (the name may pin the code object). The reference
+// stays valid: unordered_map never moves its elements.
+inline const FrameName& frame_name(FrameNames& names, PyCodeObject* code, int lasti, bool gil,
+                                   PythonFrame name_frame) {
+    const FrameKey key{code, lasti};
+    auto [it, inserted] = names.try_emplace(key);
+    FrameName& cached = it->second;
+    if (!inserted && same_code(cached, code)) {
+        if (gil && !cached.pinned) {  // pinned now that it can be: later walks read nothing of it
+            Py_INCREF(code);
+            cached.pinned = true;
+        }
+        return cached;
+    }
+    const char* function = "?";
+    const char* file = "?";
+    if (gil) {
+        function = PyUnicode_AsUTF8(code->co_qualname);
+        file = PyUnicode_AsUTF8(code->co_filename);
+        if (!function || !file) PyErr_Clear();
+    } else {
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+        function = utf8_without_gil(code->co_qualname);
+        file = utf8_without_gil(code->co_filename);
+#endif  // else not reached: without the raw walk, frames need the GIL
+    }
+    const uint64_t address =
+        name_frame(function ? function : "?", file ? file : "?", PyCode_Addr2Line(code, lasti));
+    if (address == 0) {  // not recording (yet): named again next time
+        static const FrameName unnamed{};
+        if (inserted) names.erase(it);
+        return unnamed;
+    }
+    const bool pinned = cached.pinned || gil;
+    if (gil && !cached.pinned) Py_INCREF(code);  // kept: a pinned code's address is never reused
+    cached = {address, code->co_qualname, code->co_filename, code->co_firstlineno, pinned};
+    return cached;
+}
+
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+// The calling thread's frames read without the GIL (see the note at the
+// top). `gil`: the thread holds it, so new names may pin code objects.
+inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil) {
+    // With the GIL, the current thread state (a program may have swapped
+    // in another); without it, the one Python keeps for this thread.
+    PyThreadState* ts = gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
+    if (!ts) return 0;  // a thread Python has never run on
+    // The thread's last walk by position: consecutive allocations share
+    // their outer frames (the training loop, the module calls), which then
+    // skip the hash table.
+    thread_local struct {
+        FrameKey key[kPythonFrames];
+        FrameName name[kPythonFrames];
+    } last{};
+    size_t n = 0;
+    for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
+        if (f->owner == kOwnedByCStack || !f->code) continue;
+        auto* code = reinterpret_cast<PyCodeObject*>(f->code);
+        const CodeUnit* first = first_unit(code);  // an address: nothing read yet
+        const int lasti = static_cast<int>(f->instr - first) * static_cast<int>(sizeof(CodeUnit));
+        const FrameKey key{code, lasti};
+        // The frame at this position last time, checked then: a pinned code
+        // object is that same object (nothing of it need be read); another
+        // is if it still has that name, file and first line (with the GIL,
+        // it is pinned below instead). Either way its frame had started
+        // (the check below is a constant of the code object).
+        if (last.key[n] == key &&
+            (last.name[n].pinned ||
+             (!gil && Py_TYPE(f->code) == &PyCode_Type && same_code(last.name[n], code)))) {
+            out[n] = last.name[n].address;
+            ++n;
+            continue;
+        }
+        if (Py_TYPE(f->code) != &PyCode_Type) continue;
+        // Frames not yet started (before their first traceable
+        // instruction) are skipped, as CPython's own tracebacks do.
+        if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable) continue;
+        thread_local FrameNames names;
+        const FrameName& name = frame_name(names, code, lasti, gil, name_frame);
+        if (name.address) {
+            last.key[n] = key;
+            last.name[n] = name;
+            out[n++] = name.address;
+        }
+    }
+    return n;
+}
+#endif
+
+// The calling thread's Python frames, innermost first. Called with the
+// allocator's lock held.
+inline size_t python_frames(uint64_t* out, PythonFrame name_frame) {
+    if (!Py_IsInitialized()) return 0;
+    const bool gil = PyGILState_Check() != 0;
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+    return python_frames_raw(out, name_frame, gil);
+#else
+    if (!gil) return 0;
+    thread_local FrameNames names;
+    size_t n = 0;
+    PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+    Py_XINCREF(frame);
+    while (frame && n < kPythonFrames) {
+        PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+        if (const uint64_t address =
+                frame_name(names, code, PyFrame_GetLasti(frame), true, name_frame).address)
+            out[n++] = address;
+        Py_DECREF(code);
+        PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    return n;
+#endif
+}
+#endif
+
+}  // namespace allocscope::pyframes
