@@ -165,6 +165,7 @@ struct ReplayEntry {
     uint32_t offset[kReplayReads];  // of each word read, from sp0
     uint64_t value[kReplayReads];
     uint64_t frames[kReplayFrames];
+    WalkCookie cookie;  // the caller's, for these frames
 
     bool matches(uintptr_t pc, uintptr_t sp, uintptr_t bp, size_t depth_wanted, size_t skip_wanted,
                  const LeadingFrames& leading) const noexcept {
@@ -480,7 +481,9 @@ uint64_t fallback_capture_count() noexcept {
 }
 
 __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip,
-                                               LeadingFrames leading) noexcept {
+                                               LeadingFrames leading,
+                                               WalkCookie** cookie) noexcept {
+    if (cookie) *cookie = nullptr;
     if (max_depth == 0) return 0;
     // __builtin_frame_address(0) forces a standard frame record here
     // (push rbp; mov rsp, rbp), which hands over the caller's rsp and rbp.
@@ -506,10 +509,11 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
                 // Both ways may hold walks from these registers (two
                 // callers whose frames happen to line up).
                 for (size_t w = 0; w < kReplayWays; ++w) {
-                    const ReplayEntry& entry = set->way[w];
+                    ReplayEntry& entry = set->way[w];
                     if (entry.matches(pc0, sp0, bp0, max_depth, skip, leading) &&
                         still_holds(entry, sp0)) {
                         std::memcpy(frames, entry.frames, entry.depth * sizeof(uint64_t));
+                        if (cookie) *cookie = &entry.cookie;
                         set->last_used = static_cast<uint32_t>(w);
                         walk.in_capture = false;
                         if (counted) g_replays.fetch_add(1, std::memory_order_relaxed);
@@ -537,6 +541,8 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
             entry.reads = static_cast<uint8_t>(recording.reads);
             entry.depth = static_cast<uint8_t>(depth);
             std::memcpy(entry.frames, frames, depth * sizeof(uint64_t));
+            entry.cookie = {};
+            if (cookie) *cookie = &entry.cookie;
             entry.pc0 = pc0;  // last: the entry is complete
             set->last_used = static_cast<uint32_t>(way);
         }

@@ -271,6 +271,41 @@ def a_registered_provider_appends_python_frames_to_runtime_allocations(scratch):
           "no Python frames once unregistered: %r" % sites.get(5 << 20))
 
 
+ALTERNATING_FRAMES_PROGRAM = textwrap.dedent(
+    """
+    import ctypes
+    process = ctypes.CDLL(None)
+    frame = process.allocscope_python_frame
+    frame.restype = ctypes.c_uint64
+    frame.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    alloc = process.allocscope_block_alloc_frames
+    alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    first = (ctypes.c_uint64 * 1)(frame(b"first", b"/src/a.py", 1))
+    second = (ctypes.c_uint64 * 1)(frame(b"second", b"/src/b.py", 2))
+    for i in range(8):  # one call site: the same native stack every time
+        frames, size = (first, 1 << 20) if i % 2 == 0 else (second, 2 << 20)
+        alloc(ctypes.c_void_p(0x7f0000000000 + (i << 24)), size, 0, None, frames, 1)
+    """
+)
+
+
+@test
+def one_native_stack_with_alternating_python_frames_gives_two_sites(scratch):
+    # The native walk is replayed from the second call on; the stack id kept
+    # with it must still follow the Python frames.
+    out = os.path.join(scratch, "out")
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
+             ALTERNATING_FRAMES_PROGRAM], clean_env(ALLOCSCOPE_LOG="debug"))
+    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    rank = report_rank(out)
+    if rank is None:
+        return
+    sites = {s["frames"][-1]: s["bytes"] for s in rank.get("sites_at_exit", []) if s["frames"]}
+    check(sites.get("first (/src/a.py:1)") == 4 << 20 and sites.get("second (/src/b.py:2)") == 8 << 20,
+          "4 MiB under first, 8 MiB under second: %r" % sites)
+
+
 @test
 def python_frames_follow_the_native_stack_in_reports(scratch):
     out = os.path.join(scratch, "out")
