@@ -775,15 +775,6 @@ constexpr size_t kOwnFramesMax = 8;
 // `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
 // native ones: they are the callers of the interpreter the native stack ends in.
 // The native frames, then up to kMaxOuterFrames of `outer`; returns the count.
-// `cookie`: the unwinder's word pair for these native frames (null: none).
-size_t walk_stack(uint64_t* frames, std::span<const uint64_t> outer, uint32_t depth,
-                  WalkCookie*& cookie) noexcept {
-    size_t n = capture_stack(frames, std::min<size_t>(depth, Config::kMaxStackDepth), 0,
-                             {g->self_start, g->self_end, kOwnFramesMax}, &cookie);
-    const size_t extra = std::min(outer.size(), kMaxOuterFrames);
-    std::copy_n(outer.begin(), extra, frames + n);
-    return n + extra;
-}
 
 uint32_t intern_stack(const uint64_t* frames, size_t n) noexcept {
     if (n == 0) return 0;
@@ -805,43 +796,58 @@ uint32_t intern_stack(const uint64_t* frames, size_t n) noexcept {
     }
 }
 
-// The key under which a stack id is kept in the unwinder's cookie: the
-// outer frames' hash (the native ones are those of the cookie's walk).
+// The key under which the recorder keeps a stack id with the unwinder's
+// record of a walk (WalkCookie): the outer frames' hash, since the native
+// frames are that walk's. Never 0.
 uint64_t outer_key(std::span<const uint64_t> outer) noexcept {
     return StackTable::hash(outer.first(std::min(outer.size(), kMaxOuterFrames)));
 }
 
-// The id of `frames` (n of them, the last ones `outer`'s): from the cookie
-// when its walk's frames were interned with these outer frames before, else
-// interned, and kept in the cookie.
-uint32_t stack_id(const uint64_t* frames, size_t n, std::span<const uint64_t> outer,
-                  WalkCookie* cookie) noexcept {
-    if (!cookie) return intern_stack(frames, n);
-    const uint64_t key = outer_key(outer);
-    if (cookie->key == key && cookie->value != 0) return static_cast<uint32_t>(cookie->value);
-    const uint32_t id = intern_stack(frames, n);
-    if (id != 0) *cookie = {key, id};
-    return id;
-}
-
-// `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
-// native ones: they are the callers of the interpreter the native stack ends in.
-__attribute__((always_inline)) inline uint32_t capture_stack_id_untimed(
-    std::span<const uint64_t> outer, uint32_t depth) noexcept {
+// The native frames, then up to kMaxOuterFrames of `outer` (Python's: the
+// callers of the interpreter the native stack ends in), as a stack id. A
+// capture that replays a walk whose frames were interned before with the
+// same outer frames takes that id from the walk's cookie: no frames copied,
+// hashed or looked up.
+struct StackCapture {
     uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
     WalkCookie* cookie = nullptr;
-    const size_t n = walk_stack(frames, outer, depth, cookie);
-    return stack_id(frames, n, outer, cookie);
+    uint64_t key = 0;
+    size_t n = 0;
+
+    // Returns the id when the cookie had it (0: frames captured, n set).
+    __attribute__((always_inline)) uint32_t walk(std::span<const uint64_t> outer,
+                                                 uint32_t depth) noexcept {
+        key = outer_key(outer);
+        const size_t native =
+            capture_stack(frames, std::min<size_t>(depth, Config::kMaxStackDepth), 0,
+                          {g->self_start, g->self_end, kOwnFramesMax}, &cookie, key);
+        if (native == kFramesInCookie) return static_cast<uint32_t>(cookie->value);
+        const size_t extra = std::min(outer.size(), kMaxOuterFrames);
+        std::copy_n(outer.begin(), extra, frames + native);
+        n = native + extra;
+        return 0;
+    }
+    uint32_t intern() noexcept {
+        const uint32_t id = intern_stack(frames, n);
+        if (cookie && id != 0) *cookie = {key, id};
+        return id;
+    }
+};
+
+__attribute__((always_inline)) inline uint32_t capture_stack_id_untimed(
+    std::span<const uint64_t> outer, uint32_t depth) noexcept {
+    StackCapture capture;
+    if (const uint32_t id = capture.walk(outer, depth)) return id;
+    return capture.intern();
 }
 
 __attribute__((noinline)) uint32_t capture_stack_id_timed(std::span<const uint64_t> outer,
                                                           uint32_t depth) noexcept {
-    uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
+    StackCapture capture;
     const uint64_t start = mono_ns();
-    WalkCookie* cookie = nullptr;
-    const size_t n = walk_stack(frames, outer, depth, cookie);
+    uint32_t id = capture.walk(outer, depth);
     const uint64_t walked = mono_ns();
-    const uint32_t id = stack_id(frames, n, outer, cookie);
+    if (id == 0) id = capture.intern();
     const uint64_t end = mono_ns();
     g->stack_ns.fetch_add(end - start, std::memory_order_relaxed);
     g->walk_ns.fetch_add(walked - start, std::memory_order_relaxed);

@@ -145,27 +145,30 @@ struct RecentRules {
 // its frames. Exact, not a guess: one changed word and the capture walks.
 // Per thread, set-associative by (pc, rsp), mapped on the thread's first
 // capture and unmapped when it exits.
-constexpr size_t kReplayReads = 64;   // words a recorded walk may have read
-constexpr size_t kReplayFrames = 32;  // frames it may have returned
+constexpr size_t kReplayReads = 64;   // words a recorded walk may have read (7 bits)
+constexpr size_t kReplayFrames = 32;  // frames it may have returned (6 bits)
 constexpr size_t kReplaySets = 128;
 constexpr size_t kReplayWays = 2;  // replacement: the way not used last
 
-struct ReplayEntry {
+// What a replay reads comes first: the header (one cache line, the
+// caller's cookie in it), the offsets and values; the frames only when the
+// caller has no cookie for them.
+struct alignas(64) ReplayEntry {
     uintptr_t pc0;  // 0: empty
     uintptr_t sp0;
     uintptr_t bp0;  // compared only when uses_bp0
     uintptr_t leading_lo;
     uintptr_t leading_hi;
-    uint32_t leading_max;
-    uint32_t max_depth;
-    uint32_t skip;
-    uint8_t uses_bp0;
-    uint8_t reads;
-    uint8_t depth;
+    WalkCookie cookie;  // the caller's, for these frames
+    uint16_t leading_max;
+    uint16_t max_depth;
+    uint16_t skip;
+    uint16_t uses_bp0 : 1;
+    uint16_t reads : 7;             // up to kReplayReads
+    uint16_t depth : 6;             // up to kReplayFrames
     uint32_t offset[kReplayReads];  // of each word read, from sp0
     uint64_t value[kReplayReads];
     uint64_t frames[kReplayFrames];
-    WalkCookie cookie;  // the caller's, for these frames
 
     bool matches(uintptr_t pc, uintptr_t sp, uintptr_t bp, size_t depth_wanted, size_t skip_wanted,
                  const LeadingFrames& leading) const noexcept {
@@ -176,6 +179,7 @@ struct ReplayEntry {
 };
 
 static_assert(kReplayWays == 2);
+static_assert(offsetof(ReplayEntry, offset) <= 64, "the header fills one cache line");
 struct ReplaySet {
     ReplayEntry way[kReplayWays];
     uint32_t last_used;  // the way hit or filled last
@@ -481,8 +485,8 @@ uint64_t fallback_capture_count() noexcept {
 }
 
 __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip,
-                                               LeadingFrames leading,
-                                               WalkCookie** cookie) noexcept {
+                                               LeadingFrames leading, WalkCookie** cookie,
+                                               uint64_t cookie_key) noexcept {
     if (cookie) *cookie = nullptr;
     if (max_depth == 0) return 0;
     // __builtin_frame_address(0) forces a standard frame record here
@@ -498,8 +502,8 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
         const uintptr_t bp0 = frame[0];
         // A capture interrupting another on this thread (a signal handler)
         // walks without the cache: the interrupted one may be filling it.
-        const bool replayable = !walk.in_capture && max_depth <= UINT32_MAX && skip <= UINT32_MAX &&
-                                leading.max <= UINT32_MAX;
+        const bool replayable = !walk.in_capture && max_depth <= UINT16_MAX && skip <= UINT16_MAX &&
+                                leading.max <= UINT16_MAX;
         ReplaySet* set = nullptr;
         size_t way = 0;
         if (replayable) {
@@ -512,11 +516,15 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
                     ReplayEntry& entry = set->way[w];
                     if (entry.matches(pc0, sp0, bp0, max_depth, skip, leading) &&
                         still_holds(entry, sp0)) {
-                        std::memcpy(frames, entry.frames, entry.depth * sizeof(uint64_t));
-                        if (cookie) *cookie = &entry.cookie;
                         set->last_used = static_cast<uint32_t>(w);
                         walk.in_capture = false;
                         if (counted) g_replays.fetch_add(1, std::memory_order_relaxed);
+                        if (cookie) {
+                            *cookie = &entry.cookie;
+                            if (entry.cookie.key == cookie_key && entry.cookie.value != 0)
+                                return kFramesInCookie;
+                        }
+                        std::memcpy(frames, entry.frames, entry.depth * sizeof(uint64_t));
                         return entry.depth;
                     }
                 }
@@ -534,12 +542,12 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
             entry.bp0 = bp0;
             entry.leading_lo = leading.lo;
             entry.leading_hi = leading.hi;
-            entry.leading_max = static_cast<uint32_t>(leading.max);
-            entry.max_depth = static_cast<uint32_t>(max_depth);
-            entry.skip = static_cast<uint32_t>(skip);
-            entry.uses_bp0 = recording.uses_bp0;
-            entry.reads = static_cast<uint8_t>(recording.reads);
-            entry.depth = static_cast<uint8_t>(depth);
+            entry.leading_max = static_cast<uint16_t>(leading.max);
+            entry.max_depth = static_cast<uint16_t>(max_depth);
+            entry.skip = static_cast<uint16_t>(skip);
+            entry.uses_bp0 = recording.uses_bp0 ? 1 : 0;
+            entry.reads = static_cast<uint16_t>(recording.reads) & 0x7f;
+            entry.depth = static_cast<uint16_t>(depth) & 0x3f;
             std::memcpy(entry.frames, frames, depth * sizeof(uint64_t));
             entry.cookie = {};
             if (cookie) *cookie = &entry.cookie;

@@ -22,17 +22,21 @@ struct LeadingFrames {
 // `leading` ones). Returns the number written. Safe to call from any thread
 // at any time after the process started; never throws.
 //
-// `cookie`, when given, is set to a word pair kept with the thread's
+// `cookie`, when given, is set to a pair of words kept with the thread's
 // record of this walk (null when there is none): zero for a new walk, and
 // what the caller stored there after an earlier capture that this one
-// replays, i.e. one with exactly these frames. The recorder keeps the stack
-// id it interned for them there. Valid until the thread's next capture.
+// replays, i.e. one with exactly these frames. When that stored key equals
+// `cookie_key` (and its value is not 0), the frames are not copied and
+// kFramesInCookie is returned instead of a depth: the caller keeps what it
+// needs of them in the value (the recorder: the stack id it interned for
+// them). Valid until the thread's next capture.
 struct WalkCookie {
     uint64_t key = 0;
     uint64_t value = 0;
 };
+inline constexpr size_t kFramesInCookie = ~size_t{0};
 size_t capture_stack(uint64_t* frames, size_t max_depth, size_t skip, LeadingFrames leading = {},
-                     WalkCookie** cookie = nullptr) noexcept;
+                     WalkCookie** cookie = nullptr, uint64_t cookie_key = 0) noexcept;
 
 // Counting for ALLOCSCOPE_LOG=debug: once enabled, cached walks add up the
 // frames they step through and how many rules came from the thread's memo

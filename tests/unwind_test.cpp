@@ -26,6 +26,8 @@ struct Request {
     size_t max_depth = kMaxFrames;
     size_t skip = 0;
     allocscope::LeadingFrames leading{};  // the cached walk only
+    allocscope::WalkCookie** cookie = nullptr;
+    uint64_t cookie_key = 0;
 };
 
 // Fixed storage: captures are also taken inside a signal handler.
@@ -53,6 +55,7 @@ struct Capture {
     Frames cached;
     Frames reference;
     uintptr_t frame = 0;  // of the function that called capture_stack
+    size_t returned = 0;  // by capture_stack
 };
 
 struct ReferenceState {
@@ -85,8 +88,9 @@ __attribute__((noinline)) Frames reference_stack(size_t max_depth, size_t skip) 
 
 __attribute__((noinline)) Capture capture_both(const Request& request) {
     Capture capture;
-    capture.cached.size =
-        capture_stack(capture.cached.pcs.data(), request.max_depth, request.skip, request.leading);
+    capture.returned = capture_stack(capture.cached.pcs.data(), request.max_depth, request.skip,
+                                     request.leading, request.cookie, request.cookie_key);
+    capture.cached.size = capture.returned == allocscope::kFramesInCookie ? 0 : capture.returned;
     capture.reference = reference_stack(request.max_depth, request.skip);
     capture.frame = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
     asm volatile("" ::: "memory");
@@ -490,6 +494,46 @@ TEST_CASE("a capture with another request from the same registers walks again") 
     CHECK(stats[2].walks == stats[1].walks + 1);  // skip 1 is not skip 0's walk
     CHECK(stats[2].replays == stats[1].replays);
     CHECK(stats[3].replays == stats[2].replays + 1);
+}
+
+TEST_CASE("a replayed capture hands back what the caller kept with the walk it replays") {
+    allocscope::clear_frame_rule_cache();
+    allocscope::WalkCookie* cookie = nullptr;
+    Request requests[4];
+    for (Request& request : requests)
+        request = {24, 0, {}, &cookie, 7};
+    requests[3].cookie_key = 8;  // another key: the frames come back
+    Capture captures[4];
+    allocscope::WalkCookie* cookies[4] = {};
+    for (int i = 0; i < 4; ++i) {
+        captures[i] = capture_through("ppfnacpp", requests[i]);
+        cookies[i] = cookie;
+        if (i == 0 && cookie) *cookie = {7, 42};  // what the recorder keeps: an id
+    }
+    REQUIRE(cookies[0] != nullptr);
+    CHECK(captures[0].cached == captures[0].reference);
+    // Replays of the same walk: the same cookie; with its key no frames.
+    CHECK(cookies[1] == cookies[0]);
+    CHECK(captures[1].returned == allocscope::kFramesInCookie);
+    CHECK(cookies[1]->value == 42);
+    CHECK(captures[2].returned == allocscope::kFramesInCookie);
+    CHECK(cookies[3] == cookies[0]);
+    CHECK(captures[3].returned == captures[0].cached.size);
+    CHECK(captures[3].cached == captures[3].reference);
+}
+
+TEST_CASE("a new walk's cookie is empty, and none is given without a record of the walk") {
+    allocscope::clear_frame_rule_cache();
+    allocscope::WalkCookie* cookie = nullptr;
+    Capture fresh = capture_through("ppfnacpp", {24, 0, {}, &cookie, 7});
+    REQUIRE(cookie != nullptr);
+    CHECK(cookie->key == 0);
+    CHECK(cookie->value == 0);
+    CHECK(fresh.cached == fresh.reference);
+    // A walk through a frame libgcc's unwinder must take is not recorded.
+    Capture fallback = capture_through("ppxpp", {24, 0, {}, &cookie, 7});
+    CHECK(cookie == nullptr);
+    CHECK(fallback.cached == fallback.reference);
 }
 
 TEST_CASE("max_depth truncates to the innermost frames") {
