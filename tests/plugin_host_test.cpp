@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 using namespace allocscope;
 using allocscope::test::count_lines;
 using allocscope::test::files_matching;
+using allocscope::test::flip_byte;
 
 namespace {
 
@@ -900,11 +901,7 @@ TEST_CASE("replay delivers the baseline trace of the same rank first") {
     CHECK(contains(missing.err, "no baseline trace of rank 1"));
 
     // A corrupt trace: one message, exit 2.
-    {
-        std::fstream t(s / "run" / "rank0.trace", std::ios::in | std::ios::out | std::ios::binary);
-        t.seekp(72 + 12 + 2);
-        t.put('\x7f');
-    }
+    flip_byte(s / "run" / "rank0.trace", 72 + 12 + 2);
     Result corrupt = sh(s, cli() + " replay " + (s / "run").string() + " --plugins none");
     CHECK(corrupt.status == 2);
     CHECK(count_lines(corrupt.err, "allocscope:") == 1);

@@ -52,6 +52,19 @@ inline std::string slurp(const fs::path& p) {
     return ss.str();
 }
 
+// Changes the byte at `offset` of `path` (flips all its bits, so it cannot
+// stay what it was: a trace's bytes there may be anything, an ASLR'd load
+// address for one). Fails the test when the file is shorter.
+inline void flip_byte(const fs::path& path, std::streamoff offset) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset);
+    const int byte = f.get();
+    REQUIRE(byte != std::char_traits<char>::eof());
+    f.seekp(offset);
+    f.put(static_cast<char>(byte ^ 0xff));
+    REQUIRE(f.good());
+}
+
 inline bool contains(const std::string& text, const std::string& part) {
     return text.find(part) != std::string::npos;
 }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "support.h"
 #include "trace_reader.h"
 
 namespace fs = std::filesystem;
@@ -702,17 +703,8 @@ TEST_CASE("allocscope run refuses to mix runs and reports bad input with exit 2"
     CHECK(truncated.out.find("warning: " + cut.string() +
                              ": trace cut off inside a record at byte") != std::string::npos);
     CHECK(truncated.out.find("events by kind and level") != std::string::npos);
-    // Corrupt one byte inside the first record after the header (flipped:
-    // the byte is part of a module's load address, which ASLR varies, so a
-    // fixed value would sometimes be the one already there).
-    {
-        std::fstream f(trace, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekg(72 + 12 + 2);
-        const int byte = f.get();
-        REQUIRE(byte != std::char_traits<char>::eof());
-        f.seekp(72 + 12 + 2);
-        f.put(static_cast<char>(byte ^ 0xff));
-    }
+    // Corrupt one byte inside the first record after the header.
+    allocscope::test::flip_byte(trace, 72 + 12 + 2);
     Result corrupt = sh(s, g_cli + " report " + trace.string());
     CHECK(corrupt.status == 2);
     CHECK(corrupt.err.find("at byte 72") != std::string::npos);
