@@ -372,17 +372,11 @@ __attribute__((noinline)) Capture capture_at(uintptr_t target, const Request& re
     return capture;
 }
 
-// Two callers of capture_at with frames of different sizes.
-__attribute__((noinline)) Capture via_small_frame(uintptr_t target, const Request& request) {
-    char block[32] = {};
-    asm volatile("" : : "r"(block) : "memory");
-    Capture capture = capture_at(target, request);
-    asm volatile("" : : "r"(block) : "memory");
-    return capture;
-}
-
-__attribute__((noinline)) Capture via_large_frame(uintptr_t target, const Request& request) {
-    char block[480] = {};
+// Callers of capture_at with frames of different sizes: each instance is a
+// function of its own, with its own return address into it.
+template <size_t kBlock>
+__attribute__((noinline)) Capture via_frame_of(uintptr_t target, const Request& request) {
+    char block[kBlock] = {};
     asm volatile("" : : "r"(block) : "memory");
     Capture capture = capture_at(target, request);
     asm volatile("" : : "r"(block) : "memory");
@@ -420,7 +414,7 @@ TEST_CASE(
     const Request request{16, 0};
     // Below the callers' frames (a few hundred bytes each), 16-byte aligned.
     const uintptr_t target = (frame_of_a_call() - 8192) & ~uintptr_t{15};
-    Capture (*const callers[])(uintptr_t, const Request&) = {via_small_frame, via_large_frame};
+    Capture (*const callers[])(uintptr_t, const Request&) = {via_frame_of<32>, via_frame_of<480>};
     Capture captures[6];
     const allocscope::WalkStats before = allocscope::walk_stats();
     for (int i = 0; i < 6; ++i)

@@ -198,7 +198,8 @@ def keyed_tags_through_the_package(scratch):
     check(kinds.get("tag_push") == kinds.get("tag_pop") == 4, "tag events: %r" % kinds)
 
 
-FRAMES_PROGRAM = textwrap.dedent(
+# The C API's frame naming and block allocation with frames, through ctypes.
+BLOCK_FRAMES_API = textwrap.dedent(
     """
     import ctypes
     process = ctypes.CDLL(None)
@@ -208,6 +209,12 @@ FRAMES_PROGRAM = textwrap.dedent(
     alloc = process.allocscope_block_alloc_frames
     alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
                       ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    """
+)
+
+
+FRAMES_PROGRAM = BLOCK_FRAMES_API + textwrap.dedent(
+    """
     inner = frame(b"Block.forward", b"/src/model.py", 42)
     outer = frame(b"train_step", b"/src/train.py", 7)
     assert inner and outer and inner != outer
@@ -271,16 +278,8 @@ def a_registered_provider_appends_python_frames_to_runtime_allocations(scratch):
           "no Python frames once unregistered: %r" % sites.get(5 << 20))
 
 
-ALTERNATING_FRAMES_PROGRAM = textwrap.dedent(
+ALTERNATING_FRAMES_PROGRAM = BLOCK_FRAMES_API + textwrap.dedent(
     """
-    import ctypes
-    process = ctypes.CDLL(None)
-    frame = process.allocscope_python_frame
-    frame.restype = ctypes.c_uint64
-    frame.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
-    alloc = process.allocscope_block_alloc_frames
-    alloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p,
-                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
     first = (ctypes.c_uint64 * 1)(frame(b"first", b"/src/a.py", 1))
     second = (ctypes.c_uint64 * 1)(frame(b"second", b"/src/b.py", 2))
     for i in range(8):  # one call site: the same native stack every time
