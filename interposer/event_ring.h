@@ -58,7 +58,6 @@ class EventRing {
                 cpu_relax();
             Slot& slot = slots_[n & (kCapacity - 1)];
             slot.event.seq = n;
-            prefetch_for_write(n + 1);
             return &slot;
         }
         // Slow path near full: claim a seq only once its slot is free, so a
@@ -101,16 +100,6 @@ class EventRing {
     uint64_t reserved() const noexcept { return next_.load(std::memory_order_relaxed); }
 
   private:
-    // The next event's slot, asked for with intent to write: a hook writes
-    // its slot once every 64 Ki events, by which time the slot has left
-    // the core's caches; fetched now, the next event's write finds it there
-    // (or nearer) instead of waiting for it.
-    void prefetch_for_write(uint64_t seq) const noexcept {
-        const char* next = reinterpret_cast<const char*>(&slots_[seq & (kCapacity - 1)]);
-        __builtin_prefetch(next, 1, 3);
-        __builtin_prefetch(next + 64, 1, 3);
-    }
-
     static bool wait_for_space(uint64_t& waited_since, int& spins, uint64_t patience_ns) noexcept {
         if (spins < 128) {
             ++spins;

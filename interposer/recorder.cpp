@@ -772,10 +772,6 @@ uint32_t intern(const char* text) {
 // (at most this many) without counting them towards the depth.
 constexpr size_t kOwnFramesMax = 8;
 
-// `outer` frames (Python's, from allocscope_block_alloc_frames) follow the
-// native ones: they are the callers of the interpreter the native stack ends in.
-// The native frames, then up to kMaxOuterFrames of `outer`; returns the count.
-
 uint32_t intern_stack(const uint64_t* frames, size_t n) noexcept {
     if (n == 0) return 0;
     const std::span<const uint64_t> stack{frames, n};
