@@ -17,18 +17,22 @@ for each configuration:
   allocscope/ctypes-hooks  the same, ALLOCSCOPE_BRIDGE_HOOKS=0
   torch/python        _record_memory_history(stacks="python")
   torch/all           _record_memory_history(stacks="all")
-The step time of a run is the median over steps >= --skip of the slower
-rank; a configuration's is the median over --repeat runs (configurations
-interleave, so drifts of the machine hit all of them alike); the table also
-gives the fastest run of each and the median of the runs' 10th-percentile
-steps, the figures least disturbed by other load on the host. With --harness,
-also the C++ harness (cuda backend, 2 ranks) wall time with and without
-allocscope.
+The step time of a run is the mean over steps >= --skip of the slower rank
+(the rank with the larger median). Configurations interleave run by run, so
+drifts of the machine hit all of them alike. The table gives each run's
+mean, the mean over runs, its overhead against plain and a 95 % interval
+for that overhead from a two-level bootstrap: runs resampled, and within a
+run the means of consecutive blocks of --block steps (step times on a busy
+host are correlated over a few steps; block means are close to
+independent). An interval that excludes the target settles a claim; one
+that straddles it says the runs are too few or too short. With --harness,
+also the C++ harness (cuda backend) wall time with and without allocscope.
 """
 
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import statistics
@@ -39,7 +43,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "gpu", "fsdp2_fp8_train.py")
-STEP = re.compile(r"^STEP_MS rank (\d+) step (\d+) ([0-9.]+)$")
+STEP = re.compile(r"^STEP_MS rank (\d+) step (\d+) ([0-9.]+)(?: ([0-9.]+))?$")
 
 
 def torchrun(steps, size=(), nproc=2):
@@ -47,24 +51,87 @@ def torchrun(steps, size=(), nproc=2):
             str(nproc), SCRIPT, "--mode", "seed", "--steps", str(steps), "--time"] + list(size)
 
 
-def p10(values):
-    ordered = sorted(values)
-    return ordered[len(ordered) // 10]
-
-
-def step_ms(output, skip, nproc):
-    """(median step time of the slower rank, its first-10 and last-10
-    medians, its 10th percentile)."""
+def timed_steps(output, skip, nproc):
+    """(step time in ms, end of the step in wall-clock seconds or None) of
+    steps >= skip, in order, of the slower rank."""
     per_rank = {}
     for line in output.splitlines():
         m = STEP.match(line.strip())
         if m and int(m.group(2)) >= skip:
-            per_rank.setdefault(int(m.group(1)), []).append(float(m.group(3)))
+            end = float(m.group(4)) if m.group(4) else None
+            per_rank.setdefault(int(m.group(1)), []).append((float(m.group(3)), end))
     if len(per_rank) != nproc:
         raise RuntimeError("expected step times from %d ranks:\n%s" % (nproc, output[-2000:]))
-    slow = max(per_rank.values(), key=statistics.median)
-    return (statistics.median(slow), statistics.median(slow[:10]), statistics.median(slow[-10:]),
-            p10(slow))
+    return max(per_rank.values(), key=lambda steps: statistics.median(ms for ms, _ in steps))
+
+
+def rank_steps(output, skip, nproc):
+    """The step times (steps >= skip, in order) of the slower rank."""
+    return [ms for ms, _ in timed_steps(output, skip, nproc)]
+
+
+def time_buckets(runs, bucket_s):
+    """Pairs the steps of configurations that ran side by side.
+    runs: {name: [(ms, end_s), ...]} from one round. The window all of them
+    were stepping in is cut into buckets of bucket_s seconds; returns one
+    {name: mean step time (ms)} per bucket in which every configuration
+    finished a step (a step counts in the bucket holding its midpoint)."""
+    start = max(steps[0][1] - steps[0][0] / 1e3 for steps in runs.values())
+    end = min(steps[-1][1] for steps in runs.values())
+    count = int((end - start) // bucket_s)
+    sums = [dict() for _ in range(count)]
+    for name, steps in runs.items():
+        for ms, t in steps:
+            b = int((t - ms / 2e3 - start) // bucket_s)
+            if 0 <= b < count:
+                total, n = sums[b].get(name, (0.0, 0))
+                sums[b][name] = (total + ms, n + 1)
+    return [{name: total / n for name, (total, n) in b.items()} for b in sums
+            if len(b) == len(runs)]
+
+
+def paired_overhead(buckets, name, base, resamples=2000, seed=0):
+    """(overhead, low, high): mean step time of `name` over that of `base`
+    in the same time buckets, minus 1, and its 95 % bootstrap interval
+    (buckets resampled)."""
+    def ratio(sample):
+        return sum(b[name] for b in sample) / sum(b[base] for b in sample) - 1
+    rng = random.Random(seed)
+    ratios = sorted(ratio([rng.choice(buckets) for _ in buckets]) for _ in range(resamples))
+    return ratio(buckets), ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def block_means(steps, block):
+    """Means of consecutive blocks of `block` steps (a short last block is
+    dropped unless it is the only one)."""
+    blocks = [steps[i:i + block] for i in range(0, len(steps), block)]
+    if len(blocks) > 1 and len(blocks[-1]) < block:
+        blocks.pop()
+    return [statistics.fmean(b) for b in blocks]
+
+
+def bootstrap_means(runs, block, rng, resamples):
+    """`resamples` bootstrap replicates of the mean step time over `runs`
+    (lists of step times): runs drawn with replacement, then each drawn
+    run's block means drawn with replacement."""
+    per_run = [block_means(r, block) for r in runs]
+    out = []
+    for _ in range(resamples):
+        total = 0.0
+        for _ in per_run:
+            means = per_run[rng.randrange(len(per_run))]
+            total += statistics.fmean(rng.choice(means) for _ in means)
+        out.append(total / len(per_run))
+    return out
+
+
+def overhead_interval(runs, base_runs, block, resamples=2000, seed=0):
+    """95 % bootstrap interval (low, high) of mean(runs) / mean(base_runs) - 1."""
+    rng = random.Random(seed)
+    a = bootstrap_means(runs, block, rng, resamples)
+    b = bootstrap_means(base_runs, block, rng, resamples)
+    ratios = sorted(x / y - 1 for x, y in zip(a, b))
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
 def run(cmd, env):
@@ -75,12 +142,70 @@ def run(cmd, env):
     return p.stdout
 
 
+def concurrent(args, configs, command, env):
+    """--concurrent: per round, every configuration at once, each pinned to
+    its own share of this process's CPUs (the order of the shares changes
+    from round to round); then one table of overheads paired by time."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cpus) // len(configs))
+    buckets = []
+    means = {}
+    for rep in range(args.repeat):
+        order = list(range(len(configs)))
+        random.Random(rep).shuffle(order)
+        procs = []
+        for slot, index in enumerate(order):
+            name, extra, prefix = configs[index]
+            mine = set(cpus[(slot * share) % len(cpus):][:share])
+            procs.append((name, subprocess.Popen(
+                command(name, prefix), env=dict(env, **extra), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, universal_newlines=True,
+                preexec_fn=lambda cpus=mine: os.sched_setaffinity(0, cpus))))
+        runs = {}
+        for name, p in procs:
+            output, _ = p.communicate(timeout=900)
+            if p.returncode != 0:
+                raise RuntimeError("%s exited %d:\n%s" % (name, p.returncode, output[-3000:]))
+            runs[name] = timed_steps(output, args.skip, args.nproc)
+            if any(end is None for _, end in runs[name]):
+                raise RuntimeError("%s: the script prints no step end times" % name)
+        round_buckets = time_buckets(runs, args.bucket)
+        buckets += round_buckets
+        for name, _, _ in configs:
+            m = statistics.fmean(b[name] for b in round_buckets) if round_buckets else float("nan")
+            means.setdefault(name, []).append(m)
+            print("round %d %-24s %.3f ms/step in %d shared buckets"
+                  % (rep, name, m, len(round_buckets)), flush=True)
+    if not buckets:
+        raise RuntimeError("the runs never stepped at the same time: more --steps")
+    print("\n%d rounds side by side, %d steps each (steps >= %d), %d buckets of %.1f s; "
+          "%d CPUs per run" % (args.repeat, args.steps, args.skip, len(buckets), args.bucket,
+                               share))
+    print("| configuration | mean step per round (ms) | difference, paired by time (ms) "
+          "| overhead | 95 % interval |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, _, _ in configs:
+        per_round = ", ".join("%.1f" % m for m in means[name])
+        if name == "plain":
+            print("| plain | %s | — | — | — |" % per_round)
+            continue
+        est, low, high = paired_overhead(buckets, name, "plain")
+        diff = statistics.fmean(b[name] - b["plain"] for b in buckets)
+        print("| %s | %s | %+.2f | %+.1f %% | %+.1f %% to %+.1f %% |"
+              % (name, per_round, diff, est * 100, low * 100, high * 100))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"buckets": buckets, "mean_ms": means}, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", required=True)
     ap.add_argument("--harness")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--skip", type=int, default=10)
+    ap.add_argument("--block", type=int, default=10,
+                    help="steps per block for the bootstrap (default 10)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--hidden", type=int, help="the script's --hidden (default: the proof's)")
     ap.add_argument("--tokens", type=int, help="the script's --tokens (default: the proof's)")
@@ -91,6 +216,12 @@ def main():
     ap.add_argument("--only", help="configuration names to run, separated by ';' (plain is the base)")
     ap.add_argument("--no-baselines", action="store_true",
                     help="with --breakdown: only plain and the breakdown")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run the configurations of a round side by side (each on its own "
+                         "CPUs, one GPU) and compare their steps in the same time buckets; "
+                         "adds a second plain run as a control")
+    ap.add_argument("--bucket", type=float, default=2.0,
+                    help="with --concurrent: seconds per time bucket (default 2)")
     args = ap.parse_args()
 
     size = []
@@ -106,6 +237,9 @@ def main():
     # (name, extra environment, command prefix; None: torch's own recording)
     configs = [
         ("plain", {}, []),
+        # with --concurrent: a second plain run, whose "overhead" shows what
+        # running side by side alone does to the comparison
+        ("plain/control", {}, []),
         ("allocscope/nostack", {}, under("a0", "--stack-depth", "0")),
         ("allocscope", {}, under("a1")),
         # 16 native frames instead of 24 (the Python frames follow either way)
@@ -115,6 +249,7 @@ def main():
         ("torch/python", {}, None),
         ("torch/all", {}, None),
     ]
+    all_configs = list(configs)
     if args.breakdown and args.no_baselines:
         configs = configs[:1]
     if args.breakdown:
@@ -142,35 +277,51 @@ def main():
     if args.only:
         wanted = set(args.only.split(";"))
         configs = [c for c in configs if c[0] in wanted or c[0] == "plain"]
-    results = {}
-    fast_steps = {}  # name -> each run's 10th-percentile step time
+    if args.concurrent:
+        if not any(c[0] == "plain/control" for c in configs):
+            configs.insert(1, next(c for c in all_configs if c[0] == "plain/control"))
+    else:
+        configs = [c for c in configs if c[0] != "plain/control" or args.only]
+
+    def command(name, prefix):
+        if prefix is None:
+            return torchrun(args.steps, size, args.nproc) + ["--record-history",
+                                                             name.split("/")[1]]
+        return prefix + torchrun(args.steps, size, args.nproc)
+
+    if args.concurrent:
+        try:
+            concurrent(args, configs, command, env)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
+    results = {}  # name -> each run's mean step time
+    samples = {}  # name -> each run's step times
     try:
         for rep in range(args.repeat):
             for name, extra, prefix in configs:
-                if prefix is None:
-                    cmd = torchrun(args.steps, size, args.nproc) + ["--record-history",
-                                                                    name.split("/")[1]]
-                else:
-                    cmd = prefix + torchrun(args.steps, size, args.nproc)
-                median, first, last, fast = step_ms(run(cmd, dict(env, **extra)), args.skip,
-                                                    args.nproc)
-                results.setdefault(name, []).append(median)
-                fast_steps.setdefault(name, []).append(fast)
-                print("%-20s run %d: %.3f ms/step (first 10 steps %.3f, last 10 %.3f, "
-                      "10th percentile %.3f)" % (name, rep, median, first, last, fast), flush=True)
-        base = statistics.median(results["plain"])
-        fastest = min(results["plain"])
-        base_p10 = statistics.median(fast_steps["plain"])
-        print("\n| configuration | step time (ms, median of runs) | overhead | fastest run (ms) "
-              "| overhead | 10th-percentile step (ms, median of runs) | overhead |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+                steps = rank_steps(run(command(name, prefix), dict(env, **extra)), args.skip,
+                                   args.nproc)
+                samples.setdefault(name, []).append(steps)
+                results.setdefault(name, []).append(statistics.fmean(steps))
+                print("%-20s run %d: mean %.3f ms/step, median %.3f, first 10 steps %.3f, "
+                      "last 10 %.3f" % (name, rep, statistics.fmean(steps),
+                                        statistics.median(steps), statistics.fmean(steps[:10]),
+                                        statistics.fmean(steps[-10:])), flush=True)
+        base = statistics.fmean(results["plain"])
+        print("\n%d runs of %d steps per configuration (steps >= %d counted, blocks of %d)"
+              % (args.repeat, args.steps, args.skip, args.block))
+        print("| configuration | runs, mean step (ms) | mean | overhead | 95 % interval |")
+        print("| --- | --- | --- | --- | --- |")
         for name, _, _ in configs:
-            t = statistics.median(results[name])
-            f = min(results[name])
-            q = statistics.median(fast_steps[name])
-            print("| %s | %.3f | %+.1f %% | %.3f | %+.1f %% | %.3f | %+.1f %% |"
-                  % (name, t, (t / base - 1) * 100, f, (f / fastest - 1) * 100,
-                     q, (q / base_p10 - 1) * 100))
+            t = statistics.fmean(results[name])
+            runs = ", ".join("%.1f" % r for r in results[name])
+            if name == "plain":
+                print("| plain | %s | %.2f | — | — |" % (runs, t))
+                continue
+            low, high = overhead_interval(samples[name], samples["plain"], args.block)
+            print("| %s | %s | %.2f | %+.1f %% | %+.1f %% to %+.1f %% |"
+                  % (name, runs, t, (t / base - 1) * 100, low * 100, high * 100))
 
         if args.harness:
             harness = [args.harness, "--backend", "cuda", "--ranks", str(args.nproc), "--steps", "200",
@@ -191,7 +342,7 @@ def main():
             results.update(walls)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+                json.dump({"mean_ms": results, "step_ms": samples}, f)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -216,7 +216,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time", action="store_true",
-                        help="print each step's wall time (ms) for benchmarks")
+                        help="print each step's wall time (ms) and end time for benchmarks")
     parser.add_argument("--hidden", type=int, default=HIDDEN,
                         help="hidden size (FFN is 4x); the proof's sizes are the defaults")
     parser.add_argument("--tokens", type=int, default=BATCH * SEQ,
@@ -269,7 +269,11 @@ def main():
             flush=True,
         )
         if args.time:
-            print("STEP_MS rank %d step %d %.3f" % (rank, step, elapsed_ms), flush=True)
+            # The step's duration and its end on the wall clock (shared by
+            # processes running side by side: tests/bench/torch_overhead.py
+            # --concurrent pairs their steps in time).
+            print("STEP_MS rank %d step %d %.3f %.6f" % (rank, step, elapsed_ms, time.time()),
+                  flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
