@@ -5,6 +5,7 @@ table in docs/RESULTS.md). Needs torch and 2 GPUs (--nproc 1: one).
 
     python3 tests/bench/torch_overhead.py --cli build-gpu/tools/allocscope \
         [--harness build-gpu/harness/allocscope-harness] [--steps 60] [--skip 10] [--repeat 2]
+        [--concurrent [--bucket 2] [--contrast "A:B;..."]]  (side by side, paired by time)
         [--hidden H --tokens T]   (a larger, GPU-bound step; default: the proof's sizes)
         [--nproc N]               (ranks, default 2 as in the proof)
 
@@ -17,6 +18,7 @@ for each configuration:
   allocscope/ctypes-hooks  the same, ALLOCSCOPE_BRIDGE_HOOKS=0
   torch/python        _record_memory_history(stacks="python")
   torch/all           _record_memory_history(stacks="all")
+  plain/control       plain again (added by --concurrent)
 The step time of a run is the mean over steps >= --skip of the slower rank
 (the rank with the larger median). Configurations interleave run by run, so
 drifts of the machine hit all of them alike. The table gives each run's
@@ -27,6 +29,17 @@ host are correlated over a few steps; block means are close to
 independent). An interval that excludes the target settles a claim; one
 that straddles it says the runs are too few or too short. With --harness,
 also the C++ harness (cuda backend) wall time with and without allocscope.
+
+On a host whose speed drifts (the GPU machines' does, by tens of percent
+over tens of seconds), runs one after another cannot resolve a few percent.
+--concurrent runs the configurations of a round at the same time instead,
+each pinned to its own share of the CPUs (the shares rotate between
+rounds), on the same GPU(s): fair only while the step leaves the GPU mostly
+idle, as the proof-sized step does. Steps are paired by when they ran: the
+window in which every run was stepping is cut into --bucket-second buckets,
+and a configuration's overhead is its mean step time over plain's in the
+same buckets, with a 95 % interval from resampling the buckets. The
+plain/control run shows what the method itself does to the comparison.
 """
 
 import argparse
@@ -193,6 +206,14 @@ def concurrent(args, configs, command, env):
         diff = statistics.fmean(b[name] - b["plain"] for b in buckets)
         print("| %s | %s | %+.2f | %+.1f %% | %+.1f %% to %+.1f %% |"
               % (name, per_round, diff, est * 100, low * 100, high * 100))
+    names = {name for name, _, _ in configs}
+    for pair in filter(None, args.contrast.split(";")):
+        a, _, b = pair.partition(":")
+        if a in names and b in names:
+            est, low, high = paired_overhead(buckets, a, b)
+            diff = statistics.fmean(x[a] - x[b] for x in buckets)
+            print("%s against %s: %+.2f ms, %+.1f %% (95 %% interval %+.1f %% to %+.1f %%)"
+                  % (a, b, diff, est * 100, low * 100, high * 100))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"buckets": buckets, "mean_ms": means}, f)
@@ -222,6 +243,9 @@ def main():
                          "adds a second plain run as a control")
     ap.add_argument("--bucket", type=float, default=2.0,
                     help="with --concurrent: seconds per time bucket (default 2)")
+    ap.add_argument("--contrast", default="torch/python:allocscope;torch/all:allocscope",
+                    help="with --concurrent: also these pairs A:B, A against B in the same "
+                         "buckets, separated by ';' (pairs not run are left out)")
     args = ap.parse_args()
 
     size = []

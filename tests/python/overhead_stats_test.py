@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The statistics of tests/bench/torch_overhead.py, which the overhead
+tables in docs/RESULTS.md rest on, on step times whose answer is known:
+
+    python3 tests/python/overhead_stats_test.py
+
+No torch and no GPU: the side-by-side driver runs small Python programs that
+print the training script's STEP_MS lines with sleeps of known length.
+"""
+
+import os
+import random
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+import torch_overhead as bench  # noqa: E402
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok:", what)
+
+
+def drifting_runs(factors, steps=600, seed=1, start=1000.0):
+    """Runs side by side: every run's steps are slowed by the same drift
+    (the host's phase at that moment: 60, 84 or 108 ms a step, changing
+    every 3 s), then by the run's own factor and its own noise; each run
+    starts a little later than the one before. {name: [(ms, end_s)]}"""
+    rng = random.Random(seed)
+    runs = {}
+    for k, (name, factor) in enumerate(factors.items()):
+        t = start + 0.05 * k
+        out = []
+        for i in range(steps):
+            phase = 60.0 * (1 + 0.4 * ((int(t - start) // 3) % 3))
+            ms = phase * factor * (1 + rng.gauss(0, 0.05))
+            t += ms / 1e3
+            out.append((ms, t))
+        runs[name] = out
+    return runs
+
+
+def test_parsing():
+    out = "\n".join([
+        "STEP_MS rank 0 step 0 100.0 10.0",
+        "STEP_MS rank 1 step 0 120.0 10.1",
+        "noise STEP_MS rank 0 step 1 1.0",
+        "STEP_MS rank 0 step 1 50.0 10.2",
+        "STEP_MS rank 1 step 1 70.0 10.3",
+        "STEP_MS rank 0 step 2 60.5",  # an older script: no end time
+        "STEP_MS rank 1 step 2 80.0",
+    ])
+    steps = bench.timed_steps(out, 1, 2)
+    check(steps == [(70.0, 10.3), (80.0, None)], "the slower rank's steps from --skip on")
+    check(bench.rank_steps(out, 0, 2) == [120.0, 70.0, 80.0], "step times without end times")
+    try:
+        bench.timed_steps(out, 0, 3)
+    except RuntimeError as e:
+        check("3 ranks" in str(e), "a missing rank is an error naming the ranks")
+    else:
+        raise AssertionError("a missing rank was not noticed")
+
+
+def test_buckets():
+    runs = {
+        # steps of 100 ms ending at 0.1, 0.2, ... 2.0 s
+        "plain": [(100.0, 0.1 * (i + 1)) for i in range(20)],
+        # 200 ms steps, starting 0.5 s later, ending at 0.7 ... 2.5 s
+        "slow": [(200.0, 0.5 + 0.2 * (i + 1)) for i in range(10)],
+    }
+    buckets = bench.time_buckets(runs, 0.4)
+    # shared window 0.5 s .. 2.0 s: three whole 0.4-s buckets
+    check(len(buckets) == 3, "buckets cover only the window both runs stepped in")
+    check(all(b == {"plain": 100.0, "slow": 200.0} for b in buckets), "each bucket's mean step")
+    est, low, high = bench.paired_overhead(buckets, "slow", "plain")
+    check(abs(est - 1.0) < 1e-9 and abs(low - 1.0) < 1e-9 and abs(high - 1.0) < 1e-9,
+          "a constant +100 % is +100 % with no spread")
+
+
+def test_paired_against_drift():
+    runs = drifting_runs({"plain": 1.0, "control": 1.0, "slower": 1.05})
+    buckets = bench.time_buckets(runs, 2.0)
+    est, low, high = bench.paired_overhead(buckets, "slower", "plain")
+    check(abs(est - 0.05) < 0.01 and low < 0.05 < high and low > 0.0,
+          "+5 %% under a drift of +80 %%: %.3f (%.3f to %.3f)" % (est, low, high))
+    est, low, high = bench.paired_overhead(buckets, "control", "plain")
+    check(low < 0.0 < high and abs(est) < 0.01,
+          "the control's interval holds 0: %.3f (%.3f to %.3f)" % (est, low, high))
+
+
+def test_sequential_interval():
+    rng = random.Random(3)
+    base = [[60 * (1 + rng.gauss(0, 0.05)) for _ in range(200)] for _ in range(4)]
+    slower = [[66 * (1 + rng.gauss(0, 0.05)) for _ in range(200)] for _ in range(4)]
+    low, high = bench.overhead_interval(slower, base, 10)
+    check(low < 0.10 < high and low > 0.05, "sequential runs: +10 %% inside %.3f to %.3f"
+          % (low, high))
+    check(bench.block_means([1, 2, 3, 4, 5], 2) == [1.5, 3.5], "block means drop a short tail")
+    check(bench.block_means([1, 2, 3], 5) == [2], "a single short block is kept")
+
+
+FAKE = r'''
+import sys, time
+factor = float(sys.argv[1])
+for step in range(int(sys.argv[2])):
+    start = time.perf_counter()
+    time.sleep(0.02 * factor)
+    ms = (time.perf_counter() - start) * 1e3
+    print("STEP_MS rank 0 step %d %.3f %.6f" % (step, ms, time.time()), flush=True)
+'''
+
+
+def test_side_by_side_driver():
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = os.path.join(tmp, "fake_step.py")
+        with open(fake, "w") as f:
+            f.write(FAKE)
+        factors = {"plain": 1.0, "plain/control": 1.0, "half again": 1.5}
+        args = type("Args", (), dict(repeat=2, skip=3, nproc=1, bucket=0.5, steps=80,
+                                     contrast="half again:plain/control",
+                                     json=os.path.join(tmp, "out.json")))()
+        configs = [(name, {}, []) for name in factors]
+        bench.concurrent(args, configs,
+                         lambda name, prefix: [sys.executable, fake, str(factors[name]), "80"],
+                         dict(os.environ))
+        import json
+        with open(args.json) as f:
+            data = json.load(f)
+        buckets = data["buckets"]
+        check(len(buckets) >= 4, "%d shared buckets from 2 rounds" % len(buckets))
+        est, _, _ = bench.paired_overhead(buckets, "half again", "plain")
+        # sleeps of 30 against 20 ms: +50 %, loosely (a loaded machine wakes late)
+        check(0.3 < est < 0.7, "the slower program: %+.2f" % est)
+        est, _, _ = bench.paired_overhead(buckets, "plain/control", "plain")
+        check(abs(est) < 0.1, "the control: %+.3f" % est)
+        check(len(data["mean_ms"]["plain"]) == 2, "one mean per round")
+
+
+if __name__ == "__main__":
+    test_parsing()
+    test_buckets()
+    test_paired_against_drift()
+    test_sequential_interval()
+    test_side_by_side_driver()
+    print("all passed")
