@@ -496,6 +496,22 @@ std::string stack_cost_line() {
            walk_cycles_text(walks);
 }
 
+// ALLOCSCOPE_LOG=debug, from the writer thread: the CPU it used, which the
+// program's threads do not pay for directly but which competes with them
+// for cores.
+std::string writer_cost_line(uint64_t recording_ns) {
+    timespec cpu{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+    const uint64_t cpu_ns = uint64_t(cpu.tv_sec) * 1000000000ull + uint64_t(cpu.tv_nsec);
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "allocscope: the writer thread used %.1f ms of CPU in %.1f ms of recording "
+                  "(%.1f %% of a core: encoding, writing, checks and live plugins)",
+                  double(cpu_ns) / 1e6, double(recording_ns) / 1e6,
+                  recording_ns ? 100.0 * double(cpu_ns) / double(recording_ns) : 0.0);
+    return text;
+}
+
 void* writer_main(void*) {
     t_thread.is_writer = true;
     t_thread.in_hook = true;  // nothing this thread does is recorded
@@ -546,7 +562,10 @@ void* writer_main(void*) {
         log_line(LogLevel::info, "allocscope: wrote " + g->writer.path() + " (" +
                                      std::to_string(footer.events) + " events)");
     }
-    if (g->cost_stats) log_line(LogLevel::debug, stack_cost_line());
+    if (g->cost_stats) {
+        log_line(LogLevel::debug, stack_cost_line());
+        log_line(LogLevel::debug, writer_cost_line(footer.end_mono_ns - g->start_mono_ns));
+    }
     // The trace is complete before any plugin's finish runs: a plugin that
     // takes too long at exit costs its findings, never the trace.
     g->trace_done.store(true, std::memory_order_release);

@@ -573,8 +573,24 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
     // loop; tests/unwind_test.cpp covers replay itself).
     CHECK(replayed <= captured);
     CHECK(err.find("cycles per frame", line) > err.find('\n', at));  // only when asked for
+    // The writer thread's CPU time, against the time it was recording.
+    REQUIRE(count_lines_containing(err, "allocscope: the writer thread used ") == 1);
+    double writer_cpu_ms = -1, recording_ms = -1, percent = -1;
+    REQUIRE(std::sscanf(err.c_str() + err.find("allocscope: the writer thread used "),
+                        "allocscope: the writer thread used %lf ms of CPU in %lf ms of recording "
+                        "(%lf %% of a core",
+                        &writer_cpu_ms, &recording_ms, &percent) == 3);
+    CHECK(writer_cpu_ms > 0);
+    CHECK(recording_ms > 0);
+    CHECK(writer_cpu_ms <= recording_ms + 1);  // one thread, clocks of 0.1 ms print precision
+    // The share agrees with the two times, to their printed precision (±0.05 ms).
+    const double slack =
+        100 * (0.05 / recording_ms + writer_cpu_ms * 0.05 / (recording_ms * recording_ms)) + 0.05;
+    CHECK(std::abs(percent - 100 * writer_cpu_ms / recording_ms) <= slack);
     // Without debug logging nothing is timed and nothing is said.
-    CHECK(count_lines_containing(script_run().result.err, " stacks captured, ") == 0);
+    const ScriptRun& quiet = script_run();
+    CHECK(count_lines_containing(quiet.result.err, " stacks captured, ") == 0);
+    CHECK(count_lines_containing(quiet.result.err, "writer thread used") == 0);
 }
 
 TEST_CASE("an invalid setting prints one line naming it and the program runs on") {
