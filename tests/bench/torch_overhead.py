@@ -175,13 +175,19 @@ def concurrent(args, configs, command, env):
                 stderr=subprocess.STDOUT, universal_newlines=True,
                 preexec_fn=lambda cpus=mine: os.sched_setaffinity(0, cpus))))
         runs = {}
-        for name, p in procs:
-            output, _ = p.communicate(timeout=900)
-            if p.returncode != 0:
-                raise RuntimeError("%s exited %d:\n%s" % (name, p.returncode, output[-3000:]))
-            runs[name] = timed_steps(output, args.skip, args.nproc)
-            if any(end is None for _, end in runs[name]):
-                raise RuntimeError("%s: the script prints no step end times" % name)
+        try:
+            for name, p in procs:
+                output, _ = p.communicate(timeout=900)
+                if p.returncode != 0:
+                    raise RuntimeError("%s exited %d:\n%s" % (name, p.returncode, output[-3000:]))
+                runs[name] = timed_steps(output, args.skip, args.nproc)
+                if any(end is None for _, end in runs[name]):
+                    raise RuntimeError("%s: the script prints no step end times" % name)
+        finally:  # one run failed or timed out: the others do not go on alone
+            for _, p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         round_buckets = time_buckets(runs, args.bucket)
         buckets += round_buckets
         for name, _, _ in configs:

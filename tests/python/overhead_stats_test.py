@@ -140,10 +140,31 @@ def test_side_by_side_driver():
         check(len(data["mean_ms"]["plain"]) == 2, "one mean per round")
 
 
+def test_side_by_side_failure():
+    args = type("Args", (), dict(repeat=1, skip=0, nproc=1, bucket=0.5, steps=5, contrast="",
+                                 json=None))()
+    commands = {
+        "plain": [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"],
+        "waits": [sys.executable, "-c", "import time; time.sleep(60)"],
+    }
+    configs = [(name, {}, []) for name in commands]
+    import time
+    start = time.monotonic()
+    try:
+        bench.concurrent(args, configs, lambda name, prefix: commands[name], dict(os.environ))
+    except RuntimeError as e:
+        check("plain exited 3" in str(e) and "boom" in str(e),
+              "a failed run is an error with its exit status and output")
+    else:
+        raise AssertionError("a failed run was not noticed")
+    check(time.monotonic() - start < 30, "the other runs are stopped, not waited for")
+
+
 if __name__ == "__main__":
     test_parsing()
     test_buckets()
     test_paired_against_drift()
     test_sequential_interval()
     test_side_by_side_driver()
+    test_side_by_side_failure()
     print("all passed")
