@@ -38,8 +38,9 @@ rounds), on the same GPU(s): fair only while the step leaves the GPU mostly
 idle, as the proof-sized step does. Steps are paired by when they ran: the
 window in which every run was stepping is cut into --bucket-second buckets,
 and a configuration's overhead is its mean step time over plain's in the
-same buckets, with a 95 % interval from resampling the buckets. The
-plain/control run shows what the method itself does to the comparison.
+same buckets, with a 95 % interval from resampling rounds, then buckets
+within them. The plain/control run shows what the method itself does to
+the comparison.
 """
 
 import argparse
@@ -103,15 +104,29 @@ def time_buckets(runs, bucket_s):
             if len(b) == len(runs)]
 
 
-def paired_overhead(buckets, name, base, resamples=2000, seed=0):
+def paired_overhead(rounds, name, base, resamples=2000, seed=0):
     """(overhead, low, high): mean step time of `name` over that of `base`
-    in the same time buckets, minus 1, and its 95 % bootstrap interval
-    (buckets resampled)."""
+    in the same time buckets, minus 1, and its 95 % bootstrap interval.
+    rounds: one list of buckets (time_buckets) per round. The bootstrap
+    draws rounds, then buckets within each drawn round: a run's own luck
+    (the CPUs it got, what shared them) lasts a round, and only the rounds
+    show how much it moves the result."""
+    rounds = [r for r in rounds if r]
+
     def ratio(sample):
         return sum(b[name] for b in sample) / sum(b[base] for b in sample) - 1
+
     rng = random.Random(seed)
-    ratios = sorted(ratio([rng.choice(buckets) for _ in buckets]) for _ in range(resamples))
-    return ratio(buckets), ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+    ratios = []
+    for _ in range(resamples):
+        sample = []
+        for _ in rounds:
+            drawn = rounds[rng.randrange(len(rounds))]
+            sample.extend(rng.choice(drawn) for _ in drawn)
+        ratios.append(ratio(sample))
+    ratios.sort()
+    every = [b for r in rounds for b in r]
+    return ratio(every), ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
 def block_means(steps, block):
@@ -161,7 +176,7 @@ def concurrent(args, configs, command, env):
     from round to round); then one table of overheads paired by time."""
     cpus = sorted(os.sched_getaffinity(0))
     share = max(1, len(cpus) // len(configs))
-    buckets = []
+    rounds = []  # per round, its buckets
     means = {}
     for rep in range(args.repeat):
         order = list(range(len(configs)))
@@ -189,12 +204,13 @@ def concurrent(args, configs, command, env):
                     p.kill()
                     p.wait()
         round_buckets = time_buckets(runs, args.bucket)
-        buckets += round_buckets
+        rounds.append(round_buckets)
         for name, _, _ in configs:
             m = statistics.fmean(b[name] for b in round_buckets) if round_buckets else float("nan")
             means.setdefault(name, []).append(m)
             print("round %d %-24s %.3f ms/step in %d shared buckets"
                   % (rep, name, m, len(round_buckets)), flush=True)
+    buckets = [b for r in rounds for b in r]
     if not buckets:
         raise RuntimeError("the runs never stepped at the same time: more --steps")
     print("\n%d rounds side by side, %d steps each (steps >= %d), %d buckets of %.1f s; "
@@ -208,7 +224,7 @@ def concurrent(args, configs, command, env):
         if name == "plain":
             print("| plain | %s | — | — | — |" % per_round)
             continue
-        est, low, high = paired_overhead(buckets, name, "plain")
+        est, low, high = paired_overhead(rounds, name, "plain")
         diff = statistics.fmean(b[name] - b["plain"] for b in buckets)
         print("| %s | %s | %+.2f | %+.1f %% | %+.1f %% to %+.1f %% |"
               % (name, per_round, diff, est * 100, low * 100, high * 100))
@@ -216,13 +232,13 @@ def concurrent(args, configs, command, env):
     for pair in filter(None, args.contrast.split(";")):
         a, _, b = pair.partition(":")
         if a in names and b in names:
-            est, low, high = paired_overhead(buckets, a, b)
+            est, low, high = paired_overhead(rounds, a, b)
             diff = statistics.fmean(x[a] - x[b] for x in buckets)
             print("%s against %s: %+.2f ms, %+.1f %% (95 %% interval %+.1f %% to %+.1f %%)"
                   % (a, b, diff, est * 100, low * 100, high * 100))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"buckets": buckets, "mean_ms": means}, f)
+            json.dump({"rounds": rounds, "mean_ms": means}, f)
 
 
 def main():

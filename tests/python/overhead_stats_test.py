@@ -76,7 +76,7 @@ def test_buckets():
     # shared window 0.5 s .. 2.0 s: three whole 0.4-s buckets
     check(len(buckets) == 3, "buckets cover only the window both runs stepped in")
     check(all(b == {"plain": 100.0, "slow": 200.0} for b in buckets), "each bucket's mean step")
-    est, low, high = bench.paired_overhead(buckets, "slow", "plain")
+    est, low, high = bench.paired_overhead([buckets], "slow", "plain")
     check(abs(est - 1.0) < 1e-9 and abs(low - 1.0) < 1e-9 and abs(high - 1.0) < 1e-9,
           "a constant +100 % is +100 % with no spread")
 
@@ -84,12 +84,26 @@ def test_buckets():
 def test_paired_against_drift():
     runs = drifting_runs({"plain": 1.0, "control": 1.0, "slower": 1.05})
     buckets = bench.time_buckets(runs, 2.0)
-    est, low, high = bench.paired_overhead(buckets, "slower", "plain")
+    est, low, high = bench.paired_overhead([buckets], "slower", "plain")
     check(abs(est - 0.05) < 0.01 and low < 0.05 < high and low > 0.0,
           "+5 %% under a drift of +80 %%: %.3f (%.3f to %.3f)" % (est, low, high))
-    est, low, high = bench.paired_overhead(buckets, "control", "plain")
+    est, low, high = bench.paired_overhead([buckets], "control", "plain")
     check(low < 0.0 < high and abs(est) < 0.01,
           "the control's interval holds 0: %.3f (%.3f to %.3f)" % (est, low, high))
+
+
+def test_rounds_that_disagree():
+    # The same comparison in three rounds: +10 % in one, 0 % in the others
+    # (what a run's placement can do). Pooled buckets would give a narrow
+    # interval around +3 %; drawing rounds must show the disagreement.
+    rounds = []
+    for shift in (1.10, 1.0, 1.0):
+        rounds.append([{"plain": 60.0 + i % 3, "other": (60.0 + i % 3) * shift}
+                       for i in range(12)])
+    est, low, high = bench.paired_overhead(rounds, "other", "plain")
+    check(abs(est - 0.0333) < 0.001, "the estimate pools every bucket: %.4f" % est)
+    check(low < 0.001 and high > 0.099,
+          "rounds that disagree give an interval spanning both: %.3f to %.3f" % (low, high))
 
 
 def test_sequential_interval():
@@ -130,12 +144,13 @@ def test_side_by_side_driver():
         import json
         with open(args.json) as f:
             data = json.load(f)
-        buckets = data["buckets"]
-        check(len(buckets) >= 4, "%d shared buckets from 2 rounds" % len(buckets))
-        est, _, _ = bench.paired_overhead(buckets, "half again", "plain")
+        rounds = data["rounds"]
+        check(len(rounds) == 2 and all(len(r) >= 2 for r in rounds),
+              "shared buckets in each of 2 rounds: %s" % [len(r) for r in rounds])
+        est, _, _ = bench.paired_overhead(rounds, "half again", "plain")
         # sleeps of 30 against 20 ms: +50 %, loosely (a loaded machine wakes late)
         check(0.3 < est < 0.7, "the slower program: %+.2f" % est)
-        est, _, _ = bench.paired_overhead(buckets, "plain/control", "plain")
+        est, _, _ = bench.paired_overhead(rounds, "plain/control", "plain")
         check(abs(est) < 0.1, "the control: %+.3f" % est)
         check(len(data["mean_ms"]["plain"]) == 2, "one mean per round")
 
@@ -164,6 +179,7 @@ if __name__ == "__main__":
     test_parsing()
     test_buckets()
     test_paired_against_drift()
+    test_rounds_that_disagree()
     test_sequential_interval()
     test_side_by_side_driver()
     test_side_by_side_failure()
