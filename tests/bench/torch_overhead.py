@@ -49,6 +49,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -87,9 +88,9 @@ def rank_steps(output, skip, nproc):
 def time_buckets(runs, bucket_s):
     """Pairs the steps of configurations that ran side by side.
     runs: {name: [(ms, end_s), ...]} from one round. The window all of them
-    were stepping in is cut into buckets of bucket_s seconds; returns one
-    {name: mean step time (ms)} per bucket in which every configuration
-    finished a step (a step counts in the bucket holding its midpoint)."""
+    were stepping in is cut into buckets of bucket_s seconds; a step belongs
+    to the bucket holding its midpoint. Returns one {name: mean step time
+    (ms)} per bucket that holds steps of every configuration."""
     start = max(steps[0][1] - steps[0][0] / 1e3 for steps in runs.values())
     end = min(steps[-1][1] for steps in runs.values())
     count = int((end - start) // bucket_s)
@@ -138,71 +139,134 @@ def block_means(steps, block):
     return [statistics.fmean(b) for b in blocks]
 
 
-def bootstrap_means(runs, block, rng, resamples):
-    """`resamples` bootstrap replicates of the mean step time over `runs`
-    (lists of step times): runs drawn with replacement, then each drawn
-    run's block means drawn with replacement."""
-    per_run = [block_means(r, block) for r in runs]
-    out = []
-    for _ in range(resamples):
-        total = 0.0
-        for _ in per_run:
-            means = per_run[rng.randrange(len(per_run))]
-            total += statistics.fmean(rng.choice(means) for _ in means)
-        out.append(total / len(per_run))
-    return out
+def paired_runs_overhead(runs, base_runs, block, resamples=2000, seed=0):
+    """(overhead, low, high): the mean step time of `runs` over that of
+    `base_runs`, minus 1, and its 95 % bootstrap interval. Run i of each
+    ran in the same round (one after the other), so rounds are drawn
+    together for both sides, then each drawn run's block means."""
+    a = [block_means(r, block) for r in runs]
+    b = [block_means(r, block) for r in base_runs]
+    if len(a) != len(b):
+        raise ValueError("runs and base_runs come from different numbers of rounds")
 
+    def mean(per_run):
+        return statistics.fmean(statistics.fmean(m) for m in per_run)
 
-def overhead_interval(runs, base_runs, block, resamples=2000, seed=0):
-    """95 % bootstrap interval (low, high) of mean(runs) / mean(base_runs) - 1."""
     rng = random.Random(seed)
-    a = bootstrap_means(runs, block, rng, resamples)
-    b = bootstrap_means(base_runs, block, rng, resamples)
-    ratios = sorted(x / y - 1 for x, y in zip(a, b))
-    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+    ratios = []
+    for _ in range(resamples):
+        drawn = [rng.randrange(len(a)) for _ in a]
+        sa = [[rng.choice(a[i]) for _ in a[i]] for i in drawn]
+        sb = [[rng.choice(b[i]) for _ in b[i]] for i in drawn]
+        ratios.append(mean(sa) / mean(sb) - 1)
+    ratios.sort()
+    return mean(a) / mean(b) - 1, ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
-def run(cmd, env):
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       universal_newlines=True, timeout=600)
-    if p.returncode != 0:
-        raise RuntimeError("%s exited %d:\n%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:]))
-    return p.stdout
+class Run:
+    """One command in its own process group, its output in a file (a pipe
+    nobody reads while other runs are waited for would fill and stop it)."""
+
+    def __init__(self, name, cmd, env, cpus=None, scratch=None):
+        self.name = name
+        self.cmd = cmd
+        self.out = tempfile.TemporaryFile(mode="w+", dir=scratch)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self.out, stderr=subprocess.STDOUT, universal_newlines=True,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+
+    def output(self):
+        self.out.seek(0)
+        return self.out.read()
+
+    def failure(self):
+        """None while running or after a clean exit; else what went wrong."""
+        rc = self.proc.poll()
+        if rc is None or rc == 0:
+            return None
+        return "%s exited %d:\n%s" % (self.name, rc, self.output()[-3000:])
+
+    def stop(self):
+        """Ends the run and every process it started (a launcher's ranks
+        would otherwise go on)."""
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if sig == signal.SIGTERM:
+                try:  # the leader is gone; its group may not be
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            break
+        self.out.close()
+
+
+def wait_all(runs, timeout):
+    """Waits for every run; on the first failure (or the timeout) stops
+    the others and raises with that run's exit status and output."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            for r in runs:
+                failure = r.failure()
+                if failure:
+                    raise RuntimeError(failure)
+            if all(r.proc.poll() == 0 for r in runs):
+                return [r.output() for r in runs]
+            if time.monotonic() > deadline:
+                raise RuntimeError("runs still going after %d s: %s" % (
+                    timeout, ", ".join(r.name for r in runs if r.proc.poll() is None)))
+            time.sleep(0.2)
+    finally:
+        for r in runs:
+            r.stop()
+
+
+def run(cmd, env, name=None, timeout=600):
+    return wait_all([Run(name or " ".join(cmd), cmd, env)], timeout)[0]
+
+
+def cpu_shares(cpus, count, rep):
+    """Disjoint CPU sets for `count` runs side by side, the same size for
+    each; round `rep` rotates which run gets which set. None (no pinning)
+    when there are fewer CPUs than runs."""
+    if count > len(cpus):
+        return None
+    share = len(cpus) // count
+    sets = [set(cpus[i * share:(i + 1) * share]) for i in range(count)]
+    k = rep % count
+    return sets[k:] + sets[:k]
 
 
 def concurrent(args, configs, command, env):
     """--concurrent: per round, every configuration at once, each pinned to
-    its own share of this process's CPUs (the order of the shares changes
-    from round to round); then one table of overheads paired by time."""
+    its own share of this process's CPUs (the shares rotate from round to
+    round); then one table of overheads paired by time."""
     cpus = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cpus) // len(configs))
     rounds = []  # per round, its buckets
     means = {}
     for rep in range(args.repeat):
-        order = list(range(len(configs)))
-        random.Random(rep).shuffle(order)
-        procs = []
-        for slot, index in enumerate(order):
-            name, extra, prefix = configs[index]
-            mine = set(cpus[(slot * share) % len(cpus):][:share])
-            procs.append((name, subprocess.Popen(
-                command(name, prefix), env=dict(env, **extra), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, universal_newlines=True,
-                preexec_fn=lambda cpus=mine: os.sched_setaffinity(0, cpus))))
+        shares = cpu_shares(cpus, len(configs), rep)
+        if rep == 0:
+            print("%d runs side by side on %d CPUs: %s" % (
+                len(configs), len(cpus), "%d CPUs each" % len(shares[0]) if shares
+                else "not pinned (fewer CPUs than runs)"), flush=True)
+        runs_now = [Run(name, command(name, prefix), dict(env, **extra),
+                        shares[i] if shares else None)
+                    for i, (name, extra, prefix) in enumerate(configs)]
+        outputs = wait_all(runs_now, 900)
         runs = {}
-        try:
-            for name, p in procs:
-                output, _ = p.communicate(timeout=900)
-                if p.returncode != 0:
-                    raise RuntimeError("%s exited %d:\n%s" % (name, p.returncode, output[-3000:]))
-                runs[name] = timed_steps(output, args.skip, args.nproc)
-                if any(end is None for _, end in runs[name]):
-                    raise RuntimeError("%s: the script prints no step end times" % name)
-        finally:  # one run failed or timed out: the others do not go on alone
-            for _, p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        for (name, _, _), output in zip(configs, outputs):
+            runs[name] = timed_steps(output, args.skip, args.nproc)
+            if any(end is None for _, end in runs[name]):
+                raise RuntimeError("%s: the script prints no step end times" % name)
         round_buckets = time_buckets(runs, args.bucket)
         rounds.append(round_buckets)
         for name, _, _ in configs:
@@ -213,9 +277,10 @@ def concurrent(args, configs, command, env):
     buckets = [b for r in rounds for b in r]
     if not buckets:
         raise RuntimeError("the runs never stepped at the same time: more --steps")
-    print("\n%d rounds side by side, %d steps each (steps >= %d), %d buckets of %.1f s; "
-          "%d CPUs per run" % (args.repeat, args.steps, args.skip, len(buckets), args.bucket,
-                               share))
+    print("\n%d rounds side by side, %d steps each (steps >= %d), %d buckets of %.1f s"
+          % (args.repeat, args.steps, args.skip, len(buckets), args.bucket))
+    if args.repeat < 5:
+        print("(fewer than 5 rounds: the intervals understate how much rounds differ)")
     print("| configuration | mean step per round (ms) | difference, paired by time (ms) "
           "| overhead | 95 % interval |")
     print("| --- | --- | --- | --- | --- |")
@@ -269,13 +334,20 @@ def main():
                     help="with --concurrent: also these pairs A:B, A against B in the same "
                          "buckets, separated by ';' (pairs not run are left out)")
     args = ap.parse_args()
+    if args.steps <= args.skip:
+        ap.error("--steps must be more than --skip (%d)" % args.skip)
+    if args.block < 1 or args.repeat < 1 or args.bucket <= 0:
+        ap.error("--block and --repeat must be at least 1, --bucket more than 0")
+    if args.concurrent and args.harness:
+        ap.error("--harness runs one after another: leave out --concurrent")
 
     size = []
     if args.hidden:
         size += ["--hidden", str(args.hidden)]
     if args.tokens:
         size += ["--tokens", str(args.tokens)]
-    scratch = tempfile.mkdtemp(prefix="allocscope-overhead-")
+    # made once the arguments are known to be good
+    scratch = os.path.join(tempfile.gettempdir(), "allocscope-overhead-%d" % os.getpid())
     env = dict(os.environ)
     def under(out, *flags):
         return [args.cli, "run", "--force", "--out", os.path.join(scratch, out)] + list(flags) + ["--"]
@@ -320,14 +392,26 @@ def main():
             # + Python frames
             ("+ python frames", {}, under("b4", "--plugins", "none")),
         ]
+    known = {c[0] for c in configs} | {c[0] for c in all_configs}
     if args.only:
-        wanted = set(args.only.split(";"))
+        wanted = set(filter(None, args.only.split(";")))
+        unknown = sorted(wanted - {c[0] for c in configs})
+        if unknown:
+            ap.error("--only: no configuration %s (known%s: %s)" % (
+                ", ".join(repr(u) for u in unknown), "" if args.breakdown else
+                " without --breakdown", "; ".join(c[0] for c in configs)))
         configs = [c for c in configs if c[0] in wanted or c[0] == "plain"]
+    for pair in filter(None, args.contrast.split(";")):
+        a, sep, b = pair.partition(":")
+        if not sep or a not in known or b not in known:
+            ap.error("--contrast: %r is not A:B of two configuration names" % pair)
     if args.concurrent:
         if not any(c[0] == "plain/control" for c in configs):
             configs.insert(1, next(c for c in all_configs if c[0] == "plain/control"))
     else:
         configs = [c for c in configs if c[0] != "plain/control" or args.only]
+
+    os.makedirs(scratch)
 
     def command(name, prefix):
         if prefix is None:
@@ -345,29 +429,31 @@ def main():
     samples = {}  # name -> each run's step times
     try:
         for rep in range(args.repeat):
-            for name, extra, prefix in configs:
-                steps = rank_steps(run(command(name, prefix), dict(env, **extra)), args.skip,
-                                   args.nproc)
+            k = rep % len(configs)  # each configuration takes each place in turn
+            for name, extra, prefix in configs[k:] + configs[:k]:
+                steps = rank_steps(run(command(name, prefix), dict(env, **extra), name),
+                                   args.skip, args.nproc)
                 samples.setdefault(name, []).append(steps)
                 results.setdefault(name, []).append(statistics.fmean(steps))
                 print("%-20s run %d: mean %.3f ms/step, median %.3f, first 10 steps %.3f, "
                       "last 10 %.3f" % (name, rep, statistics.fmean(steps),
                                         statistics.median(steps), statistics.fmean(steps[:10]),
                                         statistics.fmean(steps[-10:])), flush=True)
-        base = statistics.fmean(results["plain"])
         print("\n%d runs of %d steps per configuration (steps >= %d counted, blocks of %d)"
               % (args.repeat, args.steps, args.skip, args.block))
-        print("| configuration | runs, mean step (ms) | mean | overhead | 95 % interval |")
-        print("| --- | --- | --- | --- | --- |")
+        if args.repeat < 5:
+            print("(fewer than 5 runs each: the intervals understate how much runs differ)")
+        print("| configuration | runs, mean step (ms) | overhead | 95 % interval |")
+        print("| --- | --- | --- | --- |")
         for name, _, _ in configs:
-            t = statistics.fmean(results[name])
             runs = ", ".join("%.1f" % r for r in results[name])
             if name == "plain":
-                print("| plain | %s | %.2f | — | — |" % (runs, t))
+                print("| plain | %s | — | — |" % runs)
                 continue
-            low, high = overhead_interval(samples[name], samples["plain"], args.block)
-            print("| %s | %s | %.2f | %+.1f %% | %+.1f %% to %+.1f %% |"
-                  % (name, runs, t, (t / base - 1) * 100, low * 100, high * 100))
+            est, low, high = paired_runs_overhead(samples[name], samples["plain"], args.block)
+            print("| %s | %s | %+.1f %% | %+.1f %% to %+.1f %% |"
+                  % (name, runs, est * 100, low * 100, high * 100))
+        output = {"mean_ms": results, "step_ms": samples}
 
         if args.harness:
             harness = [args.harness, "--backend", "cuda", "--ranks", str(args.nproc), "--steps", "200",
@@ -379,16 +465,16 @@ def main():
                                                           os.path.join(scratch, "h"), "--"] +
                                    harness)):
                     start = time.perf_counter()
-                    run(cmd, env)
+                    run(cmd, env, name)
                     walls[name].append(time.perf_counter() - start)
             hb = statistics.median(walls["harness plain"])
             for name, v in walls.items():
                 t = statistics.median(v)
                 print("| %s (200 steps, wall) | %.3f s | %+.1f %% |" % (name, t, (t / hb - 1) * 100))
-            results.update(walls)
+            output["harness_wall_s"] = walls
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"mean_ms": results, "step_ms": samples}, f)
+                json.dump(output, f)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
