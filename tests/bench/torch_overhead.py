@@ -245,6 +245,25 @@ def cpu_shares(cpus, count, rep):
     return sets[k:] + sets[:k]
 
 
+def overhead_table(columns, configs, values, overhead, difference=None):
+    """A Markdown table: per configuration its `values` (ms, one per round)
+    and, but for plain, difference(name) in ms when given, then
+    overhead(name) = (estimate, low, high) against plain."""
+    header = ["configuration"] + columns + ["overhead", "95 % interval"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    for name, _, _ in configs:
+        cells = [name, ", ".join("%.1f" % v for v in values[name])]
+        if name == "plain":
+            cells += ["—"] * (len(header) - 2)
+        else:
+            if difference:
+                cells.append("%+.2f" % difference(name))
+            est, low, high = overhead(name)
+            cells += ["%+.1f %%" % (est * 100), "%+.1f %% to %+.1f %%" % (low * 100, high * 100)]
+        print("| " + " | ".join(cells) + " |")
+
+
 def concurrent(args, configs, command, env):
     """--concurrent: per round, every configuration at once, each pinned to
     its own share of this process's CPUs (the shares rotate from round to
@@ -281,18 +300,9 @@ def concurrent(args, configs, command, env):
           % (args.repeat, args.steps, args.skip, len(buckets), args.bucket))
     if args.repeat < 5:
         print("(fewer than 5 rounds: the intervals understate how much rounds differ)")
-    print("| configuration | mean step per round (ms) | difference, paired by time (ms) "
-          "| overhead | 95 % interval |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, _, _ in configs:
-        per_round = ", ".join("%.1f" % m for m in means[name])
-        if name == "plain":
-            print("| plain | %s | — | — | — |" % per_round)
-            continue
-        est, low, high = paired_overhead(rounds, name, "plain")
-        diff = statistics.fmean(b[name] - b["plain"] for b in buckets)
-        print("| %s | %s | %+.2f | %+.1f %% | %+.1f %% to %+.1f %% |"
-              % (name, per_round, diff, est * 100, low * 100, high * 100))
+    overhead_table(["mean step per round (ms)", "difference, paired by time (ms)"], configs,
+                   means, lambda name: paired_overhead(rounds, name, "plain"),
+                   lambda name: statistics.fmean(b[name] - b["plain"] for b in buckets))
     names = {name for name, _, _ in configs}
     for pair in filter(None, args.contrast.split(";")):
         a, _, b = pair.partition(":")
@@ -443,16 +453,9 @@ def main():
               % (args.repeat, args.steps, args.skip, args.block))
         if args.repeat < 5:
             print("(fewer than 5 runs each: the intervals understate how much runs differ)")
-        print("| configuration | runs, mean step (ms) | overhead | 95 % interval |")
-        print("| --- | --- | --- | --- |")
-        for name, _, _ in configs:
-            runs = ", ".join("%.1f" % r for r in results[name])
-            if name == "plain":
-                print("| plain | %s | — | — |" % runs)
-                continue
-            est, low, high = paired_runs_overhead(samples[name], samples["plain"], args.block)
-            print("| %s | %s | %+.1f %% | %+.1f %% to %+.1f %% |"
-                  % (name, runs, est * 100, low * 100, high * 100))
+        overhead_table(["runs, mean step (ms)"], configs, results,
+                       lambda name: paired_runs_overhead(samples[name], samples["plain"],
+                                                         args.block))
         output = {"mean_ms": results, "step_ms": samples}
 
         if args.harness:

@@ -8,6 +8,7 @@ No torch and no GPU: the side-by-side driver runs small Python programs that
 print the training script's STEP_MS lines with sleeps of known length.
 """
 
+import json
 import os
 import random
 import statistics
@@ -142,8 +143,8 @@ def test_interval_width():
 # output per step (160 KB in all: more than a pipe holds, so a driver that
 # reads the runs one at a time through pipes would stall the others).
 FAKE = r'''
-import sys, time
-factor = float(sys.argv[1])
+import os, sys, time
+factor = float(sys.argv[1]) * float(os.environ.get("FAKE_FACTOR", "1"))
 for step in range(int(sys.argv[2])):
     start = time.perf_counter()
     time.sleep(0.02 * factor)
@@ -166,7 +167,6 @@ def test_side_by_side_driver():
         bench.concurrent(args, configs,
                          lambda name, prefix: [sys.executable, fake, str(factors[name]), "80"],
                          dict(os.environ))
-        import json
         with open(args.json) as f:
             data = json.load(f)
         rounds = data["rounds"]
@@ -221,6 +221,48 @@ def test_side_by_side_failure():
         check(gone, "the processes the other runs started are stopped too")
 
 
+# A stand-in for the allocscope CLI: `run --force --out DIR [flags] -- CMD`
+# runs CMD with its steps 30 % slower.
+FAKE_CLI = r'''
+import os, sys
+args = sys.argv[1:]
+assert args[:2] == ["run", "--force"], args
+cmd = args[args.index("--") + 1:]
+os.execve(cmd[0], cmd, dict(os.environ, FAKE_FACTOR="1.3"))
+'''
+
+
+def test_main(concurrent):
+    """The driver end to end (configurations, order, table, JSON) with the
+    training script and the CLI replaced by stand-ins."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = os.path.join(tmp, "fake_step.py")
+        cli = os.path.join(tmp, "fake_cli.py")
+        with open(fake, "w") as f:
+            f.write(FAKE)
+        with open(cli, "w") as f:
+            f.write("#!%s\n%s" % (sys.executable, FAKE_CLI))
+        os.chmod(cli, 0o755)
+        saved = bench.torchrun, sys.argv
+        bench.torchrun = lambda steps, size=(), nproc=2: [sys.executable, fake, "1", str(steps)]
+        out = os.path.join(tmp, "out.json")
+        sys.argv = ["torch_overhead.py", "--cli", cli, "--steps", "40", "--skip", "2",
+                    "--repeat", "2", "--nproc", "1", "--only", "allocscope", "--json", out,
+                    "--bucket", "0.3"] + (["--concurrent", "--contrast", ""] if concurrent else [])
+        try:
+            bench.main()
+        finally:
+            bench.torchrun, sys.argv = saved
+        with open(out) as f:
+            means = json.load(f)["mean_ms"]
+        names = sorted(means)
+        want = ["allocscope", "plain"] + (["plain/control"] if concurrent else [])
+        check(names == sorted(want), "%s: the configurations run: %s" % (
+            "side by side" if concurrent else "one after another", names))
+        ratio = statistics.fmean(means["allocscope"]) / statistics.fmean(means["plain"])
+        check(1.15 < ratio < 1.5, "the slowed run is %.2f times plain" % ratio)
+
+
 if __name__ == "__main__":
     test_parsing()
     test_buckets()
@@ -230,4 +272,6 @@ if __name__ == "__main__":
     test_interval_width()
     test_side_by_side_driver()
     test_side_by_side_failure()
+    test_main(concurrent=False)
+    test_main(concurrent=True)
     print("all passed")
