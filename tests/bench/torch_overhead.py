@@ -393,6 +393,12 @@ def main():
              under("b01", "--no-python", "--plugins", "none", "--stack-depth", "0")),
             # + the shim's module hooks and the bridge's blocks
             ("+ shim, bridge", {}, under("b1", "--plugins", "none", "--stack-depth", "0")),
+            # the shim's hooks, no blocks: the bridge not attached to the allocator
+            ("+ shim, no blocks", {"ALLOCSCOPE_TORCH_BLOCKS": "0"},
+             under("b11", "--plugins", "none", "--stack-depth", "0")),
+            # the bridge's blocks, no module hooks (steps only, no layer tags)
+            ("+ bridge, no module hooks", {"ALLOCSCOPE_PYTHON_MODULES": "0"},
+             under("b12", "--plugins", "none", "--stack-depth", "0")),
             # the same without the backward tensor hooks
             ("+ shim w/o backward hooks", {"ALLOCSCOPE_PYTHON_BACKWARD": "0"},
              under("b2", "--plugins", "none", "--stack-depth", "0")),

@@ -16,6 +16,11 @@ dataclass's tensor, so the root's backward enters below the head's), and
 torch < 2.0 has no global step hooks, so the shim wraps step() there), the
 parameters registered, and one step per optimizer.step().
 
+Then the measuring switches: with ALLOCSCOPE_PYTHON_MODULES=0 the same
+script gets no layer tags and no parameters, but its optimizer tags and
+steps; with ALLOCSCOPE_TORCH_BLOCKS=0, attach_bridge() succeeds without
+attaching and says so.
+
 TORCH_SHIM_HOOKS=ctypes: the hooks tag through ctypes and Python tensor
 hooks (ALLOCSCOPE_BRIDGE_HOOKS=0). TORCH_SHIM_HOOKS=bridge: through the C++
 tag hooks of the library ALLOCSCOPE_TORCH_BRIDGE names (SKIP without one).
@@ -137,6 +142,28 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def run_traced(script, out, extra_env):
+    """`script` under `allocscope run`: (the process, rank 0 of its report or None)."""
+    env = dict(os.environ, SIM_CUDART=SIM_CUDART, PYTHONDONTWRITEBYTECODE="1",
+               ALLOCSCOPE_LOG="debug")
+    for var in ("ALLOCSCOPE_PYTHON", "PYTHONPATH", "LD_PRELOAD", "ALLOCSCOPE_OUT",
+                "ALLOCSCOPE_BRIDGE_HOOKS", "ALLOCSCOPE_PYTHON_MODULES", "ALLOCSCOPE_TORCH_BLOCKS"):
+        env.pop(var, None)
+    if HOOKS == "ctypes":
+        env["ALLOCSCOPE_BRIDGE_HOOKS"] = "0"
+    env.update(extra_env)
+    p = subprocess.run([CLI, "run", "--out", out, "--plugins", "none", "--", sys.executable, script],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True, timeout=300)
+    print(p.stderr)
+    r = subprocess.run([CLI, "report", out, "--format", "json"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    if r.returncode != 0:
+        print("report: %s" % r.stderr)
+        return p, None
+    return p, json.loads(r.stdout)["ranks"][0]
+
+
 def main():
     scratch = tempfile.mkdtemp(prefix="allocscope-torchshim-")
     failures = []
@@ -146,34 +173,23 @@ def main():
             failures.append(what)
             print("FAILED: " + what)
 
+    def steps_of(rank):
+        return sorted(s["step"] for s in rank.get("timeline", {}).get("steps", []))
+
     try:
         script = os.path.join(scratch, "train.py")
         with open(script, "w") as f:
             f.write(SCRIPT)
-        out = os.path.join(scratch, "out")
-        env = dict(os.environ, SIM_CUDART=SIM_CUDART, PYTHONDONTWRITEBYTECODE="1",
-                   ALLOCSCOPE_LOG="debug")
-        for var in ("ALLOCSCOPE_PYTHON", "PYTHONPATH", "LD_PRELOAD", "ALLOCSCOPE_OUT",
-                    "ALLOCSCOPE_BRIDGE_HOOKS"):
-            env.pop(var, None)
-        if HOOKS == "ctypes":
-            env["ALLOCSCOPE_BRIDGE_HOOKS"] = "0"
-        p = subprocess.run([CLI, "run", "--out", out, "--plugins", "none", "--", sys.executable, script],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=300)
-        print(p.stderr)
+        p, rank = run_traced(script, os.path.join(scratch, "out"), {})
         check(p.returncode == 0 and "done" in p.stdout, "exit status %d" % p.returncode)
         check("hooks not installed" not in p.stderr and "hook failed" not in p.stderr
               and "hooks failed" not in p.stderr and "cannot be used" not in p.stderr,
               "the shim reported a problem")
         through = "the PyTorch bridge" if HOOKS == "bridge" else "ctypes"
         check("tag calls through %s\n" % through in p.stderr, "tags not through %s" % through)
-        r = subprocess.run([CLI, "report", out, "--format", "json"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
-        check(r.returncode == 0, "report: %s" % r.stderr)
-        if r.returncode != 0:
+        check(rank is not None, "no report")
+        if rank is None:
             return 1
-        rank = json.loads(r.stdout)["ranks"][0]
         kinds = rank.get("events_by_kind", {})
         check(kinds.get("param") == 8, "param events: %r (want 8: 4 x weight, bias)" % kinds)
         tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
@@ -189,8 +205,37 @@ def main():
                   "%s backward (output inside a container): %r" % (layer, t))
         opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
         check(len(opt) == 1 and opt[0]["allocations"] == STEPS, "optimizer tags: %r" % opt)
-        steps = sorted(s["step"] for s in rank.get("timeline", {}).get("steps", []))
-        check(steps[-STEPS:] == list(range(1, STEPS + 1)), "steps %r" % steps)
+        check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), "steps %r" % steps_of(rank))
+
+        # ALLOCSCOPE_PYTHON_MODULES=0: steps and optimizer tags, nothing per module.
+        p, rank = run_traced(script, os.path.join(scratch, "out-nomodules"),
+                             {"ALLOCSCOPE_PYTHON_MODULES": "0"})
+        check(p.returncode == 0 and "done" in p.stdout, "modules off: exit status %d" % p.returncode)
+        check("module hooks left out (ALLOCSCOPE_PYTHON_MODULES=0)" in p.stderr,
+              "modules off: not said")
+        if rank is not None:
+            tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+            print("tags without module hooks:", sorted(tags))
+            check(not [k for k in tags if k[1] in ("forward", "backward")],
+                  "modules off: module tags %r" % sorted(tags))
+            check("param" not in rank.get("events_by_kind", {}), "modules off: parameters registered")
+            opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
+            check(len(opt) == 1 and opt[0]["allocations"] == STEPS,
+                  "modules off: optimizer tags %r" % opt)
+            check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)),
+                  "modules off: steps %r" % steps_of(rank))
+        else:
+            check(False, "modules off: no report")
+
+        # ALLOCSCOPE_TORCH_BLOCKS=0: the bridge is not attached, and that is said.
+        probe = os.path.join(scratch, "attach.py")
+        with open(probe, "w") as f:
+            f.write("import torch\nimport allocscope.torch as ast\nprint('attach', ast.attach_bridge())\n")
+        p, _ = run_traced(probe, os.path.join(scratch, "out-noblocks"),
+                          {"ALLOCSCOPE_TORCH_BLOCKS": "0"})
+        check(p.returncode == 0 and "attach True" in p.stdout,
+              "blocks off: attach_bridge() %r" % p.stdout)
+        check("not attached (ALLOCSCOPE_TORCH_BLOCKS=0)" in p.stderr, "blocks off: not said")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if failures:

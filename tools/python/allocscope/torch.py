@@ -59,6 +59,11 @@ allocscope_enter_nested: backward entries of an earlier forward pass
 Optimizer entries of a step() that raised go at the next step().
 
 Environment: ALLOCSCOPE_PYTHON_BACKWARD=0 leaves out the backward hooks.
+ALLOCSCOPE_PYTHON_MODULES=0 leaves out the module hooks altogether (no layer
+tags, no parameters registered; steps and per-tensor blocks stay).
+ALLOCSCOPE_TORCH_BLOCKS=0 does not attach the bridge to the caching
+allocator (segments only, and no Python lines for them). The two exist to
+measure what each part costs (tests/bench/torch_overhead.py --breakdown).
 ALLOCSCOPE_TORCH_BRIDGE: the bridge library's path. ALLOCSCOPE_BRIDGE_HOOKS=0:
 tag through ctypes and Python tensor hooks even where the bridge is built.
 ALLOCSCOPE_LOG=debug: which of the two tags, and each Python hook's calls and
@@ -656,6 +661,14 @@ def _attach():
     # is still loaded there for the Python frames of those allocations
     # (allocscope_torch_bridge_attach registers them and answers 1).
     asynchronous = _allocator_backend() == "cudaMallocAsync"
+    if os.environ.get("ALLOCSCOPE_TORCH_BLOCKS", "1") == "0":
+        if not asynchronous:
+            _say(
+                "bridge",
+                "the PyTorch bridge is not attached (ALLOCSCOPE_TORCH_BLOCKS=0): per-tensor "
+                "blocks of the caching allocator are not recorded",
+            )
+        return True
     candidates = _bridge_candidates()
     path = _bridge_path()
     if path is None:
@@ -781,12 +794,17 @@ def enable(model=None, optimizer=None):
             if debug:
                 _say("ops", "tag calls through %s" % how)
         timed = _timed if debug else (lambda f: f)
-        _handles.append(nn_module.register_module_forward_pre_hook(timed(_forward_pre)))
-        try:
-            post = nn_module.register_module_forward_hook(timed(_forward_post), always_call=True)
-        except TypeError:  # torch < 2.0: no always_call (see the module's docstring)
-            post = nn_module.register_module_forward_hook(timed(_forward_post))
-        _handles.append(post)
+        if os.environ.get("ALLOCSCOPE_PYTHON_MODULES", "1") != "0":
+            _handles.append(nn_module.register_module_forward_pre_hook(timed(_forward_pre)))
+            try:
+                post = nn_module.register_module_forward_hook(
+                    timed(_forward_post), always_call=True
+                )
+            except TypeError:  # torch < 2.0: no always_call (see the module's docstring)
+                post = nn_module.register_module_forward_hook(timed(_forward_post))
+            _handles.append(post)
+        else:
+            _say("modules", "module hooks left out (ALLOCSCOPE_PYTHON_MODULES=0): no layer tags")
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
         _backward_hooks = os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0"
