@@ -287,9 +287,13 @@ def concurrent(args, configs, command, env):
             if any(end is None for _, end in runs[name]):
                 raise RuntimeError("%s: the script prints no step end times" % name)
         round_buckets = time_buckets(runs, args.bucket)
+        if not round_buckets:
+            print("round %d: the runs never stepped at the same time; the round is left out"
+                  % rep, flush=True)
+            continue
         rounds.append(round_buckets)
         for name, _, _ in configs:
-            m = statistics.fmean(b[name] for b in round_buckets) if round_buckets else float("nan")
+            m = statistics.fmean(b[name] for b in round_buckets)
             means.setdefault(name, []).append(m)
             print("round %d %-24s %.3f ms/step in %d shared buckets"
                   % (rep, name, m, len(round_buckets)), flush=True)
@@ -297,8 +301,8 @@ def concurrent(args, configs, command, env):
     if not buckets:
         raise RuntimeError("the runs never stepped at the same time: more --steps")
     print("\n%d rounds side by side, %d steps each (steps >= %d), %d buckets of %.1f s"
-          % (args.repeat, args.steps, args.skip, len(buckets), args.bucket))
-    if args.repeat < 5:
+          % (len(rounds), args.steps, args.skip, len(buckets), args.bucket))
+    if len(rounds) < 5:
         print("(fewer than 5 rounds: the intervals understate how much rounds differ)")
     overhead_table(["mean step per round (ms)", "difference, paired by time (ms)"], configs,
                    means, lambda name: paired_overhead(rounds, name, "plain"),
