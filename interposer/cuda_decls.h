@@ -16,6 +16,7 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorNoDevice = 100,
     cudaErrorSharedObjectSymbolNotFound = 302,
+    cudaErrorLaunchFailure = 719,
 } cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
 typedef struct CUmemPoolHandle_st* cudaMemPool_t;

@@ -20,7 +20,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -33,9 +32,11 @@
 #include "elf_note.h"
 #include "event_ring.h"
 #include "findings.h"
+#include "live_table.h"
 #include "output_file.h"
 #include "plugin_host.h"
 #include "real_cuda.h"
+#include "replay.h"
 #include "stack_table.h"
 #include "string_table.h"
 #include "trace_writer.h"
@@ -436,6 +437,52 @@ void write_pending_definitions() {
     }
 }
 
+// Handles and VA ranges share a table: a handle value is no VA, and the two
+// pools are told apart by the record's memory kind.
+LiveTable& table_for(Level level, Pool pool) {
+    if (level == Level::block) return g->blocks;
+    return pool == Pool::physical || pool == Pool::address_range ? g->vmm_handles : g->segments;
+}
+
+// The live allocations, kept by the writer in seq order (the trace's
+// order): an alloc enters its pool's table; a free takes its record out and
+// gets the record's size, device and memory kind, or is flagged as freeing
+// an address never seen or already freed. A free the runtime refused
+// leaves the record in. The hooks touch no table: no lock, no hash lookup
+// on the program's threads. An alloc whose event was dropped (the writer
+// stalled) is not in the table; its free is then flagged unknown.
+void track_live(std::vector<Event>& batch) noexcept {
+    for (Event& e : batch) {
+        if (e.kind == EventKind::alloc) {
+            try {
+                table_for(e.level, pool_of(e)).insert(LiveRecord::from(e));
+            } catch (...) {
+                // Out of host memory while growing the table: the event is
+                // still recorded; its free will carry no size.
+            }
+        } else if (e.kind == EventKind::free) {
+            LiveTable& table = table_for(e.level, pool_of_free(e.level, e.api));
+            LiveRecord removed;
+            const FreeOutcome outcome = table.remove(e.address, &removed);
+            if (outcome == FreeOutcome::freed) {
+                e.size = removed.size;
+                e.device = removed.device;
+                e.memory = removed.memory;
+                if (e.result != 0) {
+                    try {
+                        table.insert(removed);
+                    } catch (...) {
+                    }
+                }
+            } else if (outcome == FreeOutcome::unknown) {
+                e.flags |= kFlagUnknownAddress;
+            } else {
+                e.flags |= kFlagDoubleFree;
+            }
+        }
+    }
+}
+
 // Moves published events into the file. Returns how many were written.
 uint64_t drain_once(std::vector<Event>& batch) {
     // Read what is published before taking the definitions: every definition
@@ -448,6 +495,7 @@ uint64_t drain_once(std::vector<Event>& batch) {
     for (uint64_t i = 0; i < n; ++i)
         batch.push_back(g->ring.at(first + i));
     g->ring.release_until(first + n);
+    track_live(batch);
     for (const Event& e : batch)
         g->writer.event(e);
     feed_plugins(batch);
@@ -926,13 +974,6 @@ void emit_simple(EventKind kind, uint32_t layer, uint32_t phase, uint32_t aux,
     EventRing::publish(slot);
 }
 
-// Handles and VA ranges share a table: a handle value is no VA, and the two
-// pools are told apart by the record's memory kind.
-LiveTable& table_for(Level level, Pool pool) {
-    if (level == Level::block) return g->blocks;
-    return pool == Pool::physical || pool == Pool::address_range ? g->vmm_handles : g->segments;
-}
-
 // C API calls are not hooks, but CUDA calls they trigger must not be
 // recorded as the user's either; they share the hooks' guard.
 struct ApiScope {
@@ -967,13 +1008,9 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
         }
     }
     const uint32_t stack = ok ? capture_stack_id(outer) : 0;
-    const EventKind kind = ok ? EventKind::alloc : EventKind::oom;
-    EventRing::Slot* slot = begin_event(kind);
-    // A dropped event still leaves its allocation in the in-process table;
-    // only then is a local event built.
-    std::optional<Event> dropped;
-    if (!slot) fill_common(dropped.emplace(), kind);
-    Event& e = slot ? slot->event : *dropped;
+    EventRing::Slot* slot = begin_event(ok ? EventKind::alloc : EventKind::oom);
+    if (!slot) return;
+    Event& e = slot->event;
     e.address = ok ? reinterpret_cast<uint64_t>(address) : 0;
     e.size = info.size;
     e.stream = info.stream;
@@ -983,49 +1020,27 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
     e.level = info.level;
     e.memory = info.memory;
     e.api = info.api;
-    if (ok) {
-        try {
-            table_for(info.level, pool_of(e)).insert(LiveRecord::from(e));
-        } catch (...) {
-            // Out of host memory while growing the table: the event is still
-            // recorded; only the in-process view misses this allocation.
-        }
-    }
-    if (slot) EventRing::publish(slot);
+    EventRing::publish(slot);
 }
 
+// The free's size, device and memory kind, and whether its address was
+// live, are the writer's to fill in (track_live): the hook only reserves
+// the slot, so its seq precedes any allocation that reuses the address.
 void begin_free(PendingFree& pending, Api api, Level level, void* address,
                 uint64_t stream) noexcept {
     pending.slot = nullptr;
     if (!ensure_started()) return;
-    pending.address = reinterpret_cast<uint64_t>(address);
-    pending.level = level;
-    pending.pool = pool_of_free(level, api);
-    FreeOutcome outcome = table_for(level, pending.pool).remove(pending.address, &pending.removed);
-    pending.restorable = outcome == FreeOutcome::freed;
     EventRing::Slot* slot = begin_event(EventKind::free);
     if (!slot) return;
     Event& e = slot->event;
-    e.address = pending.address;
-    e.size = pending.restorable ? pending.removed.size : 0;
+    e.address = reinterpret_cast<uint64_t>(address);
     e.stream = stream;
-    e.device = pending.restorable ? pending.removed.device : -1;
-    e.memory = pending.restorable ? pending.removed.memory : MemoryKind::none;
     e.level = level;
     e.api = api;
-    if (outcome == FreeOutcome::unknown) e.flags |= kFlagUnknownAddress;
-    if (outcome == FreeOutcome::double_free) e.flags |= kFlagDoubleFree;
     pending.slot = slot;
 }
 
 void end_free(PendingFree& pending, int result) noexcept {
-    if (result != 0 && pending.restorable) {
-        // The real free refused: the memory is still allocated.
-        try {
-            table_for(pending.level, pending.pool).insert(pending.removed);
-        } catch (...) {
-        }
-    }
     if (!pending.slot) return;
     auto* slot = static_cast<EventRing::Slot*>(pending.slot);
     slot->event.result = result;

@@ -21,8 +21,6 @@
 
 #include "checks.h"
 #include "event.h"
-#include "live_table.h"
-#include "replay.h"
 
 namespace allocscope::recorder {
 
@@ -79,11 +77,6 @@ void set_outer_frames(OuterFrames provider) noexcept;
 // any later allocation that reuses the address.
 struct PendingFree {
     void* slot = nullptr;  // reserved ring slot, nullptr when not recording
-    uint64_t address = 0;
-    Level level = Level::none;
-    Pool pool = Pool::device_segment;
-    bool restorable = false;  // the address was live before this free
-    LiveRecord removed;
 };
 void begin_free(PendingFree& pending, Api api, Level level, void* address,
                 uint64_t stream) noexcept;

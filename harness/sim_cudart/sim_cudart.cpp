@@ -22,7 +22,10 @@
 //     cuCtxGetCurrent (a driver entry point, served here too) returns the
 //     current thread's, as the real driver does for the primary context;
 //   * a failed allocation writes NULL to the out-parameter, like the real one,
-//     and is remembered for cudaGetLastError (per thread, cleared on read).
+//     and is remembered for cudaGetLastError (per thread, cleared on read);
+//   * ALLOCSCOPE_SIM_REFUSE_FREE=N: the N-th cudaFree of the process (from 1)
+//     frees nothing and fails with cudaErrorLaunchFailure, as the real
+//     runtime refuses frees after a kernel fault.
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -151,7 +154,21 @@ SIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
     return allocate(devPtr, size, Pool::device);
 }
 
+namespace {
+
+bool refuse_this_free() {
+    static const long refused = [] {
+        const char* v = std::getenv("ALLOCSCOPE_SIM_REFUSE_FREE");
+        return v ? std::strtol(v, nullptr, 10) : 0L;
+    }();
+    static std::atomic<long> calls{0};
+    return refused > 0 && calls.fetch_add(1, std::memory_order_relaxed) + 1 == refused;
+}
+
+}  // namespace
+
 SIM_EXPORT cudaError_t cudaFree(void* devPtr) {
+    if (refuse_this_free()) return remember(cudaErrorLaunchFailure);
     return release(devPtr, Pool::device);
 }
 
@@ -287,6 +304,8 @@ SIM_EXPORT const char* cudaGetErrorString(cudaError_t error) {
             return "invalid argument";
         case cudaErrorMemoryAllocation:
             return "out of memory";
+        case cudaErrorLaunchFailure:
+            return "unspecified launch failure";
         default:
             return "unrecognized error code";
     }

@@ -185,6 +185,19 @@ TEST_CASE("SIGKILL mid-run: the prefix is readable, report says truncated, flush
     }
     const std::string name = files[0].filename().string();  // pid<PID>.trace
     const pid_t traced = static_cast<pid_t>(std::stol(name.substr(3)));
+    // The writer thread lags the program on a loaded machine: kill once the
+    // file holds the first 2,000 iterations' events (the program goes on
+    // allocating until then).
+    const bool written = wait_for(
+        [&] {
+            try {
+                return load_trace(files[0].string()).events.size() > 2000;
+            } catch (...) {
+                return false;
+            }
+        },
+        120);
+    CHECK(written);
     REQUIRE(kill(traced, SIGKILL) == 0);
     int status = 0;
     REQUIRE(waitpid(cli_pid, &status, 0) == cli_pid);
@@ -329,7 +342,8 @@ TEST_CASE("broken plugins running live: one message each, the others run on, pro
 TEST_CASE("failing CUDA calls: every error is passed through unchanged and recorded as such") {
     TempDir t;
     const fs::path out = t / "out";
-    const std::string limit = "ALLOCSCOPE_SIM_MEMORY_LIMIT=1073741824 ";
+    const std::string limit =
+        "ALLOCSCOPE_SIM_MEMORY_LIMIT=1073741824 ALLOCSCOPE_SIM_REFUSE_FREE=4 ";
     Run plain = run(limit + program() + " fail-calls");
     Run r = run(limit + cli() + " run --out " + out.string() + " -- " + program() + " fail-calls");
     CHECK(plain.status == 0);
@@ -337,6 +351,8 @@ TEST_CASE("failing CUDA calls: every error is passed through unchanged and recor
     CHECK(r.out == plain.out);  // every return code and cudaGetLastError
     CHECK(contains(plain.out, "cudaMalloc(1 PiB) = 2, last error 2\n"));
     CHECK(contains(plain.out, "cudaMalloc(NULL, 4096) = 1\n"));
+    CHECK(contains(plain.out, "cudaFree(refused) = 719, last error 719\n"));
+    CHECK(contains(plain.out, "cudaFree(again) = 0\n"));
     Trace trace = load_trace(traces_in(out).at(0).string());
     struct Oom {
         std::string api;
@@ -345,16 +361,34 @@ TEST_CASE("failing CUDA calls: every error is passed through unchanged and recor
     };
     std::vector<Oom> ooms;
     int bad_frees = 0;
+    std::vector<Event> refused;  // the frees of the memory the runtime kept
     for (const Event& e : trace.events) {
         if (e.kind == EventKind::oom)
             ooms.push_back({std::string(to_string(e.api)), e.size, e.result});
-        if (e.kind == EventKind::free && e.result != 0) {
+        if (e.kind == EventKind::free && e.result == 719) refused.push_back(e);
+        if (e.kind == EventKind::free && e.result != 0 && e.result != 719) {
             ++bad_frees;
             CHECK(e.result == 1);  // cudaErrorInvalidValue
             CHECK((e.flags & (kFlagUnknownAddress | kFlagDoubleFree)) != 0);
         }
         if (e.kind == EventKind::alloc) CHECK(e.size == 8192);
     }
+    // A refused free of live memory carries its size and leaves it live, so
+    // the free that follows is an ordinary one, not a double free.
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].size == 8192);
+    CHECK(refused[0].flags == 0);
+    std::vector<Event> after;
+    for (const Event& e : trace.events)
+        if (e.kind == EventKind::free && e.address == refused[0].address && e.seq > refused[0].seq)
+            after.push_back(e);
+    REQUIRE(after.size() == 1);
+    CHECK(after[0].result == 0);
+    CHECK(after[0].size == 8192);
+    CHECK(after[0].flags == 0);
+    REQUIRE(trace.footer.has_value());
+    CHECK(trace.footer->double_frees == 1);
+    CHECK(trace.footer->unknown_frees == 1);
     REQUIRE(ooms.size() == 4);
     CHECK(ooms[0].api == "cudaMalloc");
     CHECK(ooms[0].size == uint64_t{1} << 50);

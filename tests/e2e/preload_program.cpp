@@ -27,8 +27,10 @@
 //   until-killed allocate in a loop (steps, tags, some kept) until killed;
 //                creates $E2E_READY after the first 2000 allocations
 //   fail-calls   allocations the runtime refuses (out of memory with
-//                ALLOCSCOPE_SIM_MEMORY_LIMIT, invalid value) and bad frees;
-//                prints every return code and cudaGetLastError
+//                ALLOCSCOPE_SIM_MEMORY_LIMIT, invalid value), bad frees, and
+//                a free of live memory refused (the 4th cudaFree, with
+//                ALLOCSCOPE_SIM_REFUSE_FREE=4) then repeated; prints every
+//                return code and cudaGetLastError
 //   hostile-symbol  keeps 32 MiB allocated from a function whose symbol
 //                name is markup (x86-64; elsewhere an ordinary name)
 //
@@ -588,6 +590,14 @@ int run_fail_calls() {
     checked_free(ok);
     rc = cudaFree(ok);
     std::printf("cudaFree(twice) = %d\n", int(rc));
+    // Live memory whose free is refused stays allocated: freed again, it goes.
+    void* kept = checked_malloc(8192);
+    rc = cudaFree(kept);
+    std::printf("cudaFree(refused) = %d, last error %d\n", int(rc), int(cudaGetLastError()));
+    if (rc != cudaSuccess) {
+        rc = cudaFree(kept);
+        std::printf("cudaFree(again) = %d\n", int(rc));
+    }
     std::printf("fail-calls done: %d failure(s)\n", g_failures);
     return g_failures == 0 ? 0 : 1;
 }
