@@ -45,8 +45,12 @@ class EventRing {
     EventRing& operator=(const EventRing&) = delete;
 
     // Reserves the next seq, waiting while the ring is full. Gives up and
-    // returns nullptr after `patience_ns` of waiting (the writer is stalled),
-    // so a hook can never hang its caller; the event is then dropped.
+    // returns nullptr once the consumer has released nothing for
+    // `patience_ns` (the writer is stalled), so a hook can never hang its
+    // caller; the event is then dropped. A consumer that keeps releasing,
+    // however slowly, keeps its producers waiting: with many producers
+    // competing for the slots it frees, one of them may wait longer than
+    // the patience without the writer ever stalling.
     Slot* reserve(uint64_t patience_ns) noexcept {
         // Fast path: with the ring at most half full, a fetch_add cannot run
         // past a slot the writer still owns (that would take kCapacity / 2
@@ -64,8 +68,14 @@ class EventRing {
         // producer can give up without leaving a hole in the sequence.
         uint64_t n = next_.load(std::memory_order_relaxed);
         uint64_t waited_since = 0;
+        uint64_t seen_consumed = consumed_.load(std::memory_order_acquire);
         for (int spins = 0;;) {
-            if (n - consumed_.load(std::memory_order_acquire) >= kCapacity) {
+            const uint64_t consumed = consumed_.load(std::memory_order_acquire);
+            if (n - consumed >= kCapacity) {
+                if (consumed != seen_consumed) {  // the consumer moved: patience starts over
+                    seen_consumed = consumed;
+                    waited_since = 0;
+                }
                 if (!wait_for_space(waited_since, spins, patience_ns)) return nullptr;
                 n = next_.load(std::memory_order_relaxed);
                 continue;
