@@ -1,13 +1,11 @@
 #include "live_table.h"
 
+#include <algorithm>
 #include <bit>
-#include <mutex>
 
 namespace allocscope {
 
 namespace {
-
-enum class SlotState : uint8_t { empty = 0, live = 1, freed = 2 };
 
 uint64_t mix(uint64_t x) noexcept {
     x ^= x >> 33;
@@ -18,66 +16,7 @@ uint64_t mix(uint64_t x) noexcept {
     return x;
 }
 
-// Counter updates are plain load+store under the lock; atomics only so that
-// readers summing without the lock see whole values.
-void bump(std::atomic<uint64_t>& counter, int64_t delta) noexcept {
-    counter.store(counter.load(std::memory_order_relaxed) + static_cast<uint64_t>(delta),
-                  std::memory_order_relaxed);
-}
-
 }  // namespace
-
-struct alignas(64) LiveTable::Shard {
-    struct Slot {
-        SlotState state = SlotState::empty;
-        LiveRecord record;
-    };
-    mutable SpinLock lock;
-    std::vector<Slot> slots;  // size is 0 or a power of two
-    size_t live = 0;
-    size_t freed = 0;
-    std::atomic<uint64_t> live_bytes{0};
-    std::atomic<uint64_t> live_count{0};
-    std::atomic<uint64_t> unknown{0};
-    std::atomic<uint64_t> doubles{0};
-    std::atomic<uint64_t> replaced{0};
-
-    // Index of `address`'s slot, or of the first reusable slot on its probe
-    // path when absent (a tombstone of another address or an empty slot).
-    size_t probe(uint64_t address, bool& found) const noexcept {
-        const size_t mask = slots.size() - 1;
-        size_t first_reusable = SIZE_MAX;
-        for (size_t i = mix(address) & mask;; i = (i + 1) & mask) {
-            const Slot& s = slots[i];
-            if (s.state == SlotState::empty) {
-                found = false;
-                return first_reusable != SIZE_MAX ? first_reusable : i;
-            }
-            if (s.record.address == address) {
-                found = true;
-                return i;
-            }
-            if (s.state == SlotState::freed && first_reusable == SIZE_MAX) first_reusable = i;
-        }
-    }
-
-    // Keeps at least a quarter of the slots empty so probes terminate.
-    void reserve_one() {
-        if (!slots.empty() && (live + freed + 1) * 4 <= slots.size() * 3) return;
-        size_t want = std::bit_ceil(std::max<size_t>(16, (live + 1) * 2));
-        std::vector<Slot> old = std::move(slots);
-        slots.assign(want, Slot{});
-        freed = 0;
-        const size_t mask = want - 1;
-        for (const Slot& s : old) {
-            if (s.state != SlotState::live) continue;
-            size_t i = mix(s.record.address) & mask;
-            while (slots[i].state != SlotState::empty)
-                i = (i + 1) & mask;
-            slots[i] = s;
-        }
-    }
-};
 
 LiveRecord LiveRecord::from(const Event& e) noexcept {
     LiveRecord r;
@@ -96,105 +35,103 @@ LiveRecord LiveRecord::from(const Event& e) noexcept {
     return r;
 }
 
-LiveTable::LiveTable() : shards_(new Shard[size_t{1} << kShardBits]) {}
-LiveTable::~LiveTable() = default;
+// Index of `address`'s slot, or of the first reusable slot on its probe path
+// when absent (a tombstone of another address or an empty slot).
+size_t LiveTable::probe(uint64_t address, bool& found) const noexcept {
+    const size_t mask = slots_.size() - 1;
+    size_t first_reusable = SIZE_MAX;
+    for (size_t i = mix(address) & mask;; i = (i + 1) & mask) {
+        const Slot& s = slots_[i];
+        if (s.state == SlotState::empty) {
+            found = false;
+            return first_reusable != SIZE_MAX ? first_reusable : i;
+        }
+        if (s.record.address == address) {
+            found = true;
+            return i;
+        }
+        if (s.state == SlotState::freed && first_reusable == SIZE_MAX) first_reusable = i;
+    }
+}
 
-LiveTable::Shard& LiveTable::shard_for(uint64_t address) const noexcept {
-    return shards_[mix(address ^ 0x5bd1e995) >> (64 - kShardBits)];
+// Called before a new address would leave less than a quarter of the slots
+// empty (probes must find an empty slot to end). Keeps the live records only,
+// so it drops every tombstone. Out of memory, it throws and leaves the table
+// as it was.
+void LiveTable::rehash() {
+    const size_t want = std::bit_ceil(std::max<size_t>(16, (live_ + 1) * 2));
+    std::vector<Slot> fresh(want);  // may throw: the table is still whole
+    const size_t mask = want - 1;
+    for (const Slot& s : slots_) {
+        if (s.state != SlotState::live) continue;
+        size_t i = mix(s.record.address) & mask;
+        while (fresh[i].state != SlotState::empty)
+            i = (i + 1) & mask;
+        fresh[i] = s;
+    }
+    slots_.swap(fresh);
+    freed_ = 0;
 }
 
 bool LiveTable::insert(const LiveRecord& record, LiveRecord* replaced) {
-    Shard& sh = shard_for(record.address);
-    std::lock_guard lock(sh.lock);
-    sh.reserve_one();
+    // An address seen before (live, or its tombstone) keeps its slot: the
+    // table grows only for a new address.
     bool found = false;
-    size_t i = sh.probe(record.address, found);
-    Shard::Slot& slot = sh.slots[i];
+    size_t i = slots_.empty() ? 0 : probe(record.address, found);
+    if (!found && (slots_.empty() || (live_ + freed_ + 1) * 4 > slots_.size() * 3)) {
+        rehash();
+        i = probe(record.address, found);
+    }
+    Slot& slot = slots_[i];
     bool fresh = true;
     if (found && slot.state == SlotState::live) {
         if (replaced) *replaced = slot.record;
-        bump(sh.live_bytes, -static_cast<int64_t>(slot.record.size));
-        bump(sh.replaced, 1);
+        live_bytes_ -= slot.record.size;
+        ++replaced_;
         fresh = false;
     } else {
-        if (slot.state == SlotState::freed) --sh.freed;
-        ++sh.live;
-        bump(sh.live_count, 1);
+        if (slot.state == SlotState::freed) --freed_;
+        ++live_;
     }
     slot.state = SlotState::live;
     slot.record = record;
-    bump(sh.live_bytes, static_cast<int64_t>(record.size));
+    live_bytes_ += record.size;
     return fresh;
 }
 
 FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
-    Shard& sh = shard_for(address);
-    std::lock_guard lock(sh.lock);
     bool found = false;
-    if (!sh.slots.empty()) {
-        size_t i = sh.probe(address, found);
+    if (!slots_.empty()) {
+        Slot& slot = slots_[probe(address, found)];
         if (found) {
-            Shard::Slot& slot = sh.slots[i];
             if (slot.state == SlotState::freed) {
-                bump(sh.doubles, 1);
+                ++doubles_;
                 return FreeOutcome::double_free;
             }
             if (removed) *removed = slot.record;
             slot.state = SlotState::freed;
-            --sh.live;
-            ++sh.freed;
-            bump(sh.live_count, -1);
-            bump(sh.live_bytes, -static_cast<int64_t>(slot.record.size));
+            --live_;
+            ++freed_;
+            live_bytes_ -= slot.record.size;
             return FreeOutcome::freed;
         }
     }
-    bump(sh.unknown, 1);
+    ++unknown_;
     return FreeOutcome::unknown;
 }
 
 bool LiveTable::contains(uint64_t address) const {
-    Shard& sh = shard_for(address);
-    std::lock_guard lock(sh.lock);
-    if (sh.slots.empty()) return false;
+    if (slots_.empty()) return false;
     bool found = false;
-    size_t i = sh.probe(address, found);
-    return found && sh.slots[i].state == SlotState::live;
-}
-
-template <typename Field>
-uint64_t LiveTable::sum(Field field) const noexcept {
-    uint64_t total = 0;
-    for (size_t s = 0; s < (size_t{1} << kShardBits); ++s) {
-        total += (shards_[s].*field).load(std::memory_order_relaxed);
-    }
-    return total;
-}
-
-uint64_t LiveTable::live_bytes() const noexcept {
-    return sum(&Shard::live_bytes);
-}
-uint64_t LiveTable::live_count() const noexcept {
-    return sum(&Shard::live_count);
-}
-uint64_t LiveTable::unknown_frees() const noexcept {
-    return sum(&Shard::unknown);
-}
-uint64_t LiveTable::double_frees() const noexcept {
-    return sum(&Shard::doubles);
-}
-uint64_t LiveTable::replaced() const noexcept {
-    return sum(&Shard::replaced);
+    const size_t i = probe(address, found);
+    return found && slots_[i].state == SlotState::live;
 }
 
 std::vector<LiveRecord> LiveTable::snapshot() const {
     std::vector<LiveRecord> out;
-    out.reserve(live_count());
-    for (size_t s = 0; s < (size_t{1} << kShardBits); ++s) {
-        Shard& sh = shards_[s];
-        std::lock_guard lock(sh.lock);
-        for (const Shard::Slot& slot : sh.slots) {
-            if (slot.state == SlotState::live) out.push_back(slot.record);
-        }
+    out.reserve(live_);
+    for (const Slot& slot : slots_) {
+        if (slot.state == SlotState::live) out.push_back(slot.record);
     }
     return out;
 }

@@ -1,25 +1,22 @@
 // The live-allocation table: address -> record of the allocation that is
-// alive there. Used in the traced process (concurrently, from the hooks) and
-// offline (replaying a trace), so both count exactly the same way.
+// alive there. The interposer's writer thread keeps one per pool (through
+// core/replay.h's Replay, in the trace's order) and so does every offline
+// replay of a trace, so both count exactly the same way.
 //
-// Sharded by address; each shard is an open-addressing table under a
-// SpinLock. A freed address stays in its shard as a tombstone so a second
-// free of it is told apart from a free of an address never seen; tombstones
-// are dropped when a shard rehashes, after which such a free counts as
-// unknown. Counters live in the shards (written under the shard's lock, so
-// threads touching different shards share no cache line) and are summed on
-// read. Invariants, per shard and so per table once writers are quiet:
+// One open-addressing table with linear probing; not thread-safe (its one
+// user in the traced process is the writer thread). A freed address stays
+// as a tombstone so a second free of it is told apart from a free of an
+// address never seen; tombstones are dropped when the table rehashes, after
+// which such a free counts as unknown. Invariants:
 //   live_count() == number of live entries
 //   live_bytes() == sum of their sizes
 #pragma once
 
-#include <atomic>
+#include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "event.h"
-#include "spinlock.h"
 
 namespace allocscope {
 
@@ -49,11 +46,6 @@ enum class FreeOutcome {
 
 class LiveTable {
   public:
-    LiveTable();
-    ~LiveTable();
-    LiveTable(const LiveTable&) = delete;
-    LiveTable& operator=(const LiveTable&) = delete;
-
     // Records a new allocation. If the address was already live (its free was
     // never seen) the old record is replaced, copied to `replaced` when
     // given, and false is returned.
@@ -62,25 +54,31 @@ class LiveTable {
     FreeOutcome remove(uint64_t address, LiveRecord* removed);
     bool contains(uint64_t address) const;
 
-    uint64_t live_bytes() const noexcept;
-    uint64_t live_count() const noexcept;
-    uint64_t unknown_frees() const noexcept;
-    uint64_t double_frees() const noexcept;
-    uint64_t replaced() const noexcept;
+    uint64_t live_bytes() const noexcept { return live_bytes_; }
+    uint64_t live_count() const noexcept { return live_; }
+    uint64_t unknown_frees() const noexcept { return unknown_; }
+    uint64_t double_frees() const noexcept { return doubles_; }
+    uint64_t replaced() const noexcept { return replaced_; }
 
-    // A consistent copy per shard (not a global snapshot under concurrency).
+    // The live records, in no particular order.
     std::vector<LiveRecord> snapshot() const;
 
-    static constexpr int kShardBits = 6;
-
   private:
-    struct Shard;
-    Shard& shard_for(uint64_t address) const noexcept;
+    enum class SlotState : uint8_t { empty = 0, live = 1, freed = 2 };
+    struct Slot {
+        SlotState state = SlotState::empty;
+        LiveRecord record;
+    };
+    size_t probe(uint64_t address, bool& found) const noexcept;
+    void rehash();
 
-    template <typename Field>
-    uint64_t sum(Field field) const noexcept;
-
-    std::unique_ptr<Shard[]> shards_;
+    std::vector<Slot> slots_;  // size is 0 or a power of two
+    uint64_t live_ = 0;
+    uint64_t freed_ = 0;  // tombstones
+    uint64_t live_bytes_ = 0;
+    uint64_t unknown_ = 0;
+    uint64_t doubles_ = 0;
+    uint64_t replaced_ = 0;
 };
 
 }  // namespace allocscope

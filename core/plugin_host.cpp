@@ -112,9 +112,10 @@ struct PluginHost::Instance {
     int log_lines = 0;
 };
 
-// One level's live allocations. Single-threaded (one thread drives a
-// host), so a plain hash map: the interposer's concurrent LiveTable would
-// cost locks and atomics on every event for nothing.
+// One level's live allocations as the plugins see them: only the pools
+// deliver() passes, tags as the host's own string ids, restarted with each
+// stream. A FlatMap without tombstones: the host need not tell an unknown
+// free from a double free (the event's flags already do).
 struct PluginHost::LiveSet {
     struct Live {
         uint64_t size = 0;

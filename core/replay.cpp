@@ -52,7 +52,7 @@ Pool pool_of(const Event& e) noexcept {
     return pool_of_free(e.level, e.api);
 }
 
-FreeOutcome Replay::apply(const Event& e) {
+FreeOutcome Replay::apply(const Event& e, LiveRecord* freed) {
     switch (e.kind) {
         case EventKind::alloc: {
             Pool pool = pool_of(e);
@@ -80,9 +80,10 @@ FreeOutcome Replay::apply(const Event& e) {
             PoolTotals& t = totals_[int(pool)];
             LiveRecord removed;
             FreeOutcome outcome = table.remove(e.address, &removed);
+            if (outcome == FreeOutcome::freed && freed) *freed = removed;
             if (e.result != 0) {
-                // The real free failed and released nothing; the interposer
-                // counted it the same way and restored the record.
+                // The real free failed and released nothing: the record goes
+                // back, into its own tombstone (LiveTable::insert: no growth).
                 ++failed_frees_;
                 if (outcome == FreeOutcome::freed) table.insert(removed);
             } else if (outcome == FreeOutcome::freed) {

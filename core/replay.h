@@ -1,6 +1,7 @@
-// Replays a recorded event stream through the same LiveTable the interposer
-// uses, keeping live and peak totals per memory pool. Reports, plugins run
-// offline and tests all account through this one class.
+// Replays an event stream through one LiveTable per memory pool, keeping
+// live and peak totals per pool. The interposer's writer thread (filling in
+// each free's size and flags before the event is written), reports, plugins
+// run offline and tests all account through this one class.
 #pragma once
 
 #include <array>
@@ -49,8 +50,11 @@ struct PoolTotals {
 class Replay {
   public:
     // Applies alloc/free/oom events; other kinds only advance the clock.
-    // Returns the outcome for frees (FreeOutcome::freed for non-free events).
-    FreeOutcome apply(const Event& event);
+    // Returns the outcome for frees (FreeOutcome::freed for non-free events);
+    // a free that found its allocation copies the allocation's record to
+    // `freed` when given. Throws only when out of memory growing a table;
+    // then nothing has changed.
+    FreeOutcome apply(const Event& event, LiveRecord* freed = nullptr);
 
     const PoolTotals& totals(Pool pool) const noexcept { return totals_[int(pool)]; }
     const LiveTable& table(Pool pool) const noexcept { return tables_[int(pool)]; }

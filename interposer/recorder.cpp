@@ -131,9 +131,7 @@ struct State {
     pid_t owner_pid = 0;
 
     EventRing ring;
-    LiveTable segments;
-    LiveTable blocks;
-    LiveTable vmm_handles;  // cuMemCreate handles and cuMemAddressReserve ranges
+    Replay live;  // the writer thread's only (track_live)
     StackTable stacks;
     std::atomic<uint64_t> step{0};
     std::atomic<uint64_t> events_dropped{0};
@@ -437,48 +435,35 @@ void write_pending_definitions() {
     }
 }
 
-// Handles and VA ranges share a table: a handle value is no VA, and the two
-// pools are told apart by the record's memory kind.
-LiveTable& table_for(Level level, Pool pool) {
-    if (level == Level::block) return g->blocks;
-    return pool == Pool::physical || pool == Pool::address_range ? g->vmm_handles : g->segments;
-}
-
-// The live allocations, kept by the writer in seq order (the trace's
-// order): an alloc enters its pool's table; a free takes its record out and
-// gets the record's size, device and memory kind, or is flagged as freeing
-// an address never seen or already freed. A free the runtime refused
-// leaves the record in. The hooks touch no table: no lock, no hash lookup
-// on the program's threads. An alloc whose event was dropped (the writer
-// stalled) is not in the table; its free is then flagged unknown.
+// The live allocations, kept by the writer in seq order (the trace's order)
+// through the same Replay the tools use: an alloc enters its pool's table; a
+// free takes its record out and gets the record's size, device and memory
+// kind, or is flagged as freeing an address never seen or already freed. A
+// free the runtime refused leaves the record in. The hooks touch no table:
+// no lock, no hash lookup on the program's threads. An alloc whose event was
+// dropped (the writer stalled) is not in the table; its free is then flagged
+// unknown.
 void track_live(std::vector<Event>& batch) noexcept {
     for (Event& e : batch) {
-        if (e.kind == EventKind::alloc) {
-            try {
-                table_for(e.level, pool_of(e)).insert(LiveRecord::from(e));
-            } catch (...) {
-                // Out of host memory while growing the table: the event is
-                // still recorded; its free will carry no size.
-            }
-        } else if (e.kind == EventKind::free) {
-            LiveTable& table = table_for(e.level, pool_of_free(e.level, e.api));
-            LiveRecord removed;
-            const FreeOutcome outcome = table.remove(e.address, &removed);
-            if (outcome == FreeOutcome::freed) {
-                e.size = removed.size;
-                e.device = removed.device;
-                e.memory = removed.memory;
-                if (e.result != 0) {
-                    try {
-                        table.insert(removed);
-                    } catch (...) {
-                    }
-                }
-            } else if (outcome == FreeOutcome::unknown) {
-                e.flags |= kFlagUnknownAddress;
-            } else {
-                e.flags |= kFlagDoubleFree;
-            }
+        if (e.kind != EventKind::alloc && e.kind != EventKind::free) continue;
+        LiveRecord freed;
+        FreeOutcome outcome;
+        try {
+            outcome = g->live.apply(e, &freed);
+        } catch (...) {
+            // Out of host memory growing a table: the event is still
+            // recorded; an alloc's free will carry no size.
+            continue;
+        }
+        if (e.kind != EventKind::free) continue;
+        if (outcome == FreeOutcome::freed) {
+            e.size = freed.size;
+            e.device = freed.device;
+            e.memory = freed.memory;
+        } else if (outcome == FreeOutcome::unknown) {
+            e.flags |= kFlagUnknownAddress;
+        } else {
+            e.flags |= kFlagDoubleFree;
         }
     }
 }
@@ -597,10 +582,8 @@ void* writer_main(void*) {
     write_pending_definitions();
     FooterRecord footer;
     footer.events = g->writer.events_written();
-    footer.unknown_frees =
-        g->segments.unknown_frees() + g->blocks.unknown_frees() + g->vmm_handles.unknown_frees();
-    footer.double_frees =
-        g->segments.double_frees() + g->blocks.double_frees() + g->vmm_handles.double_frees();
+    footer.unknown_frees = g->live.unknown_frees();
+    footer.double_frees = g->live.double_frees();
     footer.stacks_dropped = g->stacks.dropped();
     footer.events_dropped = g->events_dropped.load() + (g->ring.reserved() - g->ring.consumed());
     footer.end_mono_ns = mono_ns();

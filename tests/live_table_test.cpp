@@ -1,10 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 #include "live_table.h"
@@ -163,7 +160,7 @@ TEST_CASE("many addresses with interleaved frees survive rehashing and tombstone
     for (uint64_t i = 0; i < kCount; ++i) {
         REQUIRE(t.insert(rec(addr(i), i + 1, i)));
         bytes += i + 1;
-        // Free every third address right away: the shards fill with
+        // Free every third address right away: the table fills with
         // tombstones that later inserts and rehashes must cope with.
         if (i % 3 == 0) {
             REQUIRE(t.remove(addr(i), nullptr) == FreeOutcome::freed);
@@ -196,7 +193,7 @@ TEST_CASE("a free after its tombstone was dropped by a rehash counts as unknown,
     LiveTable t;
     t.insert(rec(0x1000, 8));
     CHECK(t.remove(0x1000, nullptr) == FreeOutcome::freed);
-    // Enough inserts to rehash every shard, dropping the tombstone.
+    // Enough inserts to rehash the table, dropping the tombstone.
     for (uint64_t i = 0; i < 100000; ++i)
         t.insert(rec(0x100000000ull + i * 64, 1));
     CHECK(t.remove(0x1000, nullptr) == FreeOutcome::unknown);
@@ -204,88 +201,4 @@ TEST_CASE("a free after its tombstone was dropped by a rehash counts as unknown,
     CHECK(t.double_frees() == 0);
     CHECK(t.live_count() == 100000);
     CHECK(t.live_bytes() == 100000);
-}
-
-TEST_CASE("concurrent allocs and frees, some across threads, conserve bytes and counts exactly") {
-    constexpr int kThreads = 8;
-    constexpr uint64_t kPerThread = 100000;
-    // Every fourth allocation stays live and is freed later by the next thread.
-    constexpr uint64_t kKeptPerThread = kPerThread / 4;
-    auto addr = [](int thread, uint64_t i) {
-        return (uint64_t{1} << 44) * static_cast<uint64_t>(thread + 1) + i * 512;
-    };
-    auto size_of = [](int thread, uint64_t i) { return 1 + (i % 1000) + uint64_t(thread) * 7; };
-
-    LiveTable t;
-    std::barrier sync(kThreads);
-    std::atomic<int> errors{0};
-    std::atomic<uint64_t> kept_bytes{0};
-    std::atomic<uint64_t> mid_bytes{0};
-    std::atomic<uint64_t> mid_count{0};
-    std::vector<std::thread> threads;
-    for (int th = 0; th < kThreads; ++th) {
-        threads.emplace_back([&, th] {
-            uint64_t mine = 0;
-            for (uint64_t i = 0; i < kPerThread; ++i) {
-                if (!t.insert(rec(addr(th, i), size_of(th, i), i))) ++errors;
-                if (i % 4 == 0) {
-                    mine += size_of(th, i);
-                    continue;
-                }
-                LiveRecord removed;
-                if (t.remove(addr(th, i), &removed) != FreeOutcome::freed) ++errors;
-                if (removed.size != size_of(th, i)) ++errors;
-            }
-            kept_bytes += mine;
-            sync.arrive_and_wait();
-            if (th == 0) {
-                mid_bytes = t.live_bytes();
-                mid_count = t.live_count();
-            }
-            sync.arrive_and_wait();
-            // Free what the neighbouring thread kept alive.
-            const int other = (th + 1) % kThreads;
-            for (uint64_t i = 0; i < kPerThread; i += 4) {
-                LiveRecord removed;
-                if (t.remove(addr(other, i), &removed) != FreeOutcome::freed) ++errors;
-                if (removed.address != addr(other, i)) ++errors;
-            }
-        });
-    }
-    for (std::thread& th : threads)
-        th.join();
-
-    CHECK(errors == 0);
-    CHECK(mid_bytes == kept_bytes);
-    CHECK(mid_count == kThreads * kKeptPerThread);
-    CHECK(t.live_bytes() == 0);
-    CHECK(t.live_count() == 0);
-    CHECK(t.unknown_frees() == 0);
-    CHECK(t.double_frees() == 0);
-    CHECK(t.replaced() == 0);
-    CHECK(t.snapshot().empty());
-}
-
-TEST_CASE("concurrent inserts leave live totals equal to the snapshot's sums") {
-    constexpr int kThreads = 8;
-    constexpr uint64_t kPerThread = 20000;
-    LiveTable t;
-    std::vector<std::thread> threads;
-    for (int th = 0; th < kThreads; ++th) {
-        threads.emplace_back([&t, th] {
-            for (uint64_t i = 0; i < kPerThread; ++i) {
-                t.insert(rec((uint64_t(th) << 40) + i * 16, uint64_t(th) + 1));
-            }
-        });
-    }
-    for (std::thread& th : threads)
-        th.join();
-    const std::vector<LiveRecord> snap = t.snapshot();
-    uint64_t bytes = 0;
-    for (const LiveRecord& r : snap)
-        bytes += r.size;
-    CHECK(snap.size() == kThreads * kPerThread);
-    CHECK(t.live_count() == snap.size());
-    CHECK(t.live_bytes() == bytes);
-    CHECK(bytes == kPerThread * (kThreads * (kThreads + 1) / 2));
 }

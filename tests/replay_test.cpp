@@ -223,6 +223,55 @@ TEST_CASE("a free whose real call failed releases nothing and is counted as fail
     CHECK(r.failed_frees() == 1);
 }
 
+TEST_CASE("a free hands back the record of the allocation it released, and only then") {
+    Replay r;
+    Event alloc;
+    alloc.seq = 1;
+    alloc.kind = EventKind::alloc;
+    alloc.level = Level::block;
+    alloc.memory = MemoryKind::device;
+    alloc.api = Api::block_alloc;
+    alloc.address = 0xC000;
+    alloc.size = 3 * kMiB;
+    alloc.device = 1;
+    alloc.stack = 42;
+    alloc.layer = 5;
+    REQUIRE(r.apply(alloc) == FreeOutcome::freed);
+
+    // As the interposer's free hook leaves it: no size, device or memory kind.
+    Event free;
+    free.seq = 2;
+    free.kind = EventKind::free;
+    free.level = Level::block;
+    free.api = Api::block_free;
+    free.address = 0xC000;
+    free.result = 1;  // refused: the record goes back, and still comes out
+    LiveRecord got;
+    CHECK(r.apply(free, &got) == FreeOutcome::freed);
+    CHECK(got.seq == 1);
+    CHECK(got.size == 3 * kMiB);
+    CHECK(got.device == 1);
+    CHECK(got.memory == MemoryKind::device);
+    CHECK(got.stack == 42);
+    CHECK(got.layer == 5);
+    CHECK(r.totals(Pool::device_block).live_bytes == 3 * kMiB);
+
+    free.seq = 3;
+    free.result = 0;
+    got = LiveRecord{};
+    CHECK(r.apply(free, &got) == FreeOutcome::freed);
+    CHECK(got.size == 3 * kMiB);
+    CHECK(r.totals(Pool::device_block).live_bytes == 0);
+
+    free.seq = 4;
+    got = LiveRecord{};
+    CHECK(r.apply(free, &got) == FreeOutcome::double_free);
+    CHECK(got.seq == 0);  // untouched
+    free.address = 0xD000;
+    CHECK(r.apply(free, &got) == FreeOutcome::unknown);
+    CHECK(got.size == 0);
+}
+
 TEST_CASE("out-of-memory events are counted with the largest failed request") {
     Replay r;
     Stream s(r);

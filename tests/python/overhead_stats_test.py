@@ -161,12 +161,14 @@ def test_side_by_side_driver():
         with open(fake, "w") as f:
             f.write(FAKE)
         factors = {"plain": 1.0, "plain/control": 1.0, "half again": 1.5}
-        args = type("Args", (), dict(repeat=2, skip=3, nproc=1, bucket=0.5, steps=80,
+        # 160 steps of 20 ms: runs overlap for seconds even when a loaded
+        # machine starts them a second apart.
+        args = type("Args", (), dict(repeat=2, skip=3, nproc=1, bucket=0.5, steps=160,
                                      contrast="half again:plain/control",
                                      json=os.path.join(tmp, "out.json")))()
         configs = [(name, {}, []) for name in factors]
         bench.concurrent(args, configs,
-                         lambda name, prefix: [sys.executable, fake, str(factors[name]), "80"],
+                         lambda name, prefix: [sys.executable, fake, str(factors[name]), "160"],
                          dict(os.environ))
         with open(args.json) as f:
             data = json.load(f)
