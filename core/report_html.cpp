@@ -28,10 +28,12 @@ const char* const kLayerColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", 
                                     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6",
                                     "#d37295", "#8cd17d", "#bab0ac"};
 
+// By base phase: a sub-phase ("backward/recompute") shares its base's colour.
 const char* phase_color(const std::string& phase) {
-    if (phase == "forward") return "#dbe9f6";
-    if (phase == "backward") return "#fbe3cf";
-    if (phase == "optimizer") return "#dcefd8";
+    const std::string_view base = base_phase(phase);
+    if (base == "forward") return "#dbe9f6";
+    if (base == "backward") return "#fbe3cf";
+    if (base == "optimizer") return "#dcefd8";
     return "#eeeeee";
 }
 

@@ -39,6 +39,10 @@ ALLOCSCOPE_EXPORT int allocscope_keyed_depth(void) {
     return static_cast<int>(allocscope::recorder::keyed_depth());
 }
 
+ALLOCSCOPE_EXPORT int allocscope_keyed_kind_depth(uint32_t kind) {
+    return kind == 0 ? 0 : static_cast<int>(allocscope::recorder::keyed_depth(kind));
+}
+
 ALLOCSCOPE_EXPORT size_t allocscope_current_layer(char* out, size_t size) {
     std::string layer;
     try {

@@ -1119,10 +1119,14 @@ uint32_t stored_depth() noexcept {
     return t_thread.depth < kMaxTagDepth ? t_thread.depth : kMaxTagDepth;
 }
 
-uint32_t keyed_entries() noexcept {
+// The keyed entries on the calling thread's stack: all of them (kind 0), or
+// those of `kind`.
+uint32_t keyed_entries(uint32_t kind = 0) noexcept {
     uint32_t n = 0;
-    for (uint32_t i = 0, d = stored_depth(); i < d; ++i)
-        n += t_thread.tags[i].kind != 0;
+    for (uint32_t i = 0, d = stored_depth(); i < d; ++i) {
+        const uint32_t k = t_thread.tags[i].kind;
+        n += k != 0 && (kind == 0 || k == kind);
+    }
     return n;
 }
 
@@ -1241,9 +1245,9 @@ int enter_nested(uint64_t key, uint32_t kind, uint64_t generation, const char* l
     return 1;
 }
 
-uint32_t keyed_depth() noexcept {
+uint32_t keyed_depth(uint32_t kind) noexcept {
     HookGuard guard;
-    return guard.recording() ? keyed_entries() : 0;
+    return guard.recording() ? keyed_entries(kind) : 0;
 }
 
 std::string current_layer() {

@@ -88,7 +88,8 @@ void end_free(PendingFree& pending, int result) noexcept;
 bool push_tag(const char* layer, const char* phase) noexcept;
 void pop_tag() noexcept;
 // Keyed tags (allocscope_enter, allocscope_leave, allocscope_leave_kind,
-// allocscope_enter_nested, allocscope_keyed_depth in allocscope.h). `layer`
+// allocscope_enter_nested, allocscope_keyed_depth, allocscope_keyed_kind_depth
+// in allocscope.h). `layer`
 // of leave_tag, when not null, gets the left entry's layer: interned text
 // that lives as long as the process.
 int enter_tag(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
@@ -97,7 +98,8 @@ int64_t leave_tag(uint64_t key, uint32_t kind, const char** layer) noexcept;
 void leave_kind(uint32_t kind, uint64_t older_than) noexcept;
 int enter_nested(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
                  const char* phase) noexcept;
-uint32_t keyed_depth() noexcept;
+// Keyed entries on the calling thread: all of them (kind 0), or of `kind`.
+uint32_t keyed_depth(uint32_t kind = 0) noexcept;
 // The layer of the calling thread's innermost tag ("" when none).
 std::string current_layer();
 void set_step(uint64_t step) noexcept;

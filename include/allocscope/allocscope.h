@@ -64,6 +64,9 @@ void allocscope_pop(void);
  *   entries of `kind` inside `layer` are entered again on top of it in their
  *   order. Returns 1 when entered, -1 when not recording.
  * allocscope_keyed_depth: the number of keyed entries on the calling thread.
+ * allocscope_keyed_kind_depth: the number of keyed entries of `kind` on the
+ *   calling thread (0 for kind 0): e.g. whether the thread is inside a
+ *   backward its hooks entered.
  * allocscope_current_layer: copies the calling thread's innermost layer
  *   ("" when none) into out (NUL-terminated, cut to size) and returns its
  *   full length. */
@@ -74,6 +77,7 @@ void allocscope_leave_kind(uint32_t kind, uint64_t older_than);
 int allocscope_enter_nested(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
                             const char* phase);
 int allocscope_keyed_depth(void);
+int allocscope_keyed_kind_depth(uint32_t kind);
 size_t allocscope_current_layer(char* out, size_t size);
 
 /* Sets the process-wide training step. */

@@ -459,14 +459,17 @@ int run_keyed_tags() {
     using Leave = int64_t (*)(uint64_t, uint32_t, const char**);
     using LeaveKind = void (*)(uint32_t, uint64_t);
     using Depth = int (*)();
+    using KindDepth = int (*)(uint32_t);
     using CurrentLayer = size_t (*)(char*, size_t);
     auto enter = reinterpret_cast<Enter>(dlsym(RTLD_DEFAULT, "allocscope_enter"));
     auto leave = reinterpret_cast<Leave>(dlsym(RTLD_DEFAULT, "allocscope_leave"));
     auto leave_kind = reinterpret_cast<LeaveKind>(dlsym(RTLD_DEFAULT, "allocscope_leave_kind"));
     auto nested = reinterpret_cast<Enter>(dlsym(RTLD_DEFAULT, "allocscope_enter_nested"));
     auto depth = reinterpret_cast<Depth>(dlsym(RTLD_DEFAULT, "allocscope_keyed_depth"));
+    auto kind_depth =
+        reinterpret_cast<KindDepth>(dlsym(RTLD_DEFAULT, "allocscope_keyed_kind_depth"));
     auto current = reinterpret_cast<CurrentLayer>(dlsym(RTLD_DEFAULT, "allocscope_current_layer"));
-    if (!enter || !leave || !leave_kind || !nested || !depth || !current) {
+    if (!enter || !leave || !leave_kind || !nested || !depth || !kind_depth || !current) {
         std::fprintf(stderr, "preload_program: the keyed tag calls are missing\n");
         return 1;
     }
@@ -509,6 +512,13 @@ int run_keyed_tags() {
     expect(nested(9, B, 7, "root.e", "backward"), 1, "backward root.e after its inner module");
     mark();  // 20008 root.e.fc/backward: back on top of root.e
     expect(depth(), 3, "keyed depth: root, root.e, root.e.fc");
+    // A forward entered inside the backward (a recomputation) counts among
+    // the keyed entries, not among the backward ones.
+    expect(enter(20, F, 7, "root.e", "backward/recompute"), 3, "enter a recomputation");
+    expect(kind_depth(B), 3, "backward entries under the recomputation");
+    expect(kind_depth(F), 1, "forward entries: the recomputation");
+    expect(kind_depth(0), 0, "kind 0 counts nothing");
+    expect(leave(20, F, nullptr), 7, "leave the recomputation");
     expect(leave(8, B, nullptr), 7, "leave root.e.fc");
     mark();  // 20009 root.e/backward
     expect(nested(10, B, 8, "root", "backward"), 1, "backward of the next generation");
@@ -516,6 +526,7 @@ int run_keyed_tags() {
     mark();  // 20010 root/backward
     leave_kind(B, UINT64_MAX);
     expect(depth(), 0, "keyed depth after leave_kind");
+    expect(kind_depth(B), 0, "backward entries after leave_kind");
 
     // Optimizer: a NULL layer keeps the enclosing one.
     allocscope_dl_push("model", "step");

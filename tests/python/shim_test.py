@@ -162,6 +162,7 @@ KEYED_PROGRAM = textwrap.dedent(
     assert api.enter(10, F, 3, b"", b"forward") == 0
     assert api.enter(11, F, 3, b"layers.0", b"forward") == 1
     assert api.keyed_depth() == 2
+    assert api.keyed_kind_depth(F) == 2 and api.keyed_kind_depth(B) == 0
     buf = ctypes.create_string_buffer(64)
     assert api.current_layer(buf, 64) == len(b"layers.0") and buf.value == b"layers.0"
     alloc(30001)
@@ -172,6 +173,7 @@ KEYED_PROGRAM = textwrap.dedent(
     assert api.enter_nested(12, B, 3, b"layers.1", b"backward") == 1   # layers.0 is over
     alloc(30002)
     assert api.keyed_depth() == 1
+    assert api.keyed_kind_depth(B) == 1 and api.keyed_kind_depth(F) == 0
     api.leave_kind(B, (1 << 64) - 1)
     assert api.keyed_depth() == 0
     alloc(30003)

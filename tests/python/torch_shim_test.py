@@ -16,6 +16,11 @@ dataclass's tensor, so the root's backward enters below the head's), and
 torch < 2.0 has no global step hooks, so the shim wraps step() there), the
 parameters registered, and one step per optimizer.step().
 
+With activation checkpointing on layers.1 (reentrant and not), its forward
+runs again in backward: those allocations are (layers.1,
+backward/recompute), the first forward's stay (layers.1, forward), and
+nothing else changes.
+
 Then the measuring switches: with ALLOCSCOPE_PYTHON_MODULES=0 the same
 script gets no layer tags and no parameters, but its optimizer tags and
 steps; with ALLOCSCOPE_TORCH_BLOCKS=0, attach_bridge() succeeds without
@@ -58,7 +63,9 @@ SCRIPT = textwrap.dedent(
     import ctypes, dataclasses, os
     import torch
     import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
 
+    CHECKPOINT = os.environ.get("CHECKPOINT", "")  # "", "reentrant", "non-reentrant"
     ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
     _process = ctypes.CDLL(None)
     _malloc, _free = _process.cudaMalloc, _process.cudaFree
@@ -118,8 +125,11 @@ SCRIPT = textwrap.dedent(
             self.dataclass_head = DataclassHead()
 
         def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
+            for i, layer in enumerate(self.layers):
+                if i == 1 and CHECKPOINT:  # recomputed in backward
+                    x = checkpoint(layer, x, use_reentrant=CHECKPOINT == "reentrant")
+                else:
+                    x = layer(x)
             x = self.dict_head(x)["y"]
             return self.dataclass_head(x).value
 
@@ -206,6 +216,40 @@ def main():
         opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
         check(len(opt) == 1 and opt[0]["allocations"] == STEPS, "optimizer tags: %r" % opt)
         check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), "steps %r" % steps_of(rank))
+        recomputed = [k for k, t in tags.items() if k[1] == "backward/recompute" and t["allocations"]]
+        check(not recomputed, "recomputation without checkpointing: %r" % recomputed)
+
+        # Activation checkpointing: layers.1's forward again inside backward.
+        for mode in ("non-reentrant", "reentrant"):
+            p, rank = run_traced(script, os.path.join(scratch, "out-" + mode),
+                                 {"CHECKPOINT": mode})
+            check(p.returncode == 0 and "done" in p.stdout,
+                  "%s checkpoint: exit status %d" % (mode, p.returncode))
+            if rank is None:
+                check(False, "%s checkpoint: no report" % mode)
+                continue
+            tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+            print("tags with %s checkpointing:" % mode,
+                  sorted(k for k, t in tags.items() if t["allocations"]))
+            want = {
+                ("layers.0", "forward"): 8192,
+                ("layers.1", "forward"): 8192,
+                ("layers.1", "backward/recompute"): 8192,
+                ("layers.0", "backward"): 12288,
+                ("layers.1", "backward"): 12288,
+                ("dict_head", "backward"): 12288,
+                ("dataclass_head", "backward"): 12288,
+            }
+            for key, size in want.items():
+                t = tags.get(key)
+                check(t is not None and t["allocations"] == STEPS
+                      and t["allocated_bytes"] == STEPS * size,
+                      "%s checkpoint: %s %s: %r" % (mode, key[0], key[1], t))
+            t = tags.get(("layers.0", "backward/recompute"))
+            check(t is None or t["allocations"] == 0,
+                  "%s checkpoint: layers.0 (not checkpointed) recomputed: %r" % (mode, t))
+            check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)),
+                  "%s checkpoint: steps %r" % (mode, steps_of(rank)))
 
         # ALLOCSCOPE_PYTHON_MODULES=0: steps and optimizer tags, nothing per module.
         p, rank = run_traced(script, os.path.join(scratch, "out-nomodules"),

@@ -14,6 +14,7 @@
 //   leave(key, kind, _)                          allocscope_leave (generation)
 //   leave_kind(kind, older_than)                 allocscope_leave_kind
 //   keyed_depth()                                allocscope_keyed_depth
+//   keyed_kind_depth(kind)                       allocscope_keyed_kind_depth
 //   forward_post(key, args, output, backward)    leaves (key, forward); when
 //       found, `backward` is true and grad mode is on, puts C++ hooks on the
 //       output tensors that require grad (those that are not inputs passed
@@ -60,6 +61,7 @@ using Enter = int (*)(uint64_t, uint32_t, uint64_t, const char*, const char*);
 using Leave = int64_t (*)(uint64_t, uint32_t, const char**);
 using LeaveKind = void (*)(uint32_t, uint64_t);
 using KeyedDepth = int (*)();
+using KeyedKindDepth = int (*)(uint32_t);
 
 // Set once, under the GIL, before any builtin exists; read-only after.
 struct TagApi {
@@ -68,6 +70,7 @@ struct TagApi {
     Leave leave = nullptr;
     LeaveKind leave_kind = nullptr;
     KeyedDepth keyed_depth = nullptr;
+    KeyedKindDepth keyed_kind_depth = nullptr;
     uint32_t forward = 0;
     uint32_t backward = 0;
 };
@@ -149,6 +152,12 @@ PyObject* leave_kind(PyObject*, PyObject* const* args, Py_ssize_t n) {
 PyObject* keyed_depth(PyObject*, PyObject* const*, Py_ssize_t n) {
     if (!arg_count(n, 0, "keyed_depth")) return nullptr;
     return PyLong_FromLong(g_tags.keyed_depth());
+}
+
+PyObject* keyed_kind_depth(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    uint64_t kind = 0;
+    if (!arg_count(n, 1, "keyed_kind_depth") || !u64_arg(args[0], kind)) return nullptr;
+    return PyLong_FromLong(g_tags.keyed_kind_depth(static_cast<uint32_t>(kind)));
 }
 
 // Containers inside containers looked into (allocscope/torch.py: the same).
@@ -258,6 +267,9 @@ PyMethodDef g_methods[] = {
      METH_FASTCALL, "allocscope_leave_kind(kind, older_than)"},
     {"keyed_depth", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_depth)),
      METH_FASTCALL, "allocscope_keyed_depth()"},
+    {"keyed_kind_depth",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_kind_depth)),
+     METH_FASTCALL, "allocscope_keyed_kind_depth(kind)"},
     {"forward_post", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_post)),
      METH_FASTCALL, "forward_post(key, args, output, backward): see tag_hooks.cpp"},
 };
@@ -277,7 +289,8 @@ ALLOCSCOPE_BRIDGE_EXPORT PyObject* allocscope_torch_bridge_ops(uint32_t forward_
         !resolve(api.enter_nested, "allocscope_enter_nested") ||
         !resolve(api.leave, "allocscope_leave") ||
         !resolve(api.leave_kind, "allocscope_leave_kind") ||
-        !resolve(api.keyed_depth, "allocscope_keyed_depth"))
+        !resolve(api.keyed_depth, "allocscope_keyed_depth") ||
+        !resolve(api.keyed_kind_depth, "allocscope_keyed_kind_depth"))
         Py_RETURN_NONE;
     api.forward = forward_kind;
     api.backward = backward_kind;

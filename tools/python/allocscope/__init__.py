@@ -54,6 +54,7 @@ _SIGNATURES = {
     "leave": ([_u64, _u32, _ptr], ctypes.c_int64),
     "leave_kind": ([_u32, _u64], None),
     "keyed_depth": ([], ctypes.c_int),
+    "keyed_kind_depth": ([_u32], ctypes.c_int),
     "current_layer": ([_str, ctypes.c_size_t], ctypes.c_size_t),
     "step": ([_u64], None),
     "register_param": ([_str, _str, _u64, _str, _u64], None),

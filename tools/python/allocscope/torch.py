@@ -32,6 +32,12 @@ Tags (layer, phase), all per thread:
   BackwardHookFunctions around every module call and refuse modules that
   modify their input in place) and fire before the hooks registered after
   them on the same tensor, such as FSDP2's pre-backward hooks.
+* recomputation: a module forward that runs inside a backward pass
+  (activation checkpointing recomputing it, reentrant or not) enters
+  (layer, "backward/recompute") instead: its memory is the backward's, at
+  the time it is used. Inside a backward means torch's graph task id on
+  the calling thread (torch._C._current_graph_task_id, torch 2.x), or,
+  where torch has none, a backward entry on the thread's tag stack.
 * optimizer: global optimizer step pre-/post-hooks enter and leave
   (enclosing layer, "optimizer"); torch < 2.0 has none, so there each
   Optimizer subclass's step() is wrapped instead (_StepWrappers). After
@@ -142,6 +148,7 @@ def _compiling():
 # Bound once: the module hooks run for every module call.
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _compiling
 _grad_enabled = torch.is_grad_enabled
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)  # torch 2.x: -1 outside backward
 
 
 _DTYPES = {
@@ -277,6 +284,7 @@ class _CtypesOps:
         self.leave = api.leave
         self.leave_kind = api.leave_kind
         self.keyed_depth = api.keyed_depth
+        self.keyed_kind_depth = api.keyed_kind_depth
         self.forward_post = _python_forward_post
 
 
@@ -355,10 +363,20 @@ def _forward_pre(module, args):
             entry = _settle(ops, module, key)
             if entry is None:
                 return None
-        ops.enter(key, _FORWARD, _generation, entry[3], b"forward")
+        ops.enter(key, _FORWARD, _generation, entry[3], _forward_phase(ops))
     except Exception as e:
         _say("forward", "forward hook failed (tags may be missing): %s" % e)
     return None
+
+
+def _forward_phase(ops):
+    """b"forward", or b"backward/recompute" for a forward run inside a
+    backward pass (activation checkpointing)."""
+    if _graph_task_id is not None:
+        inside = _graph_task_id() >= 0
+    else:
+        inside = ops.keyed_kind_depth(_BACKWARD) > 0
+    return b"backward/recompute" if inside else b"forward"
 
 
 def _forward_post(module, args, output):
