@@ -18,6 +18,11 @@ scaling, torch.float8_e4m3fn, torch._scaled_mm):
          outlives its phase
   bf16   plain bf16 nn.Linear layers
 
+--checkpoint recomputes every layer in backward (activation checkpointing,
+torch.utils.checkpoint, non-reentrant): the seed mode's FP8 weight copy is
+then not kept from forward to backward (checkpointing drops what the layer
+saved and recomputes it), so only the transpose cache is retained.
+
 It does not import allocscope: run it unchanged under `allocscope run`.
 
 The sizes a detector should find are printed per module on stdout, one JSON
@@ -152,18 +157,21 @@ class Layer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, mode):
+    def __init__(self, mode, checkpoint=False):
         super().__init__()
         self.layers = nn.ModuleList(Layer(i, mode) for i in range(LAYERS))
         self.norm = nn.LayerNorm(HIDDEN)
+        self.checkpoint = checkpoint
 
     def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
         for layer in self.layers:
-            x = layer(x)
+            x = checkpoint(layer, x, use_reentrant=False) if self.checkpoint else layer(x)
         return self.norm(x)
 
 
-def expected_sizes(model, mode, rank):
+def expected_sizes(model, mode, rank, checkpoint):
     """One line per FP8 module and per layer: what the detectors should find."""
     for i, layer in enumerate(model.layers):
         copy_bytes = 0
@@ -192,6 +200,7 @@ def expected_sizes(model, mode, rank):
                 flush=True,
             )
         retained = mode == "seed"
+        forward_retained = retained and not checkpoint
         print(
             "ALLOCSCOPE_EXPECT_LAYER "
             + json.dumps(
@@ -199,8 +208,8 @@ def expected_sizes(model, mode, rank):
                     "rank": rank,
                     "mode": mode,
                     "layer": "layers.%d" % i,
-                    "forward_copy_bytes": copy_bytes if retained else 0,
-                    "forward_scale_count": 4 if retained else 0,
+                    "forward_copy_bytes": copy_bytes if forward_retained else 0,
+                    "forward_scale_count": 4 if forward_retained else 0,
                     "transpose_bytes": copy_bytes if retained else 0,
                 },
                 sort_keys=True,
@@ -222,6 +231,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=BATCH * SEQ,
                         help="tokens per rank (batch 2); benchmarks use more to make the "
                              "step GPU-bound")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="activation checkpointing: every layer recomputed in backward")
     parser.add_argument("--record-history", choices=("python", "all"),
                         help="torch.cuda.memory._record_memory_history(stacks=...) for the run, "
                              "the PyTorch-native recording allocscope is compared with")
@@ -241,11 +252,11 @@ def main():
     mesh = init_device_mesh("cuda", (world,))
 
     torch.manual_seed(args.seed)  # the same full model on every rank
-    model = Model(args.mode).to(device="cuda", dtype=torch.bfloat16)
+    model = Model(args.mode, args.checkpoint).to(device="cuda", dtype=torch.bfloat16)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    expected_sizes(model, args.mode, rank)
+    expected_sizes(model, args.mode, rank, args.checkpoint)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator(device="cuda").manual_seed(args.seed * 1000 + rank)

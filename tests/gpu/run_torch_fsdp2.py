@@ -5,6 +5,7 @@ findings.
 
     E2E_CLI=build-gpu/tools/allocscope python3 tests/gpu/run_torch_fsdp2.py [--keep DIR]
         [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
+        [--nproc N] [--checkpoint]
 
 Allocator settings: default (the native caching allocator: per-tensor blocks
 come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
@@ -23,6 +24,10 @@ Checks, on both ranks:
   fixed, bf16  neither plugin finds anything
 The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
 --nproc 1 runs one rank on one GPU (the same checks for rank 0).
+--checkpoint runs the script with activation checkpointing: seed then keeps
+no forward copy (no weight-copy-accumulation finding may appear) but still
+retains the transposes, and every layer of every rank has allocations
+tagged (layer, forward) and (layer, backward/recompute).
 
 Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, the
 GPUs (--nproc, default 2) or FP8 support (sm_89 or newer).
@@ -66,7 +71,7 @@ def check_machine(nproc):
     return torch.__version__
 
 
-def run_one(cli, out_dir, mode, allocator, steps, nproc):
+def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint):
     env = dict(os.environ)
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         env.pop(var, None)
@@ -76,7 +81,7 @@ def run_one(cli, out_dir, mode, allocator, steps, nproc):
         cli, "run", "--out", out_dir, "--force", "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
         SCRIPT, "--mode", mode, "--steps", str(steps),
-    ]
+    ] + (["--checkpoint"] if checkpoint else [])
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=600)
     return proc
@@ -139,6 +144,11 @@ def check(mode, findings, expected, problems, nproc, stacks):
             for plugin, want in (("weight-copy-accumulation", e["forward_copy_bytes"]),
                                  ("transpose-cache-retention", e["transpose_bytes"])):
                 got = [f for f in by.get((plugin, rank), []) if f["layer"] == layer]
+                if want == 0:  # nothing retained (checkpointing drops the forward copy)
+                    for f in got:
+                        problems.append("seed rank %d: unexpected %s finding: %s %s %d B"
+                                        % (rank, plugin, layer, f["phase"], f["bytes"]))
+                    continue
                 if not got:
                     problems.append("seed rank %d: no %s finding for %s (want %d B)" % (rank, plugin, layer, want))
                     continue
@@ -149,6 +159,25 @@ def check(mode, findings, expected, problems, nproc, stacks):
                 check_stacks(rank, plugin, got[0], stacks.get(rank, {}), problems)
 
 
+def check_recompute(cli, out_dir, problems, nproc):
+    """With --checkpoint: every layer's recomputation is tagged (layer,
+    backward/recompute) on every rank, with the allocations of a forward."""
+    p = subprocess.run([cli, "report", out_dir, "--format", "json"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+    if p.returncode != 0:
+        problems.append("allocscope report --format json exited %d" % p.returncode)
+        return
+    for r in json.loads(p.stdout)["ranks"]:
+        tags = {(t["layer"], t["phase"]): t for t in r.get("tags", [])}
+        for i in range(8):
+            layer = "layers.%d" % i
+            rec = tags.get((layer, "backward/recompute"), {}).get("allocations", 0)
+            fwd = tags.get((layer, "forward"), {}).get("allocations", 0)
+            if rec == 0 or fwd == 0:
+                problems.append("rank %d: %s: %d allocations in forward, %d recomputed in backward"
+                                % (r.get("rank", -1), layer, fwd, rec))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--keep", help="keep every run's output under this directory")
@@ -156,6 +185,9 @@ def main():
     parser.add_argument("--allocators", default="default,async,expandable")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=2, help="ranks, one GPU each (default 2)")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="the script's activation checkpointing: no forward copy retained, "
+                             "recomputations tagged backward/recompute")
     args = parser.parse_args()
     cli = os.environ.get("E2E_CLI")
     if not cli or not os.access(cli, os.X_OK):
@@ -170,7 +202,8 @@ def main():
             for mode in args.modes.split(","):
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 label = "%s / %s" % (mode, allocator)
-                proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc)
+                proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc,
+                               args.checkpoint)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)
@@ -188,6 +221,8 @@ def main():
                 if not problems or findings:
                     stacks = stacks_by_rank(cli, out_dir, problems) if mode == "seed" else {}
                     check(mode, findings, expectations(proc.stdout), problems, args.nproc, stacks)
+                    if args.checkpoint:
+                        check_recompute(cli, out_dir, problems, args.nproc)
                 status = "ok" if not problems else "FAILED"
                 print("%-20s %s" % (label, status), flush=True)
                 for p in problems:
