@@ -268,8 +268,8 @@ PyMethodDef g_methods[] = {
     {"keyed_depth", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_depth)),
      METH_FASTCALL, "allocscope_keyed_depth()"},
     {"keyed_kind_depth",
-     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_kind_depth)),
-     METH_FASTCALL, "allocscope_keyed_kind_depth(kind)"},
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_kind_depth)), METH_FASTCALL,
+     "allocscope_keyed_kind_depth(kind)"},
     {"forward_post", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_post)),
      METH_FASTCALL, "forward_post(key, args, output, backward): see tag_hooks.cpp"},
 };
