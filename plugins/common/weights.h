@@ -123,17 +123,24 @@ class WeightDetector {
 
     // The phase window closed: each of `candidates` (address, seq, module,
     // data) still alive is retained, passed to keep(candidate, evidence);
-    // scale-sized ones only in a module that made a data-sized one.
+    // scale-sized ones only in a module that retains a data-sized one too. A
+    // scale belongs to a quantized form: small allocations of scale sizes
+    // kept without one (a bias's gradient accumulated across micro-batches
+    // has such a size) are not weight-derived.
     template <class Candidate, class Keep>
     void retain_alive(const std::vector<Candidate>& candidates, Keep keep) {
+        auto alive = [&](const Candidate& c) {
+            const Record* r = live_.find(c.address);
+            return r && r->seq == c.seq;
+        };
         std::vector<uint32_t> data_modules;
         for (const Candidate& c : candidates) {
-            if (c.data) data_modules.push_back(c.module);
+            if (c.data && alive(c)) data_modules.push_back(c.module);
         }
         std::sort(data_modules.begin(), data_modules.end());
         for (const Candidate& c : candidates) {
+            if (!alive(c)) continue;
             const Record* found = live_.find(c.address);
-            if (!found || found->seq != c.seq) continue;
             if (!std::binary_search(data_modules.begin(), data_modules.end(), c.module)) {
                 live_.erase(c.address);  // not derived after all; stop following it
                 continue;

@@ -23,6 +23,11 @@ torch.utils.checkpoint, non-reentrant): the seed mode's FP8 weight copy is
 then not kept from forward to backward (checkpointing drops what the layer
 saved and recomputes it), so only the transpose cache is retained.
 
+--grad-accum N runs N forward/backward micro-batches per optimizer step,
+gradients reduced on the last only (FSDP2's set_requires_gradient_sync), as
+training with gradient accumulation does: the same memory problems each
+micro-batch.
+
 It does not import allocscope: run it unchanged under `allocscope run`.
 
 The sizes a detector should find are printed per module on stdout, one JSON
@@ -233,10 +238,14 @@ def main():
                              "step GPU-bound")
     parser.add_argument("--checkpoint", action="store_true",
                         help="activation checkpointing: every layer recomputed in backward")
+    parser.add_argument("--grad-accum", type=int, default=1, metavar="N",
+                        help="forward/backward micro-batches per optimizer step")
     parser.add_argument("--record-history", choices=("python", "all"),
                         help="torch.cuda.memory._record_memory_history(stacks=...) for the run, "
                              "the PyTorch-native recording allocscope is compared with")
     args = parser.parse_args()
+    if args.grad_accum < 1:
+        parser.error("--grad-accum must be 1 or more")
     if args.hidden % HEADS or args.tokens % BATCH:
         parser.error("--hidden must be a multiple of %d and --tokens of %d" % (HEADS, BATCH))
     HIDDEN, FFN, SEQ = args.hidden, 4 * args.hidden, args.tokens // BATCH
@@ -268,8 +277,11 @@ def main():
 
     for step in range(args.steps):
         start = time.perf_counter()
-        loss = F.mse_loss(model(x), target)
-        loss.backward()
+        for micro in range(args.grad_accum):
+            if args.grad_accum > 1:  # reduce-scatter the gradients on the last only
+                model.set_requires_gradient_sync(micro == args.grad_accum - 1)
+            loss = F.mse_loss(model(x), target) / args.grad_accum
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()

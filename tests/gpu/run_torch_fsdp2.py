@@ -5,7 +5,7 @@ findings.
 
     E2E_CLI=build-gpu/tools/allocscope python3 tests/gpu/run_torch_fsdp2.py [--keep DIR]
         [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
-        [--nproc N] [--checkpoint]
+        [--nproc N] [--checkpoint] [--grad-accum N]
 
 Allocator settings: default (the native caching allocator: per-tensor blocks
 come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
@@ -27,7 +27,8 @@ The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
 --checkpoint runs the script with activation checkpointing: seed then keeps
 no forward copy (no weight-copy-accumulation finding may appear) but still
 retains the transposes, and every layer of every rank has allocations
-tagged (layer, forward) and (layer, backward/recompute).
+tagged (layer, forward) and (layer, backward/recompute). --grad-accum N runs
+N micro-batches per optimizer step: the same checks.
 
 Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, the
 GPUs (--nproc, default 2) or FP8 support (sm_89 or newer).
@@ -71,7 +72,7 @@ def check_machine(nproc):
     return torch.__version__
 
 
-def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint):
+def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint, grad_accum):
     env = dict(os.environ)
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         env.pop(var, None)
@@ -81,7 +82,7 @@ def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint):
         cli, "run", "--out", out_dir, "--force", "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
         SCRIPT, "--mode", mode, "--steps", str(steps),
-    ] + (["--checkpoint"] if checkpoint else [])
+    ] + (["--checkpoint"] if checkpoint else []) + ["--grad-accum", str(grad_accum)]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=600)
     return proc
@@ -185,6 +186,8 @@ def main():
     parser.add_argument("--allocators", default="default,async,expandable")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=2, help="ranks, one GPU each (default 2)")
+    parser.add_argument("--grad-accum", type=int, default=1, metavar="N",
+                        help="the script's micro-batches per optimizer step: the same checks")
     parser.add_argument("--checkpoint", action="store_true",
                         help="the script's activation checkpointing: no forward copy retained, "
                              "recomputations tagged backward/recompute")
@@ -203,7 +206,7 @@ def main():
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 label = "%s / %s" % (mode, allocator)
                 proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc,
-                               args.checkpoint)
+                               args.checkpoint, args.grad_accum)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)

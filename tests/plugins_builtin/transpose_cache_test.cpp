@@ -448,6 +448,32 @@ TEST_CASE("scale-sized allocations alone, untagged ones and forward ones are ign
     CHECK(d.findings.empty());
 }
 
+TEST_CASE("scale-sized allocations kept without a kept data-sized form are not retention") {
+    // Gradient accumulation without gradient sync (FSDP2's
+    // set_requires_gradient_sync(False)): the fixed recipe builds its
+    // column-wise form in backward and frees it, while the module's bias
+    // gradient (1536 B: a size some weight shape's block scales also have)
+    // stays alive into the next micro-batch.
+    Stream s;
+    s.param("layers.0.attn.qkv", "weight", 196608, 196608);
+    s.step(1);
+    for (int micro = 0; micro < 2; ++micro) {
+        s.push("layers.0", "forward");
+        s.pop();
+        s.push("layers.0", "backward");
+        s.push("layers.0.attn.qkv", "backward");
+        s.alloc(0x100000, 196608);  // the column-wise form, freed in backward
+        s.alloc(0x200000 + uint64_t(micro) * 0x1000, 1536);  // the accumulated bias gradient
+        s.free(0x100000);
+        s.pop();
+        s.pop();
+    }
+    s.push("optimizer", "optimizer");
+    s.pop();
+    const Outcome d = drive(s);
+    CHECK(d.findings.empty());
+}
+
 TEST_CASE("autograd threads, frees from other threads, unknown frees, address reuse") {
     SUBCASE("backward on thread 5, optimizer on thread 1") {
         Shape shape;
