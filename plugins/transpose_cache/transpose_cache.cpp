@@ -10,7 +10,7 @@
 // weight's gradient) is a candidate of the backward it was made in. The
 // backward ends at the first push of an optimizer-phase scope after it, the
 // next forward-phase push, or the step change; the candidates still alive
-// then are retained (a scale-sized one only when its module also made a
+// then are retained (a scale-sized one only when its module also keeps a
 // data-sized one), per layer: the outermost backward scope on the
 // allocating thread that encloses the parameter's module within its
 // numbered layer. Per layer the backward that retained the most is
@@ -179,7 +179,7 @@ class TransposeCacheRetention final : public WeightDetector {
     }
 
     // Backward is over: candidates still alive are retained (scale-sized
-    // ones only where their module made a data-sized one in this backward).
+    // ones only where their module keeps a data-sized one of this backward).
     void end_backward() {
         if (!in_backward_) return;
         in_backward_ = false;

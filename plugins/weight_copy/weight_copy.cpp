@@ -10,8 +10,8 @@
 // thread that encloses the parameter's module and does not enclose its
 // numbered layer (so a model-root scope such as "model" is skipped for
 // "model.layers.3"). When that scope is popped, the candidates still alive
-// are retained, a scale-sized one only when its module also made a
-// data-sized one in that forward. Per layer the forward that retained the
+// are retained, a scale-sized one only when its module also keeps a
+// data-sized one of that forward. Per layer the forward that retained the
 // most is reported (max over steps); the total alive at the end of forward
 // (the first backward scope of the step, or the step change) likewise.
 //
