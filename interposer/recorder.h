@@ -89,9 +89,8 @@ bool push_tag(const char* layer, const char* phase) noexcept;
 void pop_tag() noexcept;
 // Keyed tags (allocscope_enter, allocscope_leave, allocscope_leave_kind,
 // allocscope_enter_nested, allocscope_keyed_depth, allocscope_keyed_kind_depth
-// in allocscope.h). `layer`
-// of leave_tag, when not null, gets the left entry's layer: interned text
-// that lives as long as the process.
+// in allocscope.h). `layer` of leave_tag, when not null, gets the left
+// entry's layer: interned text that lives as long as the process.
 int enter_tag(uint64_t key, uint32_t kind, uint64_t generation, const char* layer,
               const char* phase) noexcept;
 int64_t leave_tag(uint64_t key, uint32_t kind, const char** layer) noexcept;

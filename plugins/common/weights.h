@@ -129,9 +129,10 @@ class WeightDetector {
     // has such a size) are not weight-derived.
     template <class Candidate, class Keep>
     void retain_alive(const std::vector<Candidate>& candidates, Keep keep) {
-        auto alive = [&](const Candidate& c) {
+        // The candidate's record while the allocation is alive, else nullptr.
+        auto alive = [&](const Candidate& c) -> const Record* {
             const Record* r = live_.find(c.address);
-            return r && r->seq == c.seq;
+            return r && r->seq == c.seq ? r : nullptr;
         };
         std::vector<uint32_t> data_modules;
         for (const Candidate& c : candidates) {
@@ -139,8 +140,8 @@ class WeightDetector {
         }
         std::sort(data_modules.begin(), data_modules.end());
         for (const Candidate& c : candidates) {
-            if (!alive(c)) continue;
-            const Record* found = live_.find(c.address);
+            const Record* found = alive(c);
+            if (!found) continue;
             if (!std::binary_search(data_modules.begin(), data_modules.end(), c.module)) {
                 live_.erase(c.address);  // not derived after all; stop following it
                 continue;
