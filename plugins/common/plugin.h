@@ -440,6 +440,10 @@ struct WeightSizeRules {
     bool sharded = false;
     // The host's world size (0: unknown).
     uint64_t world = 0;
+    // Parameters' gradients are made where the forms are (backward): a
+    // scale-sized allocation that is a registered parameter's gradient size
+    // is taken for the gradient (WeightParams::match).
+    bool gradients = false;
 };
 
 // The byte counts of what a quantized (or copied) weight of `numel` elements
@@ -568,8 +572,10 @@ class WeightParams {
     // the run's streams both register it) replaces the earlier entry.
     void add(const allocscope_param_v1& p) {
         const std::string layer = p.layer ? p.layer : "";
-        if (layer.empty() || p.numel < min_numel_) return;
+        if (layer.empty()) return;
         const std::string key = layer + '\n' + (p.name ? p.name : "");
+        add_gradient(key, layer, p);
+        if (p.numel < min_numel_) return;
         auto [it, inserted] = index_.try_emplace(key, uint32_t(params_.size()));
         if (inserted) {
             params_.push_back({});
@@ -633,7 +639,70 @@ class WeightParams {
             if (s.data.contains(size)) return Match{i, true};
             if (!scale && s.scales.contains(size)) scale = Match{i, false};
         }
+        // A scale is a few bytes to a few KiB, the sizes of small parameters'
+        // gradients too (a bias's, kept across micro-batches under gradient
+        // accumulation). Where the layer has a parameter whose gradient has
+        // this size, the gradient is taken for its owner; except for the
+        // caching allocator's smallest block, which every scale below 512 B
+        // becomes and which therefore stays a scale.
+        if (scale && rules_.gradients && size > kCachingMinBlock && gradient_sized(layer, size))
+            return std::nullopt;
         return scale;
+    }
+
+    // The gradient sizes of every registered parameter (biases and norms
+    // too, whatever min_numel), grouped by the parameter's numbered layer
+    // (its module when it has none): full and shard, in the parameter's
+    // dtype and in the usual gradient dtypes (bf16/fp16, fp32).
+    struct GradientShape {
+        std::string group;
+        uint64_t numel = 0;
+        uint64_t sharded_numel = 0;
+        uint64_t element = 0;  // the parameter's dtype's size; 0: unknown
+    };
+    void add_gradient(const std::string& key, const std::string& layer,
+                      const allocscope_param_v1& p) {
+        const std::string_view numbered = numbered_layer(layer);
+        GradientShape g{numbered.empty() ? layer : std::string(numbered), p.numel, p.sharded_numel,
+                        dtype_bytes(p.dtype ? p.dtype : "")};
+        gradient_shapes_[key] = std::move(g);
+        gradient_sizes_.clear();
+        memo_.clear();
+    }
+    static uint64_t dtype_bytes(std::string_view dtype) {
+        if (dtype == "fp64") return 8;
+        if (dtype == "fp32") return 4;
+        if (dtype == "bf16" || dtype == "fp16") return 2;
+        if (dtype.starts_with("fp8")) return 1;
+        return 0;
+    }
+    // Whether `size` is the gradient size of a parameter in the numbered
+    // layer of `layer`, or of a module enclosing `layer` outside any.
+    bool gradient_sized(uint32_t layer, uint64_t size) {
+        if (gradient_sizes_.empty()) {
+            for (const auto& [key, g] : gradient_shapes_) {
+                SizeSet& s = gradient_sizes_[g.group];
+                for (uint64_t n : {g.numel, g.sharded_numel}) {
+                    for (uint64_t bytes : {g.element, uint64_t{2}, uint64_t{4}})
+                        s.add(n * bytes);
+                }
+            }
+            for (auto& [group, s] : gradient_sizes_)
+                s.seal();
+        }
+        auto in_group = [&](std::string_view group) {
+            auto it = gradient_sizes_.find(std::string(group));
+            return it != gradient_sizes_.end() && it->second.contains(size);
+        };
+        const std::string_view m = strings_.text(layer);
+        const std::string_view numbered = numbered_layer(m);
+        if (!numbered.empty()) return in_group(numbered);
+        for (std::string_view up = m; !up.empty();) {
+            if (in_group(up)) return true;
+            const std::size_t dot = up.rfind('.');
+            up = dot == std::string_view::npos ? std::string_view{} : up.substr(0, dot);
+        }
+        return false;
     }
 
     struct Param {
@@ -675,6 +744,8 @@ class WeightParams {
     std::unordered_map<std::string, std::vector<uint32_t>> by_module_;
     std::unordered_map<uint32_t, std::vector<uint32_t>> containing_;
     FlatMap<MatchKey, Memo, MatchKeyHash> memo_;
+    std::unordered_map<std::string, GradientShape> gradient_shapes_;  // by parameter key
+    std::unordered_map<std::string, SizeSet> gradient_sizes_;         // by group, built lazily
 };
 
 // Which allocation level a detector follows. "block": a caching allocator's

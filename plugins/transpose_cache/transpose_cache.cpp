@@ -39,7 +39,8 @@ class TransposeCacheRetention final : public WeightDetector {
               host, "backward_threshold", kDefaultBackwardThreshold,
               WeightSizeRules{.bf16_copy = false,
                               .sharded = true,
-                              .world = host.world_size > 0 ? uint64_t(host.world_size) : 0},
+                              .world = host.world_size > 0 ? uint64_t(host.world_size) : 0,
+                              .gradients = true},
               kDefaultMinNumel) {}
 
     void on_step(uint64_t /*step*/, uint32_t source) {

@@ -30,9 +30,10 @@ constexpr uint64_t kDefaultMinNumel = 4096;
 class WeightCopyAccumulation final : public WeightDetector {
   public:
     explicit WeightCopyAccumulation(const allocscope_host_v1& host)
-        : WeightDetector(host, "forward_threshold", kDefaultForwardThreshold,
-                         WeightSizeRules{.bf16_copy = true, .sharded = false, .world = 0},
-                         kDefaultMinNumel) {}
+        : WeightDetector(
+              host, "forward_threshold", kDefaultForwardThreshold,
+              WeightSizeRules{.bf16_copy = true, .sharded = false, .world = 0, .gradients = false},
+              kDefaultMinNumel) {}
 
     void on_step(uint64_t /*step*/, uint32_t source) {
         enter(source);

@@ -474,6 +474,46 @@ TEST_CASE("scale-sized allocations kept without a kept data-sized form are not r
     CHECK(d.findings.empty());
 }
 
+TEST_CASE("a kept bias gradient beside a kept column-wise form is the bias's, not a scale") {
+    // Gradient accumulation under the seed recipe: the column-wise form and
+    // the bias gradient (1536 B, a size some factorization of the weight
+    // gives block scales) both outlive backward.
+    auto stream = [](const char* bias_layer, uint64_t bias_numel) {
+        Stream s;
+        s.param("layers.0.attn.qkv", "weight", 196608, 196608);
+        if (bias_layer) s.param(bias_layer, "bias", bias_numel, bias_numel, "bf16");
+        s.step(1);
+        s.push("layers.0", "forward");
+        s.pop();
+        s.push("layers.0", "backward");
+        s.push("layers.0.attn.qkv", "backward");
+        s.alloc(0x100000, 196608);  // the column-wise form, kept
+        s.alloc(0x200000, 1536);    // the bias gradient, kept for the next micro-batch
+        s.pop();
+        s.pop();
+        s.push("optimizer", "optimizer");
+        s.pop();
+        return s;
+    };
+    auto retained = [](const Stream& s) {
+        const Outcome d = drive(s);
+        REQUIRE(d.findings.size() == 1);
+        CHECK(d.findings[0].layer == "layers.0");
+        return d.findings[0].bytes;
+    };
+    // 768 bf16 elements: 1536 B.
+    CHECK(retained(stream("layers.0.attn.qkv", 768)) == 196608);
+    // 384 bf16 elements with an fp32 gradient (FSDP2's reduce_dtype): 1536 B.
+    CHECK(retained(stream("layers.0.attn.qkv", 384)) == 196608);
+    // A norm's weight elsewhere in the same numbered layer.
+    CHECK(retained(stream("layers.0.norm", 768)) == 196608);
+    // Nothing explains the 1536 B: no bias, or one of another layer.
+    CHECK(retained(stream(nullptr, 0)) == 196608 + 1536);
+    CHECK(retained(stream("layers.1.attn.qkv", 768)) == 196608 + 1536);
+    // A bias whose gradient has another size (1000 bf16: 2000 B).
+    CHECK(retained(stream("layers.0.attn.qkv", 1000)) == 196608 + 1536);
+}
+
 TEST_CASE("autograd threads, frees from other threads, unknown frees, address reuse") {
     SUBCASE("backward on thread 5, optimizer on thread 1") {
         Shape shape;
