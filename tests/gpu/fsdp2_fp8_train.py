@@ -28,6 +28,10 @@ gradients reduced on the last only (FSDP2's set_requires_gradient_sync), as
 training with gradient accumulation does: the same memory problems each
 micro-batch.
 
+--backend gloo runs the collectives over gloo instead of NCCL (staged
+through host memory), so that several ranks can share one GPU: rank r uses
+GPU r mod the GPU count. NCCL refuses two ranks on one GPU.
+
 It does not import allocscope: run it unchanged under `allocscope run`.
 
 The sizes a detector should find are printed per module on stdout, one JSON
@@ -240,6 +244,8 @@ def main():
                         help="activation checkpointing: every layer recomputed in backward")
     parser.add_argument("--grad-accum", type=int, default=1, metavar="N",
                         help="forward/backward micro-batches per optimizer step")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                        help="process group backend; gloo lets ranks share a GPU")
     parser.add_argument("--record-history", choices=("python", "all"),
                         help="torch.cuda.memory._record_memory_history(stacks=...) for the run, "
                              "the PyTorch-native recording allocscope is compared with")
@@ -254,8 +260,8 @@ def main():
     from torch.distributed.fsdp import fully_shard
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl")
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    dist.init_process_group(args.backend)
     rank = dist.get_rank()
     world = dist.get_world_size()
     mesh = init_device_mesh("cuda", (world,))

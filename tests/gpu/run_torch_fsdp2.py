@@ -5,7 +5,7 @@ findings.
 
     E2E_CLI=build-gpu/tools/allocscope python3 tests/gpu/run_torch_fsdp2.py [--keep DIR]
         [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
-        [--nproc N] [--checkpoint] [--grad-accum N]
+        [--nproc N] [--checkpoint] [--grad-accum N] [--backend nccl|gloo]
 
 Allocator settings: default (the native caching allocator: per-tensor blocks
 come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
@@ -28,7 +28,10 @@ The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
 no forward copy (no weight-copy-accumulation finding may appear) but still
 retains the transposes, and every layer of every rank has allocations
 tagged (layer, forward) and (layer, backward/recompute). --grad-accum N runs
-N micro-batches per optimizer step: the same checks.
+N micro-batches per optimizer step: the same checks. --backend gloo runs the
+ranks' collectives over gloo, so that --nproc ranks may share fewer GPUs
+(NCCL refuses two ranks on one GPU): the same checks, without NCCL's own
+allocations in the traces.
 
 Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, the
 GPUs (--nproc, default 2) or FP8 support (sm_89 or newer).
@@ -57,22 +60,23 @@ def skip(reason):
     sys.exit(77)
 
 
-def check_machine(nproc):
+def check_machine(nproc, backend):
     try:
         import torch
     except Exception as e:  # no torch
         skip("python3 cannot import torch (%s)" % e)
-    if not torch.cuda.is_available() or torch.cuda.device_count() < nproc:
-        skip("needs %d CUDA GPUs (found %d)" % (nproc, torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    gpus = nproc if backend == "nccl" else 1
+    if not torch.cuda.is_available() or torch.cuda.device_count() < gpus:
+        skip("needs %d CUDA GPUs (found %d)" % (gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0))
     if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
         skip("this torch has no float8_e4m3fn / _scaled_mm")
-    for d in range(nproc):
+    for d in range(min(nproc, torch.cuda.device_count())):
         if torch.cuda.get_device_capability(d) < (8, 9):
             skip("FP8 GEMMs need sm_89 or newer (GPU %d is sm_%d%d)" % ((d,) + torch.cuda.get_device_capability(d)))
     return torch.__version__
 
 
-def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint, grad_accum):
+def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint, grad_accum, backend):
     env = dict(os.environ)
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         env.pop(var, None)
@@ -82,7 +86,8 @@ def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint, grad_accum)
         cli, "run", "--out", out_dir, "--force", "--",
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
         SCRIPT, "--mode", mode, "--steps", str(steps),
-    ] + (["--checkpoint"] if checkpoint else []) + ["--grad-accum", str(grad_accum)]
+    ] + (["--checkpoint"] if checkpoint else []) + ["--grad-accum", str(grad_accum),
+                                                    "--backend", backend]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=600)
     return proc
@@ -191,12 +196,14 @@ def main():
     parser.add_argument("--checkpoint", action="store_true",
                         help="the script's activation checkpointing: no forward copy retained, "
                              "recomputations tagged backward/recompute")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                        help="the script's process group backend; gloo lets ranks share a GPU")
     args = parser.parse_args()
     cli = os.environ.get("E2E_CLI")
     if not cli or not os.access(cli, os.X_OK):
         print("E2E_CLI must name the allocscope executable")
         return 2
-    version = check_machine(args.nproc)
+    version = check_machine(args.nproc, args.backend)
     print("torch %s; allocscope %s" % (version, cli), flush=True)
     root = args.keep or tempfile.mkdtemp(prefix="allocscope-torch-")
     failed = []
@@ -206,7 +213,7 @@ def main():
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 label = "%s / %s" % (mode, allocator)
                 proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc,
-                               args.checkpoint, args.grad_accum)
+                               args.checkpoint, args.grad_accum, args.backend)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)
