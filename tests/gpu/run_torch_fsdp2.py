@@ -5,7 +5,7 @@ findings.
 
     E2E_CLI=build-gpu/tools/allocscope python3 tests/gpu/run_torch_fsdp2.py [--keep DIR]
         [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
-        [--nproc N] [--checkpoint] [--grad-accum N] [--backend nccl|gloo]
+        [--nproc N] [--checkpoint] [--grad-accum N] [--backend nccl|gloo|auto]
 
 Allocator settings: default (the native caching allocator: per-tensor blocks
 come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
@@ -31,7 +31,8 @@ tagged (layer, forward) and (layer, backward/recompute). --grad-accum N runs
 N micro-batches per optimizer step: the same checks. --backend gloo runs the
 ranks' collectives over gloo, so that --nproc ranks may share fewer GPUs
 (NCCL refuses two ranks on one GPU): the same checks, without NCCL's own
-allocations in the traces.
+allocations in the traces. --backend auto: nccl where there is a GPU per
+rank, else gloo (said in one line).
 
 Exit status: 0 all passed, 1 a check failed, 77 (skip) without torch, the
 GPUs (--nproc, default 2) or FP8 support (sm_89 or newer).
@@ -65,15 +66,20 @@ def check_machine(nproc, backend):
         import torch
     except Exception as e:  # no torch
         skip("python3 cannot import torch (%s)" % e)
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        backend = "nccl" if found >= nproc else "gloo"
+        if backend == "gloo" and found > 0:
+            print("%d rank(s) on %d GPU(s): collectives over gloo, not NCCL" % (nproc, found))
     gpus = nproc if backend == "nccl" else 1
-    if not torch.cuda.is_available() or torch.cuda.device_count() < gpus:
-        skip("needs %d CUDA GPUs (found %d)" % (gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    if found < gpus:
+        skip("needs %d CUDA GPU%s (found %d)" % (gpus, "s" if gpus > 1 else "", found))
     if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
         skip("this torch has no float8_e4m3fn / _scaled_mm")
     for d in range(min(nproc, torch.cuda.device_count())):
         if torch.cuda.get_device_capability(d) < (8, 9):
             skip("FP8 GEMMs need sm_89 or newer (GPU %d is sm_%d%d)" % ((d,) + torch.cuda.get_device_capability(d)))
-    return torch.__version__
+    return torch.__version__, backend
 
 
 def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint, grad_accum, backend):
@@ -196,15 +202,17 @@ def main():
     parser.add_argument("--checkpoint", action="store_true",
                         help="the script's activation checkpointing: no forward copy retained, "
                              "recomputations tagged backward/recompute")
-    parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
-                        help="the script's process group backend; gloo lets ranks share a GPU")
+    parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="nccl",
+                        help="the script's process group backend; gloo lets ranks share a GPU; "
+                             "auto: nccl with a GPU per rank, else gloo")
     args = parser.parse_args()
     cli = os.environ.get("E2E_CLI")
     if not cli or not os.access(cli, os.X_OK):
         print("E2E_CLI must name the allocscope executable")
         return 2
-    version = check_machine(args.nproc, args.backend)
-    print("torch %s; allocscope %s" % (version, cli), flush=True)
+    version, backend = check_machine(args.nproc, args.backend)
+    print("torch %s; allocscope %s; %d rank(s) over %s" % (version, cli, args.nproc, backend),
+          flush=True)
     root = args.keep or tempfile.mkdtemp(prefix="allocscope-torch-")
     failed = []
     try:
@@ -213,7 +221,7 @@ def main():
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 label = "%s / %s" % (mode, allocator)
                 proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc,
-                               args.checkpoint, args.grad_accum, args.backend)
+                               args.checkpoint, args.grad_accum, backend)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)
