@@ -19,7 +19,9 @@ parameters registered, and one step per optimizer.step().
 With activation checkpointing on layers.1 (reentrant and not), its forward
 runs again in backward: those allocations are (layers.1,
 backward/recompute), the first forward's stay (layers.1, forward), and
-nothing else changes.
+nothing else changes. With a reentrant checkpoint of the whole model, every
+layer's forward runs again in backward before any module backward has
+begun: (layers.0 and layers.1, backward/recompute) too.
 
 Then the measuring switches: with ALLOCSCOPE_PYTHON_MODULES=0 the same
 script gets no layer tags and no parameters, but its optimizer tags and
@@ -65,7 +67,8 @@ SCRIPT = textwrap.dedent(
     import torch.nn as nn
     from torch.utils.checkpoint import checkpoint
 
-    CHECKPOINT = os.environ.get("CHECKPOINT", "")  # "", "reentrant", "non-reentrant"
+    # "", "reentrant", "non-reentrant" (layers.1), "root-reentrant" (the model)
+    CHECKPOINT = os.environ.get("CHECKPOINT", "")
     ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
     _process = ctypes.CDLL(None)
     _malloc, _free = _process.cudaMalloc, _process.cudaFree
@@ -126,7 +129,7 @@ SCRIPT = textwrap.dedent(
 
         def forward(self, x):
             for i, layer in enumerate(self.layers):
-                if i == 1 and CHECKPOINT:  # recomputed in backward
+                if i == 1 and CHECKPOINT in ("reentrant", "non-reentrant"):  # recomputed in backward
                     x = checkpoint(layer, x, use_reentrant=CHECKPOINT == "reentrant")
                 else:
                     x = layer(x)
@@ -141,8 +144,13 @@ SCRIPT = textwrap.dedent(
     model = Model()
     opt = ProbedSGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 16)
+    if CHECKPOINT == "root-reentrant":
+        x.requires_grad_()  # a reentrant checkpoint needs an input that requires grad
     for step in range(%d):
-        loss = model(x).square().mean()
+        if CHECKPOINT == "root-reentrant":
+            loss = checkpoint(model, x, use_reentrant=True).square().mean()
+        else:
+            loss = model(x).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -219,8 +227,9 @@ def main():
         recomputed = [k for k, t in tags.items() if k[1] == "backward/recompute" and t["allocations"]]
         check(not recomputed, "recomputation without checkpointing: %r" % recomputed)
 
-        # Activation checkpointing: layers.1's forward again inside backward.
-        for mode in ("non-reentrant", "reentrant"):
+        # Activation checkpointing: layers.1's forward again inside backward,
+        # or the whole model's.
+        for mode in ("non-reentrant", "reentrant", "root-reentrant"):
             p, rank = run_traced(script, os.path.join(scratch, "out-" + mode),
                                  {"CHECKPOINT": mode})
             check(p.returncode == 0 and "done" in p.stdout,
@@ -240,14 +249,17 @@ def main():
                 ("dict_head", "backward"): 12288,
                 ("dataclass_head", "backward"): 12288,
             }
+            if mode == "root-reentrant":
+                want[("layers.0", "backward/recompute")] = 8192
             for key, size in want.items():
                 t = tags.get(key)
                 check(t is not None and t["allocations"] == STEPS
                       and t["allocated_bytes"] == STEPS * size,
                       "%s checkpoint: %s %s: %r" % (mode, key[0], key[1], t))
-            t = tags.get(("layers.0", "backward/recompute"))
-            check(t is None or t["allocations"] == 0,
-                  "%s checkpoint: layers.0 (not checkpointed) recomputed: %r" % (mode, t))
+            if mode != "root-reentrant":
+                t = tags.get(("layers.0", "backward/recompute"))
+                check(t is None or t["allocations"] == 0,
+                      "%s checkpoint: layers.0 (not checkpointed) recomputed: %r" % (mode, t))
             check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)),
                   "%s checkpoint: steps %r" % (mode, steps_of(rank)))
 
