@@ -23,6 +23,14 @@ nothing else changes. With a reentrant checkpoint of the whole model, every
 layer's forward runs again in backward before any module backward has
 begun: (layers.0 and layers.1, backward/recompute) too.
 
+Wrapped modules keep their names: layers.1 wrapped by checkpoint_wrapper
+(its module is "layers.1._checkpoint_wrapped_module" to named_modules) and,
+where torch has torch.compile, every layer compiled on its own
+(torch.compile(layer, backend="aot_eager"): "layers.N._orig_mod") tag as
+layers.1 and layers.N, with the same allocations as unwrapped; no tag names
+a wrapper component, and torch's warning about global hooks on compiled
+modules is not shown.
+
 Then the measuring switches: with ALLOCSCOPE_PYTHON_MODULES=0 the same
 script gets no layer tags and no parameters, but its optimizer tags and
 steps; with ALLOCSCOPE_TORCH_BLOCKS=0, attach_bridge() succeeds without
@@ -136,12 +144,25 @@ SCRIPT = textwrap.dedent(
             x = self.dict_head(x)["y"]
             return self.dataclass_head(x).value
 
+    WRAP = os.environ.get("WRAP", "")  # "", "checkpoint_wrapper", "compile"
+
+    def wrap(model):
+        if WRAP == "checkpoint_wrapper":
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                CheckpointImpl, checkpoint_wrapper)
+            model.layers[1] = checkpoint_wrapper(model.layers[1],
+                                                 checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        elif WRAP == "compile":
+            for i in range(len(model.layers)):
+                model.layers[i] = torch.compile(model.layers[i], backend="aot_eager")
+        return model
+
     class ProbedSGD(torch.optim.SGD):
         def step(self, closure=None):
             device_alloc_free(16384)
             return super().step(closure)
 
-    model = Model()
+    model = wrap(Model())
     opt = ProbedSGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 16)
     if CHECKPOINT == "root-reentrant":
@@ -262,6 +283,42 @@ def main():
                       "%s checkpoint: layers.0 (not checkpointed) recomputed: %r" % (mode, t))
             check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)),
                   "%s checkpoint: steps %r" % (mode, steps_of(rank)))
+
+        # Wrappers: checkpoint_wrapper everywhere, torch.compile where torch has it.
+        wrappers = ["checkpoint_wrapper"]
+        if hasattr(torch, "compile"):
+            wrappers.append("compile")
+        else:
+            print("torch %s has no torch.compile: compiled layers not tested" % torch.__version__)
+        for wrapper in wrappers:
+            p, rank = run_traced(script, os.path.join(scratch, "out-" + wrapper), {"WRAP": wrapper})
+            check(p.returncode == 0 and "done" in p.stdout,
+                  "%s: exit status %d" % (wrapper, p.returncode))
+            check("global hooks" not in p.stderr, "%s: torch's global-hooks warning shown" % wrapper)
+            if rank is None:
+                check(False, "%s: no report" % wrapper)
+                continue
+            tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+            print("tags with %s:" % wrapper, sorted(k for k, t in tags.items() if t["allocations"]))
+            want = {
+                ("layers.0", "forward"): 8192,
+                ("layers.1", "forward"): 8192,
+                ("layers.0", "backward"): 12288,
+                ("layers.1", "backward"): 12288,
+                ("dict_head", "backward"): 12288,
+                ("dataclass_head", "backward"): 12288,
+            }
+            if wrapper == "checkpoint_wrapper":
+                want[("layers.1", "backward/recompute")] = 8192
+            for key, size in want.items():
+                t = tags.get(key)
+                check(t is not None and t["allocations"] == STEPS
+                      and t["allocated_bytes"] == STEPS * size,
+                      "%s: %s %s: %r" % (wrapper, key[0], key[1], t))
+            wrapped = [k for k in tags if "_orig_mod" in k[0] or "_wrapped_module" in k[0]]
+            check(not wrapped, "%s: tags name a wrapper: %r" % (wrapper, wrapped))
+            check(rank.get("events_by_kind", {}).get("param") == 8,
+                  "%s: param events: %r" % (wrapper, rank.get("events_by_kind")))
 
         # ALLOCSCOPE_PYTHON_MODULES=0: steps and optimizer tags, nothing per module.
         p, rank = run_traced(script, os.path.join(scratch, "out-nomodules"),

@@ -55,7 +55,19 @@ no known model (called inside another module before any root saw it) is named
 lazily "<enclosing layer>.<ClassName>". When a root's first forward begins,
 every parameter of it is registered: numel from the (global) shape, sharded
 numel from DTensor.to_local() for FSDP2 parameters, the dtype as "bf16",
-"fp32", "fp8_e4m3", ....
+"fp32", "fp8_e4m3", .... The components wrappers insert are left out, as
+torch's state dicts leave them out: "_orig_mod" (torch.compile's
+OptimizedModule), "_checkpoint_wrapped_module" (checkpoint_wrapper) and
+"_fsdp_wrapped_module" (FSDP1); a wrapper and the module it wraps share
+a name.
+
+torch.compile. Hooks do nothing while Dynamo traces (they would put
+graph breaks in the compiled code): a module called inside a compiled region
+gets no tag of its own, and its allocations go to the nearest module called
+outside one. A block compiled as torch.compile(block) (an OptimizedModule)
+is itself called outside, so its allocations and its backward keep the
+block's tag; with model.compile() or torch.compile(model) only the modules
+outside the compiled code tag.
 
 Pairing. Tags are the interposer's keyed tags (allocscope_enter and friends
 in include/allocscope/allocscope.h), keyed by the module's (or optimizer's)
@@ -93,6 +105,7 @@ import os
 import sys
 import threading
 import types
+import warnings
 import weakref
 
 import torch
@@ -207,7 +220,15 @@ def _dtensor_type():
 # ---------------------------------------------------------------- names
 
 
+# Components that wrappers insert into qualified names (torch's state dicts
+# leave them out too): torch.compile's OptimizedModule, checkpoint_wrapper,
+# FSDP1.
+_WRAPPER_COMPONENTS = frozenset(("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"))
+
+
 def _join(prefix, name):
+    if name and any(c in name for c in ("_orig_mod", "_wrapped_module")):
+        name = ".".join(c for c in name.split(".") if c not in _WRAPPER_COMPONENTS)
     if not prefix:
         return name
     if not name:
@@ -843,6 +864,10 @@ def enable(model=None, optimizer=None):
                 _say("ops", "tag calls through %s" % how)
         timed = _timed if debug else (lambda f: f)
         if os.environ.get("ALLOCSCOPE_PYTHON_MODULES", "1") != "0":
+            # torch >= 2.5 warns at every torch.compile(module) call that global
+            # hooks fire for the OptimizedModule too: these are allocscope's,
+            # and the wrapper shares its module's name.
+            warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
             _handles.append(nn_module.register_module_forward_pre_hook(timed(_forward_pre)))
             try:
                 post = nn_module.register_module_forward_hook(
