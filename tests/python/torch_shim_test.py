@@ -203,6 +203,17 @@ def run_traced(script, out, extra_env):
     return p, json.loads(r.stdout)["ranks"][0]
 
 
+# (layer, phase) -> bytes a step, in every run with module hooks.
+BASE_TAGS = {
+    ("layers.0", "forward"): 8192,
+    ("layers.1", "forward"): 8192,
+    ("layers.0", "backward"): 12288,
+    ("layers.1", "backward"): 12288,
+    ("dict_head", "backward"): 12288,
+    ("dataclass_head", "backward"): 12288,
+}
+
+
 def main():
     scratch = tempfile.mkdtemp(prefix="allocscope-torchshim-")
     failures = []
@@ -211,6 +222,17 @@ def main():
         if not cond:
             failures.append(what)
             print("FAILED: " + what)
+
+    def check_tags(label, rank, extra):
+        """Each of BASE_TAGS and `extra` holds STEPS allocations of its
+        bytes; returns the tags by (layer, phase)."""
+        tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+        print("tags with %s:" % label, sorted(k for k, t in tags.items() if t["allocations"]))
+        for key, size in list(BASE_TAGS.items()) + list(extra.items()):
+            t = tags.get(key)
+            check(t is not None and t["allocations"] == STEPS and t["allocated_bytes"] == STEPS * size,
+                  "%s: %s %s: %r" % (label, key[0], key[1], t))
+        return tags
 
     def steps_of(rank):
         return sorted(s["step"] for s in rank.get("timeline", {}).get("steps", []))
@@ -231,17 +253,8 @@ def main():
             return 1
         kinds = rank.get("events_by_kind", {})
         check(kinds.get("param") == 8, "param events: %r (want 8: 4 x weight, bias)" % kinds)
-        tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-        print("tags:", sorted(tags))
-        for layer in ("layers.0", "layers.1"):
-            for phase, size in (("forward", 8192), ("backward", 12288)):
-                t = tags.get((layer, phase))
-                check(t is not None and t["allocations"] == STEPS and t["allocated_bytes"] == STEPS * size,
-                      "%s %s: %r" % (layer, phase, t))
-        for layer in ("dict_head", "dataclass_head"):
-            t = tags.get((layer, "backward"))
-            check(t is not None and t["allocations"] == STEPS and t["allocated_bytes"] == STEPS * 12288,
-                  "%s backward (output inside a container): %r" % (layer, t))
+        # dict_head and dataclass_head: outputs inside a container.
+        tags = check_tags("no checkpointing", rank, {})
         opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
         check(len(opt) == 1 and opt[0]["allocations"] == STEPS, "optimizer tags: %r" % opt)
         check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), "steps %r" % steps_of(rank))
@@ -258,25 +271,10 @@ def main():
             if rank is None:
                 check(False, "%s checkpoint: no report" % mode)
                 continue
-            tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-            print("tags with %s checkpointing:" % mode,
-                  sorted(k for k, t in tags.items() if t["allocations"]))
-            want = {
-                ("layers.0", "forward"): 8192,
-                ("layers.1", "forward"): 8192,
-                ("layers.1", "backward/recompute"): 8192,
-                ("layers.0", "backward"): 12288,
-                ("layers.1", "backward"): 12288,
-                ("dict_head", "backward"): 12288,
-                ("dataclass_head", "backward"): 12288,
-            }
+            extra = {("layers.1", "backward/recompute"): 8192}
             if mode == "root-reentrant":
-                want[("layers.0", "backward/recompute")] = 8192
-            for key, size in want.items():
-                t = tags.get(key)
-                check(t is not None and t["allocations"] == STEPS
-                      and t["allocated_bytes"] == STEPS * size,
-                      "%s checkpoint: %s %s: %r" % (mode, key[0], key[1], t))
+                extra[("layers.0", "backward/recompute")] = 8192
+            tags = check_tags(mode + " checkpointing", rank, extra)
             if mode != "root-reentrant":
                 t = tags.get(("layers.0", "backward/recompute"))
                 check(t is None or t["allocations"] == 0,
@@ -298,23 +296,10 @@ def main():
             if rank is None:
                 check(False, "%s: no report" % wrapper)
                 continue
-            tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-            print("tags with %s:" % wrapper, sorted(k for k, t in tags.items() if t["allocations"]))
-            want = {
-                ("layers.0", "forward"): 8192,
-                ("layers.1", "forward"): 8192,
-                ("layers.0", "backward"): 12288,
-                ("layers.1", "backward"): 12288,
-                ("dict_head", "backward"): 12288,
-                ("dataclass_head", "backward"): 12288,
-            }
+            extra = {}
             if wrapper == "checkpoint_wrapper":
-                want[("layers.1", "backward/recompute")] = 8192
-            for key, size in want.items():
-                t = tags.get(key)
-                check(t is not None and t["allocations"] == STEPS
-                      and t["allocated_bytes"] == STEPS * size,
-                      "%s: %s %s: %r" % (wrapper, key[0], key[1], t))
+                extra[("layers.1", "backward/recompute")] = 8192
+            tags = check_tags(wrapper, rank, extra)
             wrapped = [k for k in tags if "_orig_mod" in k[0] or "_wrapped_module" in k[0]]
             check(not wrapped, "%s: tags name a wrapper: %r" % (wrapper, wrapped))
             check(rank.get("events_by_kind", {}).get("param") == 8,
