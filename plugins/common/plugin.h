@@ -407,6 +407,7 @@ class SizeSet {
         sealed_ = false;
     }
     void seal() {
+        if (sealed_) return;
         for (std::vector<uint64_t>* v : {&raw_, &rounded_}) {
             std::sort(v->begin(), v->end());
             v->erase(std::unique(v->begin(), v->end()), v->end());
@@ -545,12 +546,17 @@ inline std::string_view numbered_layer(std::string_view module) {
     return {};
 }
 
+// The module directly enclosing `module` ("layers.3.fc1" → "layers.3",
+// "layers" → "").
+inline std::string_view parent_module(std::string_view module) {
+    const std::size_t dot = module.rfind('.');
+    return dot == std::string_view::npos ? std::string_view{} : module.substr(0, dot);
+}
+
 // The innermost module enclosing both (layer_within both), "" when none.
 inline std::string_view common_module(std::string_view a, std::string_view b) {
-    while (!a.empty() && !layer_within(b, a)) {
-        const std::size_t dot = a.rfind('.');
-        a = dot == std::string_view::npos ? std::string_view{} : a.substr(0, dot);
-    }
+    while (!a.empty() && !layer_within(b, a))
+        a = parent_module(a);
     return a;
 }
 
@@ -573,9 +579,9 @@ class WeightParams {
     void add(const allocscope_param_v1& p) {
         const std::string layer = p.layer ? p.layer : "";
         if (layer.empty()) return;
-        const std::string key = layer + '\n' + (p.name ? p.name : "");
-        add_gradient(key, layer, p);
+        add_gradient(layer, p);
         if (p.numel < min_numel_) return;
+        const std::string key = layer + '\n' + (p.name ? p.name : "");
         auto [it, inserted] = index_.try_emplace(key, uint32_t(params_.size()));
         if (inserted) {
             params_.push_back({});
@@ -651,22 +657,18 @@ class WeightParams {
     }
 
     // The gradient sizes of every registered parameter (biases and norms
-    // too, whatever min_numel), grouped by the parameter's numbered layer
-    // (its module when it has none): full and shard, in the parameter's
-    // dtype and in the usual gradient dtypes (bf16/fp16, fp32).
-    struct GradientShape {
-        std::string group;
-        uint64_t numel = 0;
-        uint64_t sharded_numel = 0;
-        uint64_t element = 0;  // the parameter's dtype's size; 0: unknown
-    };
-    void add_gradient(const std::string& key, const std::string& layer,
-                      const allocscope_param_v1& p) {
+    // too, whatever min_numel), by the parameter's numbered layer (its
+    // module when it has none): numel and sharded_numel times the dtype's
+    // size and the usual gradient dtypes' (bf16/fp16, fp32). A parameter
+    // registered again adds its sizes again (the set keeps them once).
+    void add_gradient(const std::string& layer, const allocscope_param_v1& p) {
         const std::string_view numbered = numbered_layer(layer);
-        GradientShape g{numbered.empty() ? layer : std::string(numbered), p.numel, p.sharded_numel,
-                        dtype_bytes(p.dtype ? p.dtype : "")};
-        gradient_shapes_[key] = std::move(g);
-        gradient_sizes_.clear();
+        SizeSet& sizes = gradient_sizes_[numbered.empty() ? layer : std::string(numbered)];
+        const uint64_t element = dtype_bytes(p.dtype ? p.dtype : "");
+        for (uint64_t n : {p.numel, p.sharded_numel}) {
+            for (uint64_t bytes : {element, uint64_t{2}, uint64_t{4}})
+                sizes.add(n * bytes);  // 0 (unknown dtype, no shard) is not added
+        }
         memo_.clear();
     }
     static uint64_t dtype_bytes(std::string_view dtype) {
@@ -677,30 +679,19 @@ class WeightParams {
         return 0;
     }
     // Whether `size` is the gradient size of a parameter in the numbered
-    // layer of `layer`, or of a module enclosing `layer` outside any.
+    // layer of `layer`, or, outside any, of `layer` or a module enclosing it.
     bool gradient_sized(uint32_t layer, uint64_t size) {
-        if (gradient_sizes_.empty()) {
-            for (const auto& [key, g] : gradient_shapes_) {
-                SizeSet& s = gradient_sizes_[g.group];
-                for (uint64_t n : {g.numel, g.sharded_numel}) {
-                    for (uint64_t bytes : {g.element, uint64_t{2}, uint64_t{4}})
-                        s.add(n * bytes);
-                }
-            }
-            for (auto& [group, s] : gradient_sizes_)
-                s.seal();
-        }
         auto in_group = [&](std::string_view group) {
             auto it = gradient_sizes_.find(std::string(group));
-            return it != gradient_sizes_.end() && it->second.contains(size);
+            if (it == gradient_sizes_.end()) return false;
+            it->second.seal();  // sorts what was added since
+            return it->second.contains(size);
         };
         const std::string_view m = strings_.text(layer);
         const std::string_view numbered = numbered_layer(m);
         if (!numbered.empty()) return in_group(numbered);
-        for (std::string_view up = m; !up.empty();) {
+        for (std::string_view up = m; !up.empty(); up = parent_module(up)) {
             if (in_group(up)) return true;
-            const std::size_t dot = up.rfind('.');
-            up = dot == std::string_view::npos ? std::string_view{} : up.substr(0, dot);
         }
         return false;
     }
@@ -726,12 +717,10 @@ class WeightParams {
         if (it != containing_.end()) return it->second;
         std::vector<uint32_t> out;
         std::string_view m = strings_.text(layer);
-        while (!m.empty()) {
+        for (; !m.empty(); m = parent_module(m)) {
             auto found = by_module_.find(std::string(m));
             if (found != by_module_.end())
                 out.insert(out.end(), found->second.begin(), found->second.end());
-            const std::size_t dot = m.rfind('.');
-            m = dot == std::string_view::npos ? std::string_view{} : m.substr(0, dot);
         }
         return containing_.emplace(layer, std::move(out)).first->second;
     }
@@ -744,8 +733,7 @@ class WeightParams {
     std::unordered_map<std::string, std::vector<uint32_t>> by_module_;
     std::unordered_map<uint32_t, std::vector<uint32_t>> containing_;
     FlatMap<MatchKey, Memo, MatchKeyHash> memo_;
-    std::unordered_map<std::string, GradientShape> gradient_shapes_;  // by parameter key
-    std::unordered_map<std::string, SizeSet> gradient_sizes_;         // by group, built lazily
+    std::unordered_map<std::string, SizeSet> gradient_sizes_;  // by numbered layer (add_gradient)
 };
 
 // Which allocation level a detector follows. "block": a caching allocator's

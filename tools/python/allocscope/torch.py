@@ -227,8 +227,8 @@ _WRAPPER_COMPONENTS = frozenset(("_orig_mod", "_checkpoint_wrapped_module", "_fs
 
 
 def _join(prefix, name):
-    if name and any(c in name for c in ("_orig_mod", "_wrapped_module")):
-        name = ".".join(c for c in name.split(".") if c not in _WRAPPER_COMPONENTS)
+    """prefix.name without wrapper components (naming time only)."""
+    name = ".".join(c for c in name.split(".") if c not in _WRAPPER_COMPONENTS)
     if not prefix:
         return name
     if not name:
