@@ -167,14 +167,25 @@ std::string layer_group(const std::string& layer) {
 
 TraceShape trace_shape(const Trace& t) {
     bool any_block = false;
-    std::unordered_map<uint32_t, uint64_t> pushes;
+    // Per thread: (forward-phase pushes, all pushes). The training thread
+    // is the one that runs forward: PyTorch runs backward on autograd's
+    // threads, which may push as many tags as the forward did.
+    std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> pushes;
+    std::vector<int8_t> forward_phase(t.strings.size(), -1);  // by string id, -1: not known yet
     for (const Event& e : t.events) {
         any_block |= e.kind == EventKind::alloc && e.level == Level::block;
-        if (e.kind == EventKind::tag_push) ++pushes[e.tid];
+        if (e.kind != EventKind::tag_push) continue;
+        auto& [forward, all] = pushes[e.tid];
+        ++all;
+        if (e.phase < forward_phase.size()) {
+            int8_t& f = forward_phase[e.phase];
+            if (f < 0) f = base_phase(t.str(e.phase)) == "forward";
+            forward += uint64_t(f);
+        }
     }
     TraceShape s;
     s.owner = any_block ? Pool::device_block : Pool::device_segment;
-    uint64_t most = 0;
+    std::pair<uint64_t, uint64_t> most{0, 0};
     for (const auto& [tid, n] : pushes) {
         if (n > most || (n == most && tid < s.main_tid)) s.main_tid = tid, most = n;
     }

@@ -137,8 +137,8 @@ TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options = {});
 
 // Where a trace's tensors are (the owner pool: blocks when the trace has any
 // block allocation, else device segments) and which thread trains (the one
-// that pushed the most tags, the lowest id among equals; the first event's
-// thread when none did).
+// that pushed the most forward-phase tags, then the most tags, the lowest id
+// among equals; the first event's thread when none pushed any).
 struct TraceShape {
     Pool owner = Pool::device_segment;
     uint32_t main_tid = 0;

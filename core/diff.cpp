@@ -73,15 +73,22 @@ RunMeasure measure_run(const Trace& t) {
         current_step = e.step;
         any_event = true;
         replay.apply(e);
+        if (e.kind == EventKind::tag_push) {
+            // Forward ends where backward begins and backward where the
+            // optimizer does, on whichever thread: PyTorch runs backward on
+            // autograd's threads, whose tags the training thread never sees.
+            const std::string_view phase =
+                base_phase(e.phase < t.strings.size() ? t.str(e.phase) : "");
+            StepData& s = steps[e.step];
+            if (phase == "backward" && !s.after_forward) s.after_forward = live();
+            if (phase == "optimizer" && s.after_forward && !s.after_backward)
+                s.after_backward = live();
+        }
         if (e.tid != main_tid) continue;
         if (e.kind == EventKind::tag_push) {
             const std::string_view phase =
                 base_phase(e.phase < t.strings.size() ? t.str(e.phase) : "");
             const bool backward = phase == "backward";
-            StepData& s = steps[e.step];
-            if (backward && !s.after_forward) s.after_forward = live();
-            if (phase == "optimizer" && s.after_forward && !s.after_backward)
-                s.after_backward = live();
             stack.push_back({e.layer, e.phase, backward});
             open_backward += backward;
         } else if (e.kind == EventKind::tag_pop && !stack.empty()) {

@@ -24,6 +24,8 @@ std::string_view to_string(EventKind kind) noexcept {
             return "param";
         case EventKind::mark:
             return "mark";
+        case EventKind::derived:
+            return "derived";
     }
     return "unknown";
 }

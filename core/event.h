@@ -20,8 +20,13 @@ enum class EventKind : uint8_t {
     step = 8,      // the training step counter changed to `step`
     param = 9,     // a parameter was registered; `aux` indexes the param table
     mark = 10,     // user note; `aux` is the interned text
+    // The allocation at `address` holds bytes computed from a parameter
+    // (provenance: a quantized copy, a transpose, a scale): `aux` indexes the
+    // param table, `stream` is the interned derivation text ("layers.3.fc1.
+    // weight -> abs -> amax -> _to_copy"), 0 for none. Format version 3.
+    derived = 11,
 };
-inline constexpr int kEventKindCount = 10;
+inline constexpr int kEventKindCount = 11;
 
 // Where the event was observed. The sum of live segments approximates
 // "reserved" memory, the sum of live blocks approximates "allocated".

@@ -136,6 +136,7 @@ std::string to_json(const FindingsFile& file) {
         out += ", \"count\": ";
         put_uint(out, f.count);
         out += ",\n     \"summary\": " + json_quote(f.summary);
+        if (!f.basis.empty()) out += ", \"basis\": " + json_quote(f.basis);
         out += ",\n     \"evidence\": [";
         for (size_t k = 0; k < f.evidence.size(); ++k) {
             const Evidence& e = f.evidence[k];
@@ -152,6 +153,7 @@ std::string to_json(const FindingsFile& file) {
             put_uint(out, e.free_seq);
             out += ", \"stack_id\": ";
             put_uint(out, e.stack_id);
+            if (!e.note.empty()) out += ", \"note\": " + json_quote(e.note);
             out += "}";
         }
         out += f.evidence.empty() ? "]}" : "\n     ]}";
@@ -304,7 +306,7 @@ class SchemaReader {
         need(v, Value::Type::object, where);
         check_members(v, where,
                       {"plugin", "severity", "rank", "layer", "phase", "bytes", "count", "summary",
-                       "evidence"});
+                       "basis", "evidence"});
         Finding f;
         f.plugin = str(v, "plugin", where);
         const Value& sev = member(v, "severity", where);
@@ -322,14 +324,16 @@ class SchemaReader {
         f.bytes = u64(v, "bytes", where);
         f.count = u64(v, "count", where);
         f.summary = str(v, "summary", where);
+        if (find(v, "basis")) f.basis = str(v, "basis", where);  // optional: "" when absent
         const Value& ev = member(v, "evidence", where);
         need(ev, Value::Type::array, where + ": \"evidence\"");
         for (size_t i = 0; i < ev.items.size(); ++i) {
             const Value& item = ev.items[i];
             const std::string at = where + ", evidence " + std::to_string(i + 1);
             need(item, Value::Type::object, at);
-            check_members(item, at,
-                          {"size", "layer", "phase", "step", "alloc_seq", "free_seq", "stack_id"});
+            check_members(
+                item, at,
+                {"size", "layer", "phase", "step", "alloc_seq", "free_seq", "stack_id", "note"});
             Evidence e;
             e.size = u64(item, "size", at);
             e.layer = str(item, "layer", at);
@@ -343,6 +347,7 @@ class SchemaReader {
                              at + ": \"stack_id\" must fit in 32 bits");
             }
             e.stack_id = static_cast<uint32_t>(stack);
+            if (find(item, "note")) e.note = str(item, "note", at);  // optional
             f.evidence.push_back(std::move(e));
         }
         return f;
@@ -454,7 +459,9 @@ std::string summary_line(const Finding& f) {
     line.resize(8, ' ');
     line += printable(f.plugin);
     line += f.rank >= 0 ? "  rank " + std::to_string(f.rank) : std::string("  no rank");
-    line += "  " + where + "  " + human_bytes(f.bytes) + "  " + printable(f.summary);
+    line += "  " + where + "  " + human_bytes(f.bytes) + "  ";
+    if (!f.basis.empty()) line += "[" + printable(f.basis) + "]  ";
+    line += printable(f.summary);
     return line;
 }
 

@@ -29,6 +29,7 @@ struct Evidence {
     uint64_t alloc_seq = 0;
     uint64_t free_seq = 0;
     uint32_t stack_id = 0;  // the rank's trace's stack id, 0: none
+    std::string note;       // what it is and why alive (a derivation chain); may be ""
 
     bool operator==(const Evidence&) const = default;
 };
@@ -43,6 +44,9 @@ struct Finding {
     uint64_t count = 0;
     std::string summary;
     std::vector<Evidence> evidence;
+    // How the claim was established: "proven", "corroborated", "size-only";
+    // "" when the plugin does not say (plugin_v1.h, allocscope_finding_v1).
+    std::string basis;
 
     bool operator==(const Finding&) const = default;
 };

@@ -333,6 +333,7 @@ void PluginHost::start_stream(uint32_t source) {
     source_ = source;
     mapped_table_ = nullptr;
     mapped_.clear();
+    param_index_.clear();
     step_ = 0;
     live_ = std::make_unique<LiveSet[]>(2);
 }
@@ -414,7 +415,17 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
                 p.view.numel = text.param->numel;
                 p.view.sharded_numel = text.param->sharded_numel;
                 ev.param_index = static_cast<uint32_t>(params_.size() - 1);
+                if (e.aux < (uint32_t{1} << 24)) {  // a trace's indices are dense
+                    if (param_index_.size() <= e.aux) param_index_.resize(e.aux + 1, kUnmapped);
+                    param_index_[e.aux] = ev.param_index;
+                }
             }
+            break;
+        }
+        case EventKind::derived: {
+            // About a parameter the stream never registered: nothing to say.
+            if (e.aux >= param_index_.size() || param_index_[e.aux] == kUnmapped) return;
+            ev.param_index = param_index_[e.aux];
             break;
         }
         default:
@@ -432,7 +443,7 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
         }
     }
     std::string note;
-    if (e.kind == EventKind::mark) {
+    if (e.kind == EventKind::mark || e.kind == EventKind::derived) {
         note = text.text;
         ev.text = note.c_str();
     }
@@ -469,6 +480,7 @@ void PluginHost::feed(const Event& e, std::span<const std::string> strings,
     EventText text;
     ParamInfo param;
     if (e.kind == EventKind::mark) text.text = str(e.aux);
+    if (e.kind == EventKind::derived) text.text = str(static_cast<uint32_t>(e.stream));
     if (e.kind == EventKind::param && e.aux < params.size()) {
         const ParamRecord& p = params[e.aux];
         param.layer = str(p.layer);
@@ -604,9 +616,9 @@ void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
         in->invalid_emit = "emitted a null finding";
         return;
     }
-    if (f->struct_size < sizeof(allocscope_finding_v1)) {
+    if (f->struct_size < ALLOCSCOPE_FINDING_V1_BASE_SIZE) {
         in->invalid_emit = "emitted a finding with struct_size " + std::to_string(f->struct_size) +
-                           ", expected " + std::to_string(sizeof(allocscope_finding_v1));
+                           ", expected at least " + std::to_string(ALLOCSCOPE_FINDING_V1_BASE_SIZE);
         return;
     }
     if (f->severity > ALLOCSCOPE_SEVERITY_ERROR) {
@@ -628,11 +640,15 @@ void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
         out.bytes = f->bytes;
         out.count = f->count;
         out.summary = cstr(f->summary);
+        // Fields appended to the struct: read only when it has them.
+        const bool extended = f->struct_size >= sizeof(allocscope_finding_v1);
+        const char* const* notes = extended ? f->evidence_notes : nullptr;
+        if (extended) out.basis = cstr(f->basis);
         out.evidence.reserve(f->evidence_count);
         for (size_t i = 0; i < f->evidence_count; ++i) {
             const allocscope_evidence_v1& e = f->evidence[i];
             out.evidence.push_back({e.size, cstr(e.layer), cstr(e.phase), e.step, e.alloc_seq,
-                                    e.free_seq, e.stack_id});
+                                    e.free_seq, e.stack_id, notes ? cstr(notes[i]) : ""});
         }
         in->host->findings_.push_back(std::move(out));
     } catch (...) {

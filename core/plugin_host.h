@@ -64,7 +64,7 @@ struct ParamInfo {
 struct EventText {
     std::string_view layer;  // the event's tag
     std::string_view phase;
-    std::string_view text;             // MARK: the note
+    std::string_view text;             // MARK: the note; DERIVED: how
     const ParamInfo* param = nullptr;  // PARAM: the parameter registered
 };
 
@@ -168,7 +168,10 @@ class PluginHost {
     std::vector<std::unique_ptr<Instance>> instances_;
     std::vector<Finding> findings_;
     std::deque<StoredParam> params_;  // a deque: param() pointers stay valid as it grows
-    StringTable strings_;             // tag strings seen; the live table holds their ids
+    // The stream's param index (a PARAM event's aux) -> index in params_,
+    // for DERIVED events; kUnmapped where the stream registered none.
+    std::vector<uint32_t> param_index_;
+    StringTable strings_;  // tag strings seen; the live table holds their ids
     // The caller's string table last fed, and its ids mapped to strings_'s.
     static constexpr uint32_t kUnmapped = UINT32_MAX;
     const std::string* mapped_table_ = nullptr;

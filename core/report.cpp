@@ -253,6 +253,7 @@ std::string render_text(const Report& report) {
             out += "      evidence: " + human_bytes(ev.size) + " " + tag_text(ev.layer, ev.phase) +
                    " step " + u(ev.step) + " seq " + u(ev.alloc_seq) +
                    (ev.free_seq ? " freed at seq " + u(ev.free_seq) : std::string(" alive")) + "\n";
+            if (!ev.note.empty()) out += "        " + printable(ev.note) + "\n";
             if (ri < 0) continue;
             for (const std::string& line : stack_lines(report.ranks[size_t(ri)], ev.stack_id, 6, 4))
                 out += "        " + line + "\n";

@@ -282,7 +282,9 @@ std::string finding_details(const Report& report, const Finding& f) {
                       "</span> <b>" + h(f.plugin) + "</b> " +
                       (f.rank >= 0 ? "rank " + std::to_string(f.rank) : std::string("no rank")) +
                       " " + h(f.layer.empty() ? "-" : f.layer) + " " + h(f.phase) + " &mdash; " +
-                      h(human_bytes(f.bytes)) + ": " + h(f.summary) + "</summary>";
+                      h(human_bytes(f.bytes)) + ": " + h(f.summary) +
+                      (f.basis.empty() ? std::string() : " <i>(" + h(f.basis) + ")</i>") +
+                      "</summary>";
     const int ri = rank_index(report, f.rank);
     out +=
         "<table><tr><th>size</th><th>layer</th><th>phase</th><th>step</th>"
@@ -291,7 +293,7 @@ std::string finding_details(const Report& report, const Finding& f) {
         out += "<tr><td class=n>" + h(human_bytes(e.size)) + "</td>" + tag_cell(e.layer, e.phase) +
                "<td class=n>" + u(e.step) + "</td><td class=n>" + u(e.alloc_seq) +
                "</td><td class=n>" + (e.free_seq ? u(e.free_seq) : std::string("alive")) +
-               "</td><td>" +
+               "</td><td>" + (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
                (ri >= 0 ? frames_block(report.ranks[size_t(ri)], e.stack_id)
                         : "stack " + u(e.stack_id)) +
                "</td></tr>";

@@ -45,7 +45,9 @@
 //   device, result: z(v);  flags: varint(v);  level, memory, api: u8
 //
 // A version 1 trace holds one `event` record per event instead (84 bytes, see
-// encode_event); the reader reads both versions.
+// encode_event); the reader reads both versions. Version 3 is version 2 with
+// one more event kind, `derived` (event.h), which a version 1 or 2 trace
+// never holds.
 #pragma once
 
 #include <cstddef>
@@ -61,7 +63,7 @@
 namespace allocscope {
 
 inline constexpr char kTraceMagic[8] = {'A', 'L', 'S', 'C', 'T', 'R', 'C', '\n'};
-inline constexpr uint32_t kTraceFormatVersion = 2;        // the version the writer writes
+inline constexpr uint32_t kTraceFormatVersion = 3;        // the version the writer writes
 inline constexpr uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr size_t kTraceHeaderSize = 72;
 inline constexpr size_t kRecordHeaderSize = 12;

@@ -230,9 +230,15 @@ void TraceReader::check_event(const Event& e, uint64_t offset) {
         static_cast<uint8_t>(e.api) >= kApiCount) {
         fail(offset, "event has an invalid kind, level, memory kind or api");
     }
+    if (e.kind == EventKind::derived && header_.format_version < 3) {
+        fail(offset, "event of kind derived in a version " +
+                         std::to_string(header_.format_version) + " trace");
+    }
     if (e.layer >= strings_defined_ || e.phase >= strings_defined_ || e.stack >= stacks_defined_ ||
         (e.kind == EventKind::mark && e.aux >= strings_defined_) ||
-        (e.kind == EventKind::param && e.aux >= params_defined_)) {
+        (e.kind == EventKind::param && e.aux >= params_defined_) ||
+        (e.kind == EventKind::derived &&
+         (e.aux >= params_defined_ || e.stream >= strings_defined_))) {
         fail(offset, "event refers to an undefined string, stack or param");
     }
     any_event_ = true;

@@ -72,6 +72,11 @@ ALLOCSCOPE_EXPORT void allocscope_mark(const char* text) {
     allocscope::recorder::mark(text);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_derived(const void* ptr, const char* layer, const char* name,
+                                          const char* how) {
+    allocscope::recorder::derived(ptr, layer, name, how);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_block_alloc(void* ptr, size_t size, int device, void* stream) {
     allocscope::recorder::HookGuard guard;
     if (!guard.recording() || ptr == nullptr) return;

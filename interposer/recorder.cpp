@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -150,6 +151,9 @@ struct State {
     std::mutex defs_mutex;
     StringTable strings;
     uint32_t params = 0;
+    // (layer, name) string ids -> the latest param index registered for it,
+    // for allocscope_derived.
+    std::map<std::pair<uint32_t, uint32_t>, uint32_t> param_index;
     std::vector<Definition> pending_defs;
 
     // Owned by the writer thread once it runs.
@@ -1282,11 +1286,55 @@ void register_param(const char* layer, const char* name, uint64_t numel, const c
         p.numel = numel;
         p.sharded_numel = sharded_numel;
         g->pending_defs.push_back({RecordType::param, index, {}, {}, p});
+        g->param_index[{p.layer, p.name}] = index;
     } catch (...) {
         return;
     }
     TagEntry tag = current_tag();
     emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
+}
+
+void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept {
+    ApiScope scope;
+    if (!scope.active() || !ptr || !layer || !*layer) return;
+    uint32_t index = 0;
+    uint32_t how_id = 0;
+    bool registered = false;
+    try {
+        std::lock_guard lock(g->defs_mutex);
+        const uint32_t layer_id = intern_locked(layer);
+        const uint32_t name_id = intern_locked(name);
+        how_id = how && *how ? intern_locked(how) : 0;
+        auto it = g->param_index.find({layer_id, name_id});
+        if (it != g->param_index.end()) {
+            index = it->second;
+        } else {
+            // Never registered: registered here without sizes, so the
+            // declaration still names its parameter.
+            ParamRecord p;
+            p.index = index = g->params++;
+            p.layer = layer_id;
+            p.name = name_id;
+            p.dtype = intern_locked("");
+            g->pending_defs.push_back({RecordType::param, index, {}, {}, p});
+            g->param_index[{layer_id, name_id}] = index;
+            registered = true;
+        }
+    } catch (...) {
+        return;
+    }
+    TagEntry tag = current_tag();
+    if (registered) emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
+    EventRing::Slot* slot = begin_event(EventKind::derived);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.layer = tag.layer;
+    e.phase = tag.phase;
+    e.aux = index;
+    e.stream = how_id;
+    e.address = reinterpret_cast<uint64_t>(ptr);
+    e.api = Api::c_api;
+    EventRing::publish(slot);
 }
 
 void mark(const char* text) noexcept {

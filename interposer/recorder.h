@@ -105,6 +105,9 @@ void set_step(uint64_t step) noexcept;
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept;
 void mark(const char* text) noexcept;
+// allocscope_derived: the allocation at `ptr` is derived from parameter
+// (layer, name); `how` may be NULL.
+void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept;
 // The phase of the calling thread's innermost tag ("" when untagged or not
 // recording): NVTX sub-phases are made from it.
 std::string current_phase();

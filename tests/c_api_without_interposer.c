@@ -5,6 +5,8 @@
 #include <allocscope/allocscope_dl.h>
 #include <stdio.h>
 
+static char block_for_derived[8];
+
 int main(void) {
     if (allocscope_dl_available()) {
         fprintf(stderr, "allocscope API resolved although the interposer is not loaded\n");
@@ -14,6 +16,7 @@ int main(void) {
     allocscope_dl_push("layers.0", "forward");
     allocscope_dl_register_param("layers.0", "w", 16, "bf16", 8);
     allocscope_dl_mark("note");
+    allocscope_dl_derived(block_for_derived, "layers.0", "weight", "cast");
     int block[4];
     allocscope_dl_block_alloc(block, sizeof block, 0, NULL);
     allocscope_dl_block_free(block);

@@ -32,8 +32,8 @@ Finding make(const std::string& plugin, Severity sev, int32_t rank, const std::s
     f.bytes = 51200;
     f.count = 3;
     f.summary = plugin + " on " + layer;
-    f.evidence.push_back({512, layer, "forward", 2, 17, 0, 4});
-    f.evidence.push_back({1024, layer, "forward/quantize", 2, 18, 40, 0});
+    f.evidence.push_back({512, layer, "forward", 2, 17, 0, 4, ""});
+    f.evidence.push_back({1024, layer, "forward/quantize", 2, 18, 40, 0, ""});
     return f;
 }
 
@@ -103,9 +103,16 @@ TEST_CASE("a findings file round-trips with every field and large numbers") {
     f.findings[0].evidence[0].alloc_seq = UINT64_MAX - 1;
     f.findings[0].evidence[0].stack_id = UINT32_MAX;
     f.findings[1].evidence.clear();
+    f.findings[0].basis = "proven";
+    f.findings[0].evidence[1].note = "derived from layers.3.fc1.weight: abs -> amax -> _to_copy";
     f.ranks.push_back({-1, "pid7.trace", {}, {}});
     const std::string json = to_json(f);
     CHECK(parse_findings(json, "mem") == f);
+    CHECK(contains(json, "\"basis\": \"proven\""));
+    CHECK(contains(json, "\"note\": \"derived from layers.3.fc1.weight"));
+    // Written only when set: a finding without them reads back without them.
+    CHECK(!contains(to_json(one_rank(0, "r.trace", {make("p", Severity::info, 0, "l")})),
+                    "\"basis\""));
     CHECK(contains(json, "\"severity\": \"warning\""));
     CHECK(contains(json, "\"version\": 1"));
     CHECK(contains(json, "\"bytes\": 18446744073709551615"));
@@ -166,6 +173,8 @@ TEST_CASE("a corrupt or foreign findings file gives one error with line and colu
     CHECK(contains(with("\"summary\": \"p on l\"", "\"summary\": \"\xc0\xaf\""), "invalid UTF-8"));
     CHECK(contains(with("\"summary\": \"p on l\"", "\"summary\": \"\\x\""), "invalid escape"));
     CHECK(contains(with("\"size\": 512, ", ""), "finding 1, evidence 1 lacks \"size\""));
+    CHECK(contains(with("\"summary\": \"p on l\"", "\"summary\": \"p on l\", \"basis\": 3"),
+                   "finding 1: \"basis\" must be a string"));
     // Escapes the writer never produces are still read.
     FindingsFile back = parse_findings(
         std::string(json).replace(json.find("\"p on l\""), 8, "\"\\ud83d\\ude00\\/\\u00e9\""),

@@ -137,6 +137,12 @@ struct Stream {
         add(EventKind::param).aux = p.index;
     }
     void mark(const std::string& text) { add(EventKind::mark).aux = str(text); }
+    void derived(uint64_t address, uint32_t param_index, const std::string& how) {
+        Event& e = add(EventKind::derived);
+        e.address = address;
+        e.aux = param_index;
+        e.stream = str(how);
+    }
 
     void feed(PluginHost& host, uint32_t source = ALLOCSCOPE_SOURCE_RUN) const {
         for (const Event& e : events)
@@ -267,8 +273,8 @@ TEST_CASE("the count plugin sees the stream with resolved strings, live table an
     CHECK(v["run"] == "12");
     // Evidence: the live allocations by alloc seq, with their tags.
     REQUIRE(f.evidence.size() == 2);
-    CHECK(f.evidence[0] == Evidence{2000, "layers.0", "forward", 1, 5, 0, 0});
-    CHECK(f.evidence[1] == Evidence{3000, "", "", 2, 10, 0, 0});
+    CHECK(f.evidence[0] == Evidence{2000, "layers.0", "forward", 1, 5, 0, 0, ""});
+    CHECK(f.evidence[1] == Evidence{3000, "", "", 2, 10, 0, 0, ""});
     CHECK(f.layer == "");  // the newest live allocation is untagged
 
     const Finding& t = host.findings()[1];
@@ -1034,4 +1040,106 @@ TEST_CASE("a bad plugin list or option is refused by the CLI with exit 2") {
         sh(s, cli() + " replay " + s.dir.string() + " --plugin-dir " + (s / "empty").string());
     CHECK(none.status == 2);
     CHECK(contains(none.err, "no plugins (allocscope-plugin-*.so) in "));
+}
+
+TEST_CASE("a derived event reaches plugins with the host's index of its parameter and its text") {
+    // Two streams (baseline mode): the run's param 0 is the host's param 1,
+    // so the index must be mapped, not passed through.
+    Stream base;
+    base.set_step(1);
+    base.param("layers.0", "weight", 4096, "bf16", 4096);  // host param 0
+    Stream run;
+    run.set_step(1);
+    run.push("layers.0", "forward");
+    run.param("layers.1", "weight", 4096, "bf16", 4096);  // seq 3: host param 1
+    run.alloc(0x9000, 4096, Level::block);                // seq 4
+    run.derived(0x9000, 0, "abs -> amax -> _to_copy");    // seq 5
+    run.derived(0x9000, 7, "");                           // seq 6: a param never registered
+    run.pop();
+    Captured c;
+    HostSettings settings = settings_for(c, {{"test-count.transcript", "1"}});
+    settings.has_baseline = true;
+    PluginHost host(settings);
+    host.load({"test-count"}, plugin_dir());
+    base.feed(host, ALLOCSCOPE_SOURCE_BASELINE);
+    run.feed(host, ALLOCSCOPE_SOURCE_RUN);
+    host.finish();
+    REQUIRE(host.findings().size() == 2);
+    const std::string transcript = host.findings()[1].summary;
+    CHECK(contains(transcript, "rD5:9000<1=layers.1.weight:abs -> amax -> _to_copy"));
+    CHECK_FALSE(contains(transcript, "rD6"));
+    CHECK(contains(host.findings()[0].summary, "derived=1 "));
+}
+
+namespace {
+
+// Emits one finding with basis and evidence notes, its struct_size from the
+// "size" option: "base" (a plugin built before they were appended) or full.
+struct NotesState {
+    const allocscope_host_v1* host;
+};
+
+allocscope_plugin_status notes_init(const allocscope_host_v1* host, void** state) {
+    *state = new NotesState{host};
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status notes_event(void*, const allocscope_event_v1*) {
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status notes_finish(void* state) {
+    std::unique_ptr<NotesState> s(static_cast<NotesState*>(state));
+    const char* size = s->host->option(s->host->ctx, "size");
+    const allocscope_evidence_v1 ev[2] = {{512, "layers.0", "forward", 1, 4, 0, 0},
+                                          {1024, "layers.0", "forward", 1, 5, 9, 0}};
+    const char* notes[2] = {"derived from layers.0.weight: cast", nullptr};
+    allocscope_finding_v1 f{};
+    f.struct_size =
+        size && std::string(size) == "base" ? ALLOCSCOPE_FINDING_V1_BASE_SIZE : sizeof f;
+    f.severity = ALLOCSCOPE_SEVERITY_ERROR;
+    f.summary = "notes";
+    f.evidence = ev;
+    f.evidence_count = 2;
+    f.basis = "proven";
+    f.evidence_notes = notes;
+    s->host->emit(s->host->ctx, &f);
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+}  // namespace
+
+TEST_CASE("a finding's basis and evidence notes are kept, and read only when its size has them") {
+    const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
+                                 ALLOCSCOPE_PLUGIN_ABI_VERSION,
+                                 "notes",
+                                 "emits basis and notes",
+                                 0,
+                                 notes_init,
+                                 notes_event,
+                                 nullptr,
+                                 notes_finish};
+    for (const char* size : {"full", "base"}) {
+        CAPTURE(size);
+        Captured c;
+        PluginHost host(settings_for(c, {{"notes.size", size}}));
+        host.add(&p, "inline");
+        host.finish();
+        REQUIRE(host.findings().size() == 1);
+        const Finding& f = host.findings()[0];
+        REQUIRE(f.evidence.size() == 2);
+        CHECK(f.evidence[1].note == "");
+        if (std::string(size) == "full") {
+            CHECK(f.basis == "proven");
+            CHECK(f.evidence[0].note == "derived from layers.0.weight: cast");
+        } else {
+            // An older plugin's finding ends before them: not read.
+            CHECK(f.basis == "");
+            CHECK(f.evidence[0].note == "");
+        }
+        // Both survive the findings file.
+        FindingsFile file;
+        file.findings = host.findings();
+        CHECK(parse_findings(to_json(file), "test") == file);
+    }
 }

@@ -176,7 +176,7 @@ std::vector<Event> sample_events() {
     const EventKind kinds[kEventKindCount] = {
         EventKind::alloc, EventKind::free,     EventKind::map,     EventKind::unmap,
         EventKind::oom,   EventKind::tag_push, EventKind::tag_pop, EventKind::step,
-        EventKind::param, EventKind::mark};
+        EventKind::param, EventKind::mark,     EventKind::derived};
     const Level levels[] = {Level::segment, Level::block, Level::none};
     const MemoryKind memories[] = {MemoryKind::device, MemoryKind::managed, MemoryKind::host_pinned,
                                    MemoryKind::none};
@@ -187,13 +187,16 @@ std::vector<Event> sample_events() {
         e.t_ns = 0x100000000ull * (i + 1) + 3;
         e.address = 0x7f00dead0000ull + 0x1000ull * i;
         e.size = (uint64_t{1} << 40) + i;
-        e.stream = 0x5eed0000ull + i;
+        // A derived event's stream is its text: a defined string.
+        e.stream = kinds[i] == EventKind::derived ? kMarkText : 0x5eed0000ull + i;
         e.step = 90000 + i;
         e.tid = 31337 + i;
         e.layer = kLayer;
         e.phase = kPhase;
         e.stack = 1 + i % 3;
-        e.aux = kinds[i] == EventKind::mark ? kMarkText : kinds[i] == EventKind::param ? 0 : 77 + i;
+        e.aux = kinds[i] == EventKind::mark                                      ? kMarkText
+                : kinds[i] == EventKind::param || kinds[i] == EventKind::derived ? 0
+                                                                                 : 77 + i;
         e.flags = kFlagUnknownAddress | (i << 8);
         e.device = static_cast<int32_t>(i) - 3;
         e.result = i % 2 == 0 ? static_cast<int32_t>(i) : -static_cast<int32_t>(i) * 1000;
@@ -232,14 +235,19 @@ void open_or_fail(TraceWriter& w, const std::string& path, const TraceHeader& he
     REQUIRE_MESSAGE(w.open(path, header, error), error);
 }
 
-// Writes the definitions the sample events need, then the events.
-void write_sample_body(TraceWriter& w) {
+// Writes the definitions the sample events need.
+void write_sample_definitions(TraceWriter& w) {
     for (uint32_t id = 1; id < kStrings.size(); ++id)
         w.string(id, kStrings[id]);
     for (uint32_t id = 1; id < kStacks.size(); ++id)
         w.stack(id, kStacks[id]);
     w.module(sample_module());
     w.param(sample_param());
+}
+
+// Writes the definitions the sample events need, then the events.
+void write_sample_body(TraceWriter& w) {
+    write_sample_definitions(w);
     for (const Event& e : sample_events())
         w.event(e);
 }
@@ -701,6 +709,14 @@ TEST_CASE("an event that refers to an undefined string, stack or param is reject
         e.kind = EventKind::param;
         e.aux = 1;
     });
+    add("derived param", [](Event& e) {
+        e.kind = EventKind::derived;
+        e.aux = 1;
+    });
+    add("derived text", [](Event& e) {
+        e.kind = EventKind::derived;
+        e.stream = 3;
+    });
     for (const Case& c : cases) {
         CAPTURE(c.name);
         const std::string path = dir.file(std::string("undefined-") + c.name + ".trace");
@@ -719,7 +735,8 @@ TEST_CASE("an event that refers to an undefined string, stack or param is reject
             ok.layer = 2;
             ok.phase = 2;
             ok.stack = 1;
-            ok.aux = ok.kind == EventKind::param ? 0 : 2;
+            ok.aux = ok.kind == EventKind::param || ok.kind == EventKind::derived ? 0 : 2;
+            if (ok.kind == EventKind::derived) ok.stream = 2;
             w.event(ok);
             w.flush();
             event_offset = fs::file_size(path);
@@ -1068,8 +1085,10 @@ Event random_event(std::mt19937_64& rng, const Event& prev, uint32_t strings, ui
     if (rng() % 3 == 0) e.level = static_cast<Level>(rng() % 3);
     if (rng() % 3 == 0) e.memory = static_cast<MemoryKind>(rng() % 4);
     if (rng() % 3 == 0) e.api = static_cast<Api>(rng() % kApiCount);
-    if (e.kind == EventKind::param) {
+    if (e.kind == EventKind::param || e.kind == EventKind::derived) {
         e.aux = static_cast<uint32_t>(rng() % params);
+        // A derived event's stream is its text's string id.
+        if (e.kind == EventKind::derived) e.stream = rng() % strings;
     } else if (e.kind == EventKind::mark) {
         e.aux = static_cast<uint32_t>(rng() % strings);
     } else if (rng() % 4 == 0) {
@@ -1239,7 +1258,8 @@ TEST_CASE("a flipped byte in an event block is a checksum error at the block's o
         Event prev;
         for (int i = 0; i < 200; ++i) {
             prev = random_event(rng, prev, 1, 1, 1);
-            if (prev.kind == EventKind::param) prev.kind = EventKind::alloc;
+            if (prev.kind == EventKind::param || prev.kind == EventKind::derived)
+                prev.kind = EventKind::alloc;
             w.event(prev);
             if (i == 99) w.flush();
         }
@@ -1369,7 +1389,11 @@ TEST_CASE("a version 1 trace with one record per event still reads") {
         append_record(bytes, RecordType::param, p);
     }
     std::vector<uint64_t> event_offsets;
-    const std::vector<Event> events = sample_events();
+    // Every kind but derived, which came with version 3.
+    std::vector<Event> events = sample_events();
+    const Event derived = events.back();
+    REQUIRE(derived.kind == EventKind::derived);
+    events.pop_back();
     for (const Event& e : events) {
         event_offsets.push_back(bytes.size());
         uint8_t payload[kEventPayloadSize];
@@ -1407,6 +1431,24 @@ TEST_CASE("a version 1 trace with one record per event still reads") {
     CHECK(cut.truncation_message.find("at byte " + std::to_string(event_offsets[3])) !=
           std::string::npos);
 
+    // A derived event is not a version 1 kind.
+    {
+        std::string with_derived = bytes.substr(0, event_offsets.back());
+        const uint64_t offset = with_derived.size();
+        uint8_t payload[kEventPayloadSize];
+        Event e = derived;
+        e.seq = events.back().seq + 1;
+        encode_event(payload, events.back());
+        append_record(with_derived, RecordType::event,
+                      {reinterpret_cast<char*>(payload), sizeof payload});
+        encode_event(payload, e);
+        append_record(with_derived, RecordType::event,
+                      {reinterpret_cast<char*>(payload), sizeof payload});
+        write_bytes(path, with_derived);
+        check_error_at(path, offset + kRecordHeaderSize + kEventPayloadSize,
+                       "event of kind derived in a version 1 trace");
+    }
+
     // Event blocks belong to version 2 only.
     std::string with_block = bytes.substr(0, event_offsets[0]);
     EventBlockEncoder encoder;
@@ -1429,7 +1471,45 @@ TEST_CASE("a trace of format version 0 or above the current one is rejected") {
         write_bytes(path, bytes);
         check_error_at(path, 8, "unsupported trace format version " + std::to_string(version));
     }
-    CHECK(kTraceFormatVersion == 2);
+    CHECK(kTraceFormatVersion == 3);
+}
+
+TEST_CASE("a version 2 trace still reads, and a derived event in one is rejected") {
+    TempDir dir;
+    const std::string path = dir.file("v2.trace");
+    TraceHeader h = sample_header();
+    h.format_version = 2;
+    std::vector<Event> events = sample_events();
+    const Event derived = events.back();
+    REQUIRE(derived.kind == EventKind::derived);
+    events.pop_back();
+    {
+        TraceWriter w;
+        open_or_fail(w, path, h);
+        write_sample_definitions(w);
+        for (const Event& e : events)
+            w.event(e);
+        w.close(sample_footer());
+    }
+    Trace t = load_trace(path);
+    CHECK(t.header.format_version == 2);
+    CHECK_FALSE(t.truncated);
+    check_same_events(t.events, events);
+
+    uint64_t offset = 0;
+    {
+        TraceWriter w;
+        fs::remove(path);
+        open_or_fail(w, path, h);
+        write_sample_definitions(w);
+        w.flush();
+        offset = fs::file_size(path);
+        Event e = derived;
+        e.seq = 1;
+        w.event(e);
+        w.close({});
+    }
+    check_error_at(path, offset, "event of kind derived in a version 2 trace");
 }
 
 namespace {

@@ -93,6 +93,19 @@ void allocscope_register_param(const char* layer, const char* name, uint64_t num
 /* Records a free-form note in the trace at this point. */
 void allocscope_mark(const char* text);
 
+/* Provenance: declares that the allocation starting at `ptr` (live, made
+ * by the program or its caching allocator) holds bytes computed from
+ * parameter `name` of module `layer` (registered with
+ * allocscope_register_param; one never registered is registered here
+ * without sizes): a quantized copy, a transpose, a scale. `how` (may be
+ * NULL) says how, e.g. "cast to fp8_e4m3 (row-wise)" or
+ * "layers.3.fc1.weight -> abs -> amax -> _to_copy". The weight detectors
+ * report an allocation declared so as `proven` evidence, whatever its tag
+ * and size; without a declaration they can only match sizes, which is
+ * never enough for an error. Call it after the allocation, once per
+ * allocation; a later allocation at the same address needs its own. */
+void allocscope_derived(const void* ptr, const char* layer, const char* name, const char* how);
+
 /* NVTX. Under `allocscope run --nvtx` liballocscope.so is also the process's
  * NVTX injection library (NVTX_INJECTION64_PATH), and NVTX ranges and marks
  * with these names tag like the calls above (docs/DESIGN.md, "Tags", has

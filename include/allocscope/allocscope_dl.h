@@ -34,6 +34,7 @@ typedef struct allocscope_dl_table {
     void (*step)(uint64_t);
     void (*register_param)(const char*, const char*, uint64_t, const char*, uint64_t);
     void (*mark)(const char*);
+    void (*derived)(const void*, const char*, const char*, const char*);
     void (*block_alloc)(void*, size_t, int, void*);
     void (*block_free)(void*);
     uint64_t (*check_begin)(const char*, const char*, char*, size_t);
@@ -46,6 +47,7 @@ static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
     *(void**)&t->step = dlsym(RTLD_DEFAULT, "allocscope_step");
     *(void**)&t->register_param = dlsym(RTLD_DEFAULT, "allocscope_register_param");
     *(void**)&t->mark = dlsym(RTLD_DEFAULT, "allocscope_mark");
+    *(void**)&t->derived = dlsym(RTLD_DEFAULT, "allocscope_derived");
     *(void**)&t->block_alloc = dlsym(RTLD_DEFAULT, "allocscope_block_alloc");
     *(void**)&t->block_free = dlsym(RTLD_DEFAULT, "allocscope_block_free");
     *(void**)&t->check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
@@ -107,6 +109,11 @@ static inline void allocscope_dl_register_param(const char* layer, const char* n
 static inline void allocscope_dl_mark(const char* text) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->mark) t->mark(text);
+}
+static inline void allocscope_dl_derived(const void* ptr, const char* layer, const char* name,
+                                         const char* how) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->derived) t->derived(ptr, layer, name, how);
 }
 static inline void allocscope_dl_block_alloc(void* ptr, size_t size, int device, void* stream) {
     const allocscope_dl_table* t = allocscope_dl();

@@ -117,6 +117,9 @@ int run_script() {
 
     allocscope_dl_push("layers.0", "forward");
     void* a = checked_malloc(1000);
+    // Provenance: of a registered parameter, and of one never registered.
+    allocscope_dl_derived(a, "layers.0", "fc1.weight", "cast to fp8_e4m3");
+    allocscope_dl_derived(a, "layers.9", "bias", nullptr);
 
     cudaMemPool_t pool = nullptr;
     expect_rc(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess, "cudaDeviceGetDefaultMemPool");

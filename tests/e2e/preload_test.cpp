@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -360,16 +361,42 @@ TEST_CASE("caching-allocator block events, params and marks reach the trace") {
         CHECK(r.phase(e) == "backward");
     }
     CHECK(blocks == 2);
-    REQUIRE(r.trace.params.size() == 1);
+    // The registered parameter, and the one a provenance declaration named
+    // without a registration (registered then, without sizes).
+    REQUIRE(r.trace.params.size() == 2);
     const ParamRecord& p = r.trace.params[0];
     CHECK(r.trace.str(p.layer) == "layers.0");
     CHECK(r.trace.str(p.name) == "fc1.weight");
     CHECK(r.trace.str(p.dtype) == "bf16");
     CHECK(p.numel == 1024 * 256);
     CHECK(p.sharded_numel == 512 * 256);
+    const ParamRecord& implicit = r.trace.params[1];
+    CHECK(r.trace.str(implicit.layer) == "layers.9");
+    CHECK(r.trace.str(implicit.name) == "bias");
+    CHECK(implicit.numel == 0);
     auto marks = r.events(EventKind::mark);
     REQUIRE(marks.size() == 1);
     CHECK(r.trace.str(marks[0].aux) == "script begins");
+}
+
+TEST_CASE("provenance declarations reach the trace naming the allocation and the parameter") {
+    const ScriptRun& r = script_run();
+    std::optional<Event> first;  // the 1000 B allocation the declarations name
+    for (const Event& e : r.events(EventKind::alloc)) {
+        if (e.size == 1000 && !first) first = e;
+    }
+    REQUIRE(first.has_value());
+    auto derived = r.events(EventKind::derived);
+    REQUIRE(derived.size() == 2);
+    CHECK(derived[0].address == first->address);
+    CHECK(derived[0].seq > first->seq);
+    CHECK(derived[0].aux == 0);
+    CHECK(r.trace.str(uint32_t(derived[0].stream)) == "cast to fp8_e4m3");
+    CHECK(r.layer(derived[0]) == "layers.0");
+    CHECK(r.phase(derived[0]) == "forward");
+    CHECK(derived[1].address == first->address);
+    CHECK(derived[1].aux == 1);
+    CHECK(derived[1].stream == 0);  // no text
 }
 
 TEST_CASE("allocation stacks start at the caller and resolve to the program") {

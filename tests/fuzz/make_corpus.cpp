@@ -1,5 +1,5 @@
 // Writes the seed corpus of the trace reader fuzz target (tools/fuzz
-// --make-corpus DIR): small traces of both format versions made with the
+// --make-corpus DIR): small traces of every format version made with the
 // project's own writer and encoders, complete, unfinished and cut short.
 #include <cstdio>
 #include <filesystem>
@@ -146,11 +146,11 @@ int main(int argc, char** argv) {
     const fs::path dir = argv[1];
     fs::create_directories(dir);
     const fs::path scratch = dir / ".scratch.trace";
-    auto made = [&](const std::string& name, auto&& fill) {
+    auto made = [&](const std::string& name, auto&& fill, uint32_t version = 2) {
         fs::remove(scratch);
         TraceWriter w;
         std::string error;
-        if (!w.open(scratch.string(), header(), error)) {
+        if (!w.open(scratch.string(), header(version), error)) {
             std::fprintf(stderr, "%s\n", error.c_str());
             std::exit(1);
         }
@@ -182,6 +182,23 @@ int main(int argc, char** argv) {
             w.event(e);
         w.flush();
     });
+    // Version 3: derived events (provenance) among the others.
+    made(
+        "v3-derived",
+        [&](TraceWriter& w) {
+            definitions(w);
+            auto evs = events(60);
+            for (size_t i = 0; i < evs.size(); ++i) {
+                if (evs[i].kind != EventKind::param || i % 3 != 0) continue;
+                evs[i].kind = EventKind::derived;
+                evs[i].address = 0x7f0000001000ull + 512 * i;
+                evs[i].stream = i % 2 ? 5 : 0;  // a text, or none
+            }
+            for (const Event& e : evs)
+                w.event(e);
+            w.close(footer);
+        },
+        3);
     write_file(dir / "v2-cut-in-block", v2.substr(0, v2.size() - 70));
     write_file(dir / "v2-cut-in-header", v2.substr(0, 40));
     write_file(dir / "v2-header-only", v2.substr(0, kTraceHeaderSize));

@@ -185,3 +185,94 @@ TEST_CASE("diff refuses bad input with exit 2") {
     CHECK(sh(cli + " diff " + t.dir.string()) == 2);
     CHECK(sh(cli + " diff a b --forward-threshold lots") == 2);
 }
+
+namespace {
+
+// A PyTorch-shaped trace: the training thread (tid 1) tags each layer's
+// forward and the optimizer; autograd's thread (tid 2) tags backward. Per
+// step: each layer's forward keeps `kept` bytes until backward ends, and
+// backward leaves `after_backward` bytes alive until the step ends.
+Trace pytorch_shaped_trace(uint64_t kept, uint64_t after_backward) {
+    Trace t;
+    t.header.rank = 0;
+    for (const char* s : {"layers.0", "layers.1", "forward", "backward", "optimizer", "model"})
+        t.strings.emplace_back(s);
+    const uint32_t layer[2] = {1, 2}, forward = 3, backward = 4, optimizer = 5, model = 6;
+    uint64_t seq = 0, address = 0x1000;
+    auto event = [&](EventKind kind, uint32_t tid, uint64_t step, uint32_t l, uint32_t p) {
+        Event e;
+        e.seq = ++seq;
+        e.t_ns = seq;
+        e.kind = kind;
+        e.tid = tid;
+        e.step = step;
+        e.layer = l;
+        e.phase = p;
+        t.events.push_back(e);
+        return &t.events.back();
+    };
+    auto alloc = [&](uint32_t tid, uint64_t step, uint32_t l, uint32_t p, uint64_t size) {
+        Event* e = event(EventKind::alloc, tid, step, l, p);
+        e->level = Level::block;
+        e->memory = MemoryKind::device;
+        e->device = 0;
+        e->size = size;
+        e->address = address += 0x100000;
+        return e->address;
+    };
+    auto free_at = [&](uint32_t tid, uint64_t step, uint64_t a) {
+        Event* e = event(EventKind::free, tid, step, 0, 0);
+        e->level = Level::block;
+        e->memory = MemoryKind::device;
+        e->device = 0;
+        e->address = a;
+    };
+    for (uint64_t step = 1; step <= 3; ++step) {
+        std::vector<uint64_t> held;
+        event(EventKind::tag_push, 1, step, model, forward);
+        for (uint32_t l : layer) {
+            event(EventKind::tag_push, 1, step, l, forward);
+            held.push_back(alloc(1, step, l, forward, kept));
+            event(EventKind::tag_pop, 1, step, l, forward);
+        }
+        event(EventKind::tag_pop, 1, step, model, forward);
+        // More backward tags than the training thread's (hooks on several
+        // tensors of a layer).
+        for (uint32_t l : {layer[1], layer[1], layer[1], layer[0], layer[0], layer[0]}) {
+            event(EventKind::tag_push, 2, step, l, backward);
+            event(EventKind::tag_pop, 2, step, l, backward);
+        }
+        for (uint64_t a : held)
+            free_at(2, step, a);
+        const uint64_t grad = alloc(2, step, layer[0], backward, after_backward);
+        event(EventKind::tag_push, 1, step, 0, optimizer);
+        event(EventKind::tag_pop, 1, step, 0, optimizer);
+        free_at(1, step, grad);
+    }
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("diff: backward tagged on autograd's thread still gives the backward half") {
+    const Trace base = pytorch_shaped_trace(1024, 4096);
+    const Trace cand = pytorch_shaped_trace(1024 + 65536, 4096 + 600 * 1024);
+    const RunMeasure b = measure_run(base);
+    const RunMeasure c = measure_run(cand);
+    // The training thread is the one that runs forward, though autograd's
+    // thread pushes as many tags.
+    CHECK(trace_shape(base).main_tid == 1);
+    REQUIRE(b.forward_mean);
+    REQUIRE(b.backward_delta);
+    REQUIRE(c.backward_delta);
+    CHECK(b.backward_steps == 2);  // 3 steps, the warm-up dropped
+    // After forward: both layers' copies; after backward: they are freed
+    // and the gradient-sized block is alive.
+    CHECK(*b.backward_delta == doctest::Approx(4096.0 - 2 * 1024.0));
+    const RankDiff d = diff_runs(b, c, {});
+    REQUIRE(d.forward_excess);
+    CHECK(*d.forward_excess == doctest::Approx(65536.0));
+    REQUIRE(d.backward_excess);
+    CHECK(*d.backward_excess == doctest::Approx(600 * 1024.0 - 2 * 65536.0));
+    CHECK(d.backward_exceeded);
+}

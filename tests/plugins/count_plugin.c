@@ -46,7 +46,7 @@ static int buf_append(buffer* b, const char* text) {
 typedef struct {
     const allocscope_host_v1* host;
     uint64_t events;
-    uint64_t by_kind[11];
+    uint64_t by_kind[12];
     uint64_t baseline_events, run_events;
     int order_violated; /* a baseline call after a run call */
     uint64_t alloc_bytes, freed_bytes, freed_alloc_seq_sum, unknown_frees;
@@ -102,7 +102,7 @@ static allocscope_plugin_status count_init(const allocscope_host_v1* host, void*
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-static const char kKindLetter[] = "?AFMUOPpSRK";
+static const char kKindLetter[] = "?AFMUOPpSRKD";
 
 static allocscope_plugin_status count_on_event(void* state, const allocscope_event_v1* e) {
     count_state* s = state;
@@ -113,7 +113,7 @@ static allocscope_plugin_status count_on_event(void* state, const allocscope_eve
     } else {
         ++s->run_events;
     }
-    if (e->kind < 11) ++s->by_kind[e->kind];
+    if (e->kind < 12) ++s->by_kind[e->kind];
     if (e->seq > s->max_seq) s->max_seq = e->seq;
     if (e->stack_id) ++s->stacks_seen;
     hash_str(s, e->layer);
@@ -155,9 +155,16 @@ static allocscope_plugin_status count_on_event(void* state, const allocscope_eve
             snprintf(token, sizeof token, "%c%c%" PRIu64 ":%s", e->source ? 'b' : 'r',
                      kKindLetter[e->kind], e->seq, e->text);
             break;
+        case ALLOCSCOPE_EVENT_DERIVED: {
+            const allocscope_param_v1* p = s->host->param(s->host->ctx, e->param_index);
+            snprintf(token, sizeof token, "%c%c%" PRIu64 ":%" PRIx64 "<%u=%s.%s:%s",
+                     e->source ? 'b' : 'r', kKindLetter[e->kind], e->seq, e->address,
+                     e->param_index, p ? p->layer : "?", p ? p->name : "?", e->text);
+            break;
+        }
         default:
             snprintf(token, sizeof token, "%c%c%" PRIu64, e->source ? 'b' : 'r',
-                     e->kind < 11 ? kKindLetter[e->kind] : '?', e->seq);
+                     e->kind < 12 ? kKindLetter[e->kind] : '?', e->seq);
     }
     if (s->transcript_on) {
         if (s->transcript.size) buf_append(&s->transcript, " ");
@@ -236,7 +243,7 @@ static allocscope_plugin_status count_finish(void* state) {
     char summary[1024];
     snprintf(summary, sizeof summary,
              "events=%" PRIu64 " alloc=%" PRIu64 " free=%" PRIu64 " oom=%" PRIu64 " push=%" PRIu64
-             " pop=%" PRIu64 " step=%" PRIu64 " param=%" PRIu64 " mark=%" PRIu64
+             " pop=%" PRIu64 " step=%" PRIu64 " param=%" PRIu64 " mark=%" PRIu64 " derived=%" PRIu64
              " alloc_bytes=%" PRIu64 " freed_bytes=%" PRIu64 " freed_alloc_seq_sum=%" PRIu64
              " unknown_frees=%" PRIu64 " on_step=%" PRIu64 " step_sum=%" PRIu64
              " last_step=%" PRIu64 " baseline=%" PRIu64 " run=%" PRIu64
@@ -244,9 +251,9 @@ static allocscope_plugin_status count_finish(void* state) {
              " live=%zu live_bytes=%" PRIu64 " segment_bytes=%" PRIu64 " block_bytes=%" PRIu64
              " stacks=%u max_seq=%" PRIu64 " hash=%016" PRIx64,
              s->events, s->by_kind[1], s->by_kind[2], s->by_kind[5], s->by_kind[6], s->by_kind[7],
-             s->by_kind[8], s->by_kind[9], s->by_kind[10], s->alloc_bytes, s->freed_bytes,
-             s->freed_alloc_seq_sum, s->unknown_frees, s->steps, s->step_sum, s->last_step,
-             s->baseline_events, s->run_events, s->order_violated ? "violated" : "ok",
+             s->by_kind[8], s->by_kind[9], s->by_kind[10], s->by_kind[11], s->alloc_bytes,
+             s->freed_bytes, s->freed_alloc_seq_sum, s->unknown_frees, s->steps, s->step_sum,
+             s->last_step, s->baseline_events, s->run_events, s->order_violated ? "violated" : "ok",
              h->param_count(h->ctx), visited, h->live_bytes(h->ctx, 0),
              h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_SEGMENT),
              h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_BLOCK), s->stacks_seen, s->max_seq, s->hash);

@@ -31,6 +31,7 @@ __all__ = [
     "step",
     "register_param",
     "mark",
+    "derived",
     "block_alloc",
     "block_free",
     "scope",
@@ -59,6 +60,7 @@ _SIGNATURES = {
     "step": ([_u64], None),
     "register_param": ([_str, _str, _u64, _str, _u64], None),
     "mark": ([_str], None),
+    "derived": ([_ptr, _str, _str, _str], None),
     "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
     "block_free": ([_ptr], None),
 }
@@ -178,6 +180,16 @@ def mark(text):
     api = _get()
     if api is not None:
         api.mark(_b(text))
+
+
+def derived(ptr, layer, name, how=None):
+    """Declares that the allocation at address `ptr` (an int, e.g. a tensor's
+    untyped_storage().data_ptr()) holds bytes computed from parameter `name`
+    of module `layer`: a quantized copy, a transpose, a scale. `how` says how
+    (optional). The weight detectors then report it as proven evidence."""
+    api = _get()
+    if api is not None and ptr:
+        api.derived(int(ptr), _b(layer), _b(name), None if how is None else _b(how))
 
 
 def block_alloc(ptr, size, device=0, stream=None):
