@@ -79,12 +79,19 @@ typedef enum allocscope_event_kind_v1 {
     ALLOCSCOPE_EVENT_TAG_POP = 7,
     ALLOCSCOPE_EVENT_STEP = 8,
     ALLOCSCOPE_EVENT_PARAM = 9,
-    ALLOCSCOPE_EVENT_MARK = 10
+    ALLOCSCOPE_EVENT_MARK = 10,
+    /* Provenance: the allocation at `address` holds bytes computed from the
+     * parameter `param_index` (a quantized copy, a transpose, a scale);
+     * `text` says how ("layers.3.fc1.weight -> abs -> amax -> _to_copy"),
+     * "" when not known. Sources: allocscope_derived() (a program or its
+     * framework declares it) and the PyTorch bridge's op observer. Only
+     * plugins whose event_mask asks for it get it. */
+    ALLOCSCOPE_EVENT_DERIVED = 11
 } allocscope_event_kind_v1;
 
 /* event_mask bit of a kind. */
 #define ALLOCSCOPE_EVENT_BIT(kind) (1u << (unsigned)(kind))
-#define ALLOCSCOPE_EVENT_ALL 0x7FEu
+#define ALLOCSCOPE_EVENT_ALL 0xFFEu
 
 typedef enum allocscope_level_v1 {
     ALLOCSCOPE_LEVEL_NONE = 0,    /* tag, step, param, mark events */
@@ -126,8 +133,8 @@ typedef struct allocscope_event_v1 {
     const char* alloc_layer;
     const char* alloc_phase;
     uint32_t alloc_stack_id;
-    uint32_t param_index; /* PARAM: index for host->param() */
-    const char* text;     /* MARK: the note; otherwise "" */
+    uint32_t param_index; /* PARAM, DERIVED: index for host->param() */
+    const char* text;     /* MARK: the note; DERIVED: how; otherwise "" */
 } allocscope_event_v1;
 
 typedef struct allocscope_param_v1 {
@@ -171,7 +178,22 @@ typedef struct allocscope_finding_v1 {
     const char* summary; /* one line */
     const allocscope_evidence_v1* evidence;
     size_t evidence_count;
+    /* Appended; read only when struct_size covers them (a plugin built
+     * against an older header emits ALLOCSCOPE_FINDING_V1_BASE_SIZE bytes).
+     * basis: how the finding's claim was established, for detectors that
+     * infer what an allocation is: "proven" (provenance: the bytes were
+     * computed from the named parameters), "corroborated" (two independent
+     * signals), "size-only" (sizes alone: ambiguous); NULL or "" when not
+     * applicable. evidence_notes: NULL, or one string per evidence entry
+     * (NULL or "" for none): what that allocation is and why it is alive
+     * ("layers.3.fc1.weight -> abs -> amax -> _to_copy"). */
+    const char* basis;
+    const char* const* evidence_notes;
 } allocscope_finding_v1;
+
+/* The size of allocscope_finding_v1 before `basis` was appended. */
+#define ALLOCSCOPE_FINDING_V1_BASE_SIZE \
+    (offsetof(allocscope_finding_v1, evidence_count) + sizeof(size_t))
 
 /* Return non-zero to stop the iteration. */
 typedef int (*allocscope_live_visitor_v1)(void* user, const allocscope_live_v1* live);
