@@ -201,6 +201,10 @@ class CudaCompute final : public trainer::Compute {
                     const fp8::QuantSpec& spec, fp8::Usage usage, float* out) override {
         cuda::dequantize(buffers, shape, spec, usage, out, stream_);
     }
+    void build_columnwise(const fp8::ColumnwisePlan& plan, std::span<const void* const> gathered,
+                          std::span<void* const> out) override {
+        cuda::build_columnwise(plan, gathered, out, stream_);
+    }
 
     void layer_forward(const model::LayerConfig& config, const trainer::LayerOperands& weights,
                        const Bf16* x, Bf16* y, const model::LayerSaved<Bf16>& saved) override {

@@ -561,4 +561,47 @@ void dequantize(std::span<const void* const> buffers, fp8::Shape shape, const fp
     ALLOCSCOPE_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// fp8::ByteTranspose: dst[c][r] = src[r][c], elements of `element` bytes,
+// strides in elements.
+__global__ void transpose_bytes_kernel(const std::uint8_t* src, std::size_t src_stride,
+                                       std::size_t rows, std::size_t cols, std::size_t element,
+                                       std::uint8_t* dst, std::size_t dst_stride) {
+    const std::size_t n = rows * cols;
+    for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+         i += std::size_t(gridDim.x) * blockDim.x) {
+        const std::size_t r = i / cols, c = i % cols;
+        for (std::size_t b = 0; b < element; ++b)
+            dst[(c * dst_stride + r) * element + b] = src[(r * src_stride + c) * element + b];
+    }
+}
+
+}  // namespace
+
+void build_columnwise(const fp8::ColumnwisePlan& plan, std::span<const void* const> gathered,
+                      std::span<void* const> out, cudaStream_t stream) {
+    if (out.size() != plan.buffers.size()) {
+        throw std::invalid_argument("cuda::build_columnwise: one output pointer per plan buffer");
+    }
+    require_non_null(gathered, "cuda::build_columnwise");
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        if (out[i] == nullptr) throw std::invalid_argument("cuda::build_columnwise: null output");
+        ALLOCSCOPE_CUDA_CHECK(cudaMemsetAsync(out[i], 0, plan.buffers[i].bytes, stream));
+    }
+    for (const fp8::ByteTranspose& t : plan.copies) {
+        if (t.src_buffer >= gathered.size()) {
+            throw std::invalid_argument(
+                "cuda::build_columnwise: a copy names a missing gathered buffer");
+        }
+        const std::size_t n = t.rows * t.cols;
+        if (n == 0) continue;
+        transpose_bytes_kernel<<<grid_for(n, 1), kMaxThreads, 0, stream>>>(
+            static_cast<const std::uint8_t*>(gathered[t.src_buffer]) + t.src_offset, t.src_stride,
+            t.rows, t.cols, t.element_bytes,
+            static_cast<std::uint8_t*>(out[t.dst_buffer]) + t.dst_offset, t.dst_stride);
+        ALLOCSCOPE_CUDA_CHECK_LAUNCH();
+    }
+}
+
 }  // namespace allocscope::harness::cuda

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <span>
 
+#include "fp8/columnwise.h"
 #include "fp8/layout.h"
 #include "fp8/quantize.h"
 
@@ -40,5 +41,12 @@ float quantize(const float* values, fp8::Shape shape, const fp8::QuantSpec& spec
 // serves both). NaN elements dequantize to a NaN, not to the CPU's payload.
 void dequantize(std::span<const void* const> buffers, fp8::Shape shape, const fp8::QuantSpec& spec,
                 fp8::Usage usage, float* out, cudaStream_t stream);
+
+// As fp8::build_columnwise on device memory (gathered and out: device
+// pointers): each output zeroed, then the plan's byte transposes.
+// Asynchronous on `stream`. Throws std::invalid_argument where
+// fp8::build_columnwise does, or for a null pointer.
+void build_columnwise(const fp8::ColumnwisePlan& plan, std::span<const void* const> gathered,
+                      std::span<void* const> out, cudaStream_t stream);
 
 }  // namespace allocscope::harness::cuda

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "fp8/amax_history.h"
+#include "fp8/columnwise.h"
 #include "fp8/layout.h"
 #include "fp8/quantize.h"
 #include "model/adam.h"
@@ -110,6 +111,11 @@ class Compute {
     // As fp8::dequantize: [rows × cols], or the transpose for columnwise.
     virtual void dequantize(std::span<const void* const> buffers, fp8::Shape shape,
                             const fp8::QuantSpec& spec, fp8::Usage usage, float* out) = 0;
+    // As fp8::build_columnwise: the column-wise form of an all-gathered
+    // quantized parameter, moved out of its gathered row-wise bytes.
+    virtual void build_columnwise(const fp8::ColumnwisePlan& plan,
+                                  std::span<const void* const> gathered,
+                                  std::span<void* const> out) = 0;
 
     // model::layer_forward<Bf16> / layer_backward<Bf16>.
     virtual void layer_forward(const model::LayerConfig& config, const LayerOperands& weights,

@@ -85,6 +85,11 @@ class HostCompute final : public Compute {
         std::memcpy(out, v.data(), v.size() * sizeof(float));
     }
 
+    void build_columnwise(const fp8::ColumnwisePlan& plan, std::span<const void* const> gathered,
+                          std::span<void* const> out) override {
+        fp8::build_columnwise(plan, gathered, out);
+    }
+
     void layer_forward(const model::LayerConfig& config, const LayerOperands& weights,
                        const Bf16* x, Bf16* y, const model::LayerSaved<Bf16>& saved) override {
         model::layer_forward<Bf16>(config, values(weights), x, y, saved, forward_workspace_.data());

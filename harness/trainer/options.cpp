@@ -3,6 +3,8 @@
 #include <charconv>
 #include <cstdint>
 
+#include "fp8/columnwise.h"
+
 namespace allocscope::harness::trainer {
 
 namespace {
@@ -150,6 +152,9 @@ std::string usage() {
            "  --nvtx                    tag through NVTX ranges (\"allocscope:<layer>/<phase>\",\n"
            "                            the step as mark \"allocscope:step=<n>\") instead of the\n"
            "                            C API; needs `allocscope run --nvtx`, tags are identical\n"
+           "  --no-provenance           do not declare which parameter each quantized copy,\n"
+           "                            scale and column-wise form was computed from\n"
+           "                            (allocscope_derived); the detectors then have sizes only\n"
            "\n"
            "example: allocscope run -- allocscope-harness --recipe delayed --te seed --ranks 2\n";
 }
@@ -173,6 +178,10 @@ ParseResult parse_options(const std::vector<std::string>& args) {
         }
         if (a == "--nvtx") {
             o.tagging = Tagging::nvtx;
+            continue;
+        }
+        if (a == "--no-provenance") {
+            o.provenance = false;
             continue;
         }
         if (a.rfind("--", 0) != 0) return fail("unexpected argument '" + a + "'");
@@ -255,6 +264,7 @@ ParseResult parse_options(const std::vector<std::string>& args) {
                     std::to_string(o.steps));
     }
     if (std::string e = check_block_shapes(o); !e.empty()) return fail(e);
+    if (std::string e = check_quantized_init_shards(o, o.ranks); !e.empty()) return fail(e);
     if (o.inject.retain_activation && *o.inject.retain_activation >= o.shape.layers) {
         return fail("--inject retain-activation:" + std::to_string(*o.inject.retain_activation) +
                     " names no layer of --layers " + std::to_string(o.shape.layers));
@@ -264,6 +274,21 @@ ParseResult parse_options(const std::vector<std::string>& args) {
                     " names no rank of --ranks " + std::to_string(o.ranks));
     }
     return r;
+}
+
+std::string check_quantized_init_shards(const Options& o, int world) {
+    if (!o.quantized_init || world < 1) return {};
+    for (const ParamSpec& p : layer_params(o.shape)) {
+        if (p.role != ParamRole::gemm_weight) continue;
+        const std::string problem =
+            fp8::columnwise_shard_problem(o.recipe, size_t(p.shard_rows(world)));
+        if (!problem.empty()) {
+            return std::string("--recipe ") + to_string(o.recipe) + " --quantized-init with " +
+                   std::to_string(world) + " ranks: " + p.module + "." + p.name + " (" +
+                   std::to_string(p.rows) + " rows): " + problem;
+        }
+    }
+    return {};
 }
 
 std::string check_devices(const Options& o, Backend resolved, int gpu_count) {

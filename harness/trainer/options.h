@@ -58,6 +58,9 @@ struct Options {
     unsigned seed = 1234;
     Injections inject;
     Tagging tagging = Tagging::c_api;
+    // Declare the provenance of weight-derived allocations
+    // (allocscope_derived); --no-provenance leaves the detectors only sizes.
+    bool provenance = true;
 };
 
 struct ParseResult {
@@ -68,6 +71,12 @@ struct ParseResult {
 
 // `args` excludes the program name.
 ParseResult parse_options(const std::vector<std::string>& args);
+
+// Quantized-init shards that the column-wise form built after the backward
+// all-gather cannot be made from (fp8::columnwise_shard_problem) at this
+// world size; empty when there are none. parse_options checks --ranks; the
+// trainer checks the world it joins.
+std::string check_quantized_init_shards(const Options& options, int world);
 
 // Checks that need the machine: more ranks than GPUs on the cuda backend.
 std::string check_devices(const Options& options, Backend resolved, int gpu_count);

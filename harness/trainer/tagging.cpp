@@ -64,6 +64,14 @@ ScopedTag::~ScopedTag() {
     }
 }
 
+Provenance::Provenance(bool enabled) noexcept
+    : active_(enabled && allocscope_dl()->derived != nullptr) {}
+
+void Provenance::declare(const void* ptr, const std::string& layer, const std::string& name,
+                         const std::string& how) const {
+    allocscope_dl_derived(ptr, layer.c_str(), name.c_str(), how.c_str());
+}
+
 void tag_step(Tagging via, uint64_t step) {
     if (via == Tagging::c_api) {
         allocscope_dl_step(step);

@@ -3,11 +3,12 @@
 // <allocscope/allocscope.h> (ALLOCSCOPE_NVTX_PREFIX). liballocscope.so maps
 // those back to the same tags when it is the process's NVTX injection
 // library (`allocscope run --nvtx`), so both give identical traces
-// (tests/harness/harness_nvtx_test.cpp). Parameters are registered through
-// the C API either way: NVTX has no such call.
+// (tests/harness/harness_nvtx_test.cpp). Parameters are registered, and
+// provenance declared, through the C API either way: NVTX has no such calls.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "trainer/options.h"
 
@@ -30,5 +31,29 @@ class ScopedTag {
 };
 
 void tag_step(Tagging via, uint64_t step);
+
+// Provenance (allocscope_derived): declares which parameter an allocation's
+// bytes were computed from. Inactive when switched off (--no-provenance) or
+// when no interposer provides allocscope_derived, and then a declaration
+// costs one branch: its `how` is built only when active.
+class Provenance {
+  public:
+    explicit Provenance(bool enabled) noexcept;
+    bool active() const noexcept { return active_; }
+
+    // `ptr`: the block's address as the caching allocator reported it;
+    // (layer, name): the parameter as registered with
+    // allocscope_register_param; how(): a short std::string saying how.
+    template <typename How>
+    void derived(const void* ptr, const std::string& layer, const std::string& name,
+                 How&& how) const {
+        if (active_) declare(ptr, layer, name, how());
+    }
+
+  private:
+    void declare(const void* ptr, const std::string& layer, const std::string& name,
+                 const std::string& how) const;
+    bool active_ = false;
+};
 
 }  // namespace allocscope::harness::trainer

@@ -8,9 +8,11 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "fp8/columnwise.h"
 #include "fp8/quantize.h"
 #include "model/adam.h"
 #include "model/transformer_layer.h"
@@ -64,6 +66,38 @@ std::string layer_name(int i) {
     return "layers." + std::to_string(i);
 }
 
+// What provenance declarations say: how a buffer of a quantized weight was
+// computed from it.
+const char* element_name(const fp8::QuantSpec& spec) {
+    if (spec.recipe == fp8::Recipe::nvfp4) return "fp4_e2m1";
+    return spec.dtype == fp8::Fp8Dtype::e4m3 ? "fp8_e4m3" : "fp8_e5m2";
+}
+
+std::string buffer_how(const fp8::QuantSpec& spec, const fp8::BufferSpec& b) {
+    const std::string recipe = to_string(spec.recipe);
+    const std::string cast = std::string("cast to ") + element_name(spec) + " (" + recipe + ")";
+    switch (b.kind) {
+        case fp8::BufferKind::rowwise_data:
+            return cast + ", row-wise";
+        case fp8::BufferKind::columnwise_data:
+            // MXFP8 keeps its column-wise data [rows × cols]; the others
+            // store it transposed.
+            return cast + (spec.recipe == fp8::Recipe::mxfp8 ? ", column-wise"
+                                                             : ", column-wise (transposed)");
+        case fp8::BufferKind::rowwise_scale_inv:
+            return spec.recipe == fp8::Recipe::delayed || spec.recipe == fp8::Recipe::current
+                       ? recipe + " scale_inv"
+                       : recipe + " row-wise scales";
+        case fp8::BufferKind::columnwise_scale_inv:
+            return recipe + " column-wise scales";
+        case fp8::BufferKind::rowwise_amax:
+            return recipe + " row-wise amax";
+        case fp8::BufferKind::columnwise_amax:
+            return recipe + " column-wise amax";
+    }
+    return cast;
+}
+
 // A quantized tensor held in allocator blocks, one per fp8::layout entry.
 struct QuantizedBlocks {
     fp8::QuantSpec spec;
@@ -95,9 +129,12 @@ struct Param {
     std::vector<Block> shard;
     std::optional<fp8::QuantSpec> quantized;
     std::vector<fp8::BufferSpec> shard_layout;
-    // With --quantized-init and --te seed: the column-wise form built after
-    // the backward all-gather, kept until this layer's next forward (problem 2).
-    std::vector<Block> retained;
+    // With --quantized-init where the backward needs it (columnwise_plan
+    // set): the column-wise form built after the backward all-gather, freed
+    // after dgrad (--te fixed) or kept until this layer's next forward
+    // (--te seed, problem 2).
+    std::optional<fp8::ColumnwisePlan> columnwise_plan;
+    std::vector<Block> columnwise;
     Block master;   // fp32 [shard_numel], FusedAdam's master weights
     Block exp_avg;  // fp32 moments, created by the first optimizer step
     Block exp_avg_sq;
@@ -130,6 +167,7 @@ struct Trainer::State {
     alloc::CachingAllocator& allocator;
     collective::Communicator& comm;
     Compute& compute;
+    Provenance provenance;
     model::LayerConfig config;
     size_t chunk = 0;         // bf16 gradient elements of one rank's reduce-scatter chunk
     size_t gather_chunk = 0;  // bytes of one rank's all-gather chunk
@@ -146,6 +184,9 @@ struct Trainer::State {
     // its transpose.
     Scratch gather_scratch;
     Scratch transpose_scratch;
+    // --retain sharded: a full column-wise form, before each rank keeps its
+    // slice of it.
+    Scratch columnwise_scratch;
     // One layer runs at a time: per parameter index, its fp32 GEMM operand
     // and gradient (Param::weight, Param::grad).
     std::vector<Scratch> weight_scratch;
@@ -156,8 +197,10 @@ struct Trainer::State {
 
     State(const Options& o, fp8::Arch a, alloc::CachingAllocator& al, collective::Communicator& c,
           Compute& co)
-        : options(o), arch(a), allocator(al), comm(c), compute(co) {
+        : options(o), arch(a), allocator(al), comm(c), compute(co), provenance(o.provenance) {
         config = layer_config(o.shape);
+        if (std::string problem = check_quantized_init_shards(o, world()); !problem.empty())
+            throw std::invalid_argument(problem);
         init();
     }
 
@@ -179,7 +222,7 @@ struct Trainer::State {
         std::mt19937 rng(options.seed);
         std::normal_distribution<float> normal(0.0f, 0.02f);
         layers.resize(size_t(options.shape.layers));
-        size_t largest = 0, largest_gathered = 0;
+        size_t largest = 0, largest_gathered = 0, largest_columnwise = 0;
         for (int i = 0; i < options.shape.layers; ++i) {
             Layer& layer = layers[size_t(i)];
             size_t offset = 0, gather_offset = 0;
@@ -224,6 +267,13 @@ struct Trainer::State {
                     q.columnwise = options.recipe == fp8::Recipe::mxfp8;
                     p.quantized = q;
                     p.shard_layout = fp8::layout(shard_shape(p), q);
+                    if (fp8::builds_columnwise_after_gather(options.recipe, arch)) {
+                        p.columnwise_plan =
+                            fp8::columnwise_plan({size_t(spec.rows), size_t(spec.cols)},
+                                                 size_t(spec.shard_rows(w)), size_t(w), q);
+                        largest_columnwise = std::max(
+                            largest_columnwise, fp8::requested_bytes(p.columnwise_plan->buffers));
+                    }
                     for (const fp8::BufferSpec& b : p.shard_layout)
                         p.shard.push_back(block(b.bytes));
                     requantize_shard(p);
@@ -249,6 +299,8 @@ struct Trainer::State {
         }
         gather_scratch = compute.scratch(largest_gathered * sizeof(float));
         transpose_scratch = compute.scratch(largest * sizeof(float));
+        if (options.retain == Retain::sharded && largest_columnwise > 0)
+            columnwise_scratch = compute.scratch(largest_columnwise);
         const size_t th = config.tokens() * config.hidden;
         std::mt19937 data_rng(options.seed + 7919u * unsigned(r + 1));
         std::normal_distribution<float> unit(0.0f, 1.0f);
@@ -306,37 +358,48 @@ struct Trainer::State {
         compute.copy(p.weight, gather_scratch.data(), n * sizeof(float));
     }
 
-    // Problem 2's column-wise form: per-tensor recipes where the GEMM needs TN
-    // (sm90) build a transpose; Float8BlockScaling builds its column-wise
-    // data on every GPU; MXFP8 gathered it and builds nothing.
-    bool builds_columnwise(const Param& p) const {
-        if (!p.quantized) return false;
-        switch (options.recipe) {
-            case fp8::Recipe::delayed:
-            case fp8::Recipe::current:
-                return arch == fp8::Arch::sm90;
-            case fp8::Recipe::block:
-                return true;
-            default:
-                return false;
+    // TE's post-all-gather hook of a quantized parameter whose backward
+    // needs it column-wise: the column-wise form moved out of the gathered
+    // row-wise bytes (fp8/columnwise.h), into memory TE allocates, not
+    // FSDP2. --retain sharded keeps this rank's 1/world slice of each
+    // buffer (its dim-0 shard of the [cols × rows] form), the size the TE
+    // issue reports.
+    void build_columnwise(int i, size_t k) {
+        Layer& layer = layers[size_t(i)];
+        Param& p = layer.params[k];
+        const fp8::ColumnwisePlan& plan = *p.columnwise_plan;
+        std::vector<const void*> gathered;
+        for (const Block& b : layer.unsharded[k])
+            gathered.push_back(b.as<void>());
+        const bool sharded = options.retain == Retain::sharded;
+        const size_t w = size_t(world());
+        std::vector<void*> full;
+        size_t at = 0;
+        for (const fp8::BufferSpec& b : plan.buffers) {
+            const size_t bytes = sharded ? (b.bytes + w - 1) / w : b.bytes;
+            p.columnwise.push_back(block(bytes));
+            const Block& made = p.columnwise.back();
+            provenance.derived(made.as<void>(), p.module, p.spec.name, [&] {
+                std::string how = buffer_how(*p.quantized, b) + ", from the all-gathered " +
+                                  (b.kind == fp8::BufferKind::columnwise_data ? "row-wise data"
+                                                                              : "row-wise scales");
+                if (sharded) how += ", this rank's 1/" + std::to_string(w) + " slice";
+                return how;
+            });
+            full.push_back(sharded ? static_cast<uint8_t*>(columnwise_scratch.data()) + at
+                                   : made.as<void>());
+            at += b.bytes;
         }
-    }
-
-    std::vector<Block> build_columnwise(const Param& p) {
-        fp8::QuantSpec spec = *p.quantized;
-        spec.rowwise = false;
-        spec.columnwise = true;
-        std::vector<Block> out;
-        const fp8::Shape full{size_t(p.spec.rows), size_t(p.spec.cols)};
-        for (const fp8::BufferSpec& b : fp8::layout(full, spec)) {
-            // The scale_inv of a per-tensor transpose is the tensor's own.
-            if (b.kind == fp8::BufferKind::rowwise_scale_inv) continue;
-            size_t bytes = b.bytes;
-            if (options.retain == Retain::sharded)
-                bytes = (bytes + size_t(world()) - 1) / size_t(world());
-            out.push_back(block(bytes));
+        compute.build_columnwise(plan, gathered, full);
+        if (!sharded) return;
+        const size_t r = size_t(comm.rank());
+        for (size_t b = 0; b < plan.buffers.size(); ++b) {
+            const Block& mine = p.columnwise[b];
+            const size_t total = plan.buffers[b].bytes, begin = std::min(total, r * mine.bytes());
+            const size_t n = std::min(mine.bytes(), total - begin);
+            compute.copy(mine.as<void>(), static_cast<uint8_t*>(full[b]) + begin, n);
+            if (n < mine.bytes()) compute.zero(mine.as<uint8_t>() + n, mine.bytes() - n);
         }
-        return out;
     }
 
     // --- FSDP2 unshard / reshard -------------------------------------------
@@ -392,11 +455,17 @@ struct Trainer::State {
     }
 
     // Backward: the flat buffer goes right after copy-out, then the
-    // previous layer is prefetched.
+    // previous layer is prefetched. A quantized parameter's column-wise form
+    // is built in between, as TE's post-all-gather hook builds it: in the
+    // block's all-gather scope, outside the GEMM module.
     void unshard_backward(int i) {
         ScopedTag tag(options.tagging, nullptr, "backward/all_gather");
         if (gathered_layer != i) all_gather(i);
         copy_out(i);
+        Layer& layer = layers[size_t(i)];
+        for (size_t k = 0; k < layer.params.size(); ++k) {
+            if (layer.params[k].columnwise_plan) build_columnwise(i, k);
+        }
         gathered.reset();
         gathered_layer = -1;
         if (i > 0) {
@@ -422,10 +491,17 @@ struct Trainer::State {
         q.spec.arch = arch;
         q.shape = {size_t(p.spec.rows), size_t(p.spec.cols)};
         q.layout = fp8::layout(q.shape, q.spec);
-        for (const fp8::BufferSpec& b : q.layout)
+        for (const fp8::BufferSpec& b : q.layout) {
             q.blocks.push_back(block(b.bytes));
+            provenance.derived(q.blocks.back().as<void>(), p.module, p.spec.name,
+                               [&] { return buffer_how(q.spec, b); });
+        }
         Block workspace;
-        if (options.recipe == fp8::Recipe::current) workspace = block(2 * sizeof(float));
+        if (options.recipe == fp8::Recipe::current) {
+            workspace = block(2 * sizeof(float));
+            provenance.derived(workspace.as<void>(), p.module, p.spec.name,
+                               [] { return std::string("current scaling amax and scale"); });
+        }
         compute.quantize(p.weight, q.shape, q.spec,
                          options.recipe == fp8::Recipe::delayed ? &p.history : nullptr,
                          q.pointers());
@@ -473,7 +549,7 @@ struct Trainer::State {
             gathered_values(i, k);
             // The forward asks for row-wise usage: a retained column-wise
             // form goes only now.
-            p.retained.clear();
+            p.columnwise.clear();
             if (!fp8() || p.spec.role != ParamRole::gemm_weight || p.quantized) continue;
             const bool seed = options.te == TeBehaviour::seed;
             ScopedTag tag(options.tagging, p.module.c_str(), "forward/quantize");
@@ -491,28 +567,19 @@ struct Trainer::State {
     }
 
     // Sets p.weight (and the FP8 operands) for dgrad; blocks of a
-    // column-wise re-quantization or transpose that do not outlive dgrad go
-    // to `transient`.
+    // column-wise re-quantization that do not outlive dgrad go to
+    // `transient`. Quantized parameters run dgrad on their gathered values
+    // (one scale per rank: no single-scale FP8 operand); their column-wise
+    // form was built at the all-gather.
     void backward_weights(int i, std::vector<QuantizedBlocks>& transient) {
         Layer& layer = layers[size_t(i)];
-        const bool seed = options.te == TeBehaviour::seed;
         for (size_t k = 0; k < layer.params.size(); ++k) {
             Param& p = layer.params[k];
             p.operand = {};
             p.operand.values = p.weight;
             gathered_values(i, k);
-            if (!fp8() || p.spec.role != ParamRole::gemm_weight) continue;
-            if (p.quantized) {
-                if (!builds_columnwise(p)) continue;
-                ScopedTag tag(options.tagging, p.module.c_str(), "backward/transpose");
-                QuantizedBlocks q;
-                q.blocks = build_columnwise(p);
-                if (seed) {
-                    p.retained = std::move(q.blocks);
-                } else {
-                    transient.push_back(std::move(q));
-                }
-            } else if (p.fp8_copy) {
+            if (!fp8() || p.spec.role != ParamRole::gemm_weight || p.quantized) continue;
+            if (p.fp8_copy) {
                 columnwise_values(p, *p.fp8_copy);
                 set_fp8_operand(p, *p.fp8_copy);
                 p.operand.rowwise = nullptr;
@@ -600,10 +667,14 @@ struct Trainer::State {
             }
             compute.layer_backward(config, operands(i), layer_input(i), saved_pointers(layer),
                                    dy.as<Bf16>(), dx.as<Bf16>(), grad_ptrs);
-            // Column-wise caches and the forward's copies go after dgrad.
+            // Column-wise caches and the forward's copies go after dgrad;
+            // under --te seed a quantized parameter's column-wise form stays
+            // until its next forward.
             transient.clear();
-            for (Param& p : layer.params)
+            for (Param& p : layer.params) {
                 p.fp8_copy.reset();
+                if (options.te == TeBehaviour::fixed) p.columnwise.clear();
+            }
             if (options.inject.retain_activation == i) {
                 // --inject retain-activation: the largest saved activation
                 // outlives the backward that consumed it.

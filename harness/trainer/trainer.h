@@ -21,6 +21,11 @@
 //   --te seed : both usages, kept until the layer's backward (problem 1);
 //   --te fixed: row-wise only, freed after the forward GEMM; backward
 //               re-quantizes column-wise and frees it after dgrad.
+// With --quantized-init, where the backward needs a column-wise form
+// (fp8/columnwise.h), it is moved out of the gathered bytes in the backward's
+// unshard (the block's all-gather tag), freed after dgrad (--te fixed) or
+// at the layer's next forward (--te seed, problem 2). Weight-derived blocks
+// are declared with allocscope_derived unless Options::provenance is off.
 #pragma once
 
 #include <cstdint>

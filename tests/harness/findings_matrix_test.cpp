@@ -8,7 +8,9 @@
 //     delayed and current on sm90 and for block on both archs;
 //   nothing (no warning or error) under fixed, nothing for bf16;
 //   bytes per layer: the quantized copy's buffers (fp8::layout) and the
-//     transposed weight (786,432 B full / 393,216 B sharded per layer).
+//     transposed weight (786,432 B full / 393,216 B sharded per layer);
+//   without the harness's provenance declarations (--no-provenance) neither
+//     weight plugin gives more than information.
 // Environment (tests/meson.build): E2E_CLI, HARNESS.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
@@ -143,6 +145,46 @@ TEST_CASE("the reference matrix: exactly the expected findings, live and against
                 }
             }
         }
+    }
+}
+
+TEST_CASE("an error needs provenance: without declarations the weight plugins only inform") {
+    // The harness declares every quantized copy, scale and column-wise form
+    // (allocscope_derived); --no-provenance leaves the plugins sizes alone,
+    // which may be an info finding but never a warning or an error.
+    struct Case {
+        const char* args;
+        const char* plugin;
+    };
+    TempDir temp;
+    for (Case c : {Case{"--recipe delayed --te seed", "weight-copy-accumulation"},
+                   Case{"--recipe mxfp8 --te seed", "weight-copy-accumulation"},
+                   Case{"--recipe delayed --te seed --quantized-init", "transpose-cache-retention"},
+                   Case{"--recipe block --te seed --quantized-init --arch sm100",
+                        "transpose-cache-retention"}}) {
+        CAPTURE(c.args);
+        const FindingsFile without =
+            live(temp.dir / "off", std::string(c.args) + " --no-provenance");
+        for (const Finding& f : without.findings) {
+            if (f.plugin != "weight-copy-accumulation" && f.plugin != "transpose-cache-retention")
+                continue;
+            CAPTURE(f.summary);
+            CHECK(f.severity == Severity::info);
+            CHECK(f.basis != "proven");
+        }
+        const auto found = problems(live(temp.dir / "on", c.args));
+        CHECK(found.size() == 1);
+        REQUIRE(found.count(c.plugin) == 1);
+        for (const Finding& f : found.at(c.plugin)) {
+            CAPTURE(f.summary);
+            CHECK(f.severity == Severity::error);
+            CHECK(f.basis == "proven");
+        }
+        std::map<int, int> per_rank;
+        for (const Finding& f : found.at(c.plugin))
+            per_rank[f.rank] += f.layer.rfind("layers.", 0) == 0;
+        CHECK(per_rank[0] == kLayers);
+        CHECK(per_rank[1] == kLayers);
     }
 }
 

@@ -37,6 +37,45 @@ BlockSequence blocks(const Trace& t) {
     return seq;
 }
 
+// A provenance declaration (allocscope_derived) and the block it names.
+struct Declared {
+    std::string param;  // "layers.1.attn.qkv.weight"
+    std::string how;
+    uint64_t size = 0;  // the block's, 0 if no live block starts there
+    std::string layer;  // the tag it was declared under
+    std::string phase;
+    bool adjacent = false;  // right after the block's allocation, same tag
+};
+
+std::vector<Declared> declarations(const Trace& t) {
+    std::map<uint64_t, const Event*> live;
+    const Event* last_block = nullptr;
+    std::vector<Declared> out;
+    for (const Event& e : t.events) {
+        if (e.level == Level::block && e.kind == EventKind::alloc) {
+            live[e.address] = &e;
+            last_block = &e;
+        } else if (e.level == Level::block && e.kind == EventKind::free) {
+            live.erase(e.address);
+            last_block = nullptr;
+        } else if (e.kind == EventKind::derived) {
+            const ParamRecord& p = t.params.at(e.aux);
+            Declared d{t.str(p.layer) + "." + t.str(p.name),
+                       t.str(uint32_t(e.stream)),
+                       0,
+                       t.str(e.layer),
+                       t.str(e.phase),
+                       false};
+            if (auto it = live.find(e.address); it != live.end()) d.size = it->second->size;
+            d.adjacent = last_block && last_block->address == e.address &&
+                         last_block->layer == e.layer && last_block->phase == e.phase;
+            out.push_back(std::move(d));
+            last_block = nullptr;
+        }
+    }
+    return out;
+}
+
 struct HarnessRun {
     TempDir scratch;
     int status = -1;
@@ -130,9 +169,11 @@ TEST_CASE("the ranks allocate the same block sequence, and so does a second run"
     CHECK(blocks(a.traces[0]) == blocks(b.traces[0]));
 }
 
-TEST_CASE("quantized init: the transposes built in backward have the --retain preset's size") {
+TEST_CASE("quantized init: the column-wise forms are built at the backward all-gather") {
     // Per layer and step: qkv, proj, fc1 and fc2 transposed, 786,432 B in
-    // all (full) or half of it on each of two ranks (sharded).
+    // all (full) or half of it on each of two ranks (sharded); made in the
+    // block's all-gather scope (layers.1, backward/all_gather), not under
+    // the GEMM modules, as TE's post-all-gather hook makes them.
     for (auto [preset, expected] :
          {std::pair<const char*, uint64_t>{"full", 786432}, {"sharded", 393216}}) {
         CAPTURE(preset);
@@ -142,11 +183,75 @@ TEST_CASE("quantized init: the transposes built in backward have the --retain pr
         CHECK(r.status == 0);
         REQUIRE(r.traces.size() == 2);
         uint64_t bytes = 0;
-        for (const auto& [size, layer, phase] : blocks(r.traces[1])) {
-            if (phase == "backward/transpose" && layer.rfind("layers.1.", 0) == 0) bytes += size;
+        std::set<std::string> params;
+        for (const Declared& d : declarations(r.traces[1])) {
+            if (d.how.find("column-wise") == std::string::npos) continue;
+            CAPTURE(d.param);
+            CAPTURE(d.how);
+            CHECK(d.how.find("from the all-gathered row-wise data") != std::string::npos);
+            CHECK(d.phase == "backward/all_gather");
+            CHECK(d.layer == d.param.substr(0, d.param.find('.', 7)));
+            if (d.layer == "layers.1") bytes += d.size;
+            params.insert(d.param);
         }
         CHECK(bytes == 2 * expected);
+        CHECK(params ==
+              std::set<std::string>{"layers.0.attn.qkv.weight", "layers.0.attn.proj.weight",
+                                    "layers.0.mlp.fc1.weight", "layers.0.mlp.fc2.weight",
+                                    "layers.1.attn.qkv.weight", "layers.1.attn.proj.weight",
+                                    "layers.1.mlp.fc1.weight", "layers.1.mlp.fc2.weight"});
     }
+}
+
+TEST_CASE("every quantized weight copy is declared with its parameter, unless --no-provenance") {
+    // Delayed scaling on sm90, seed: each forward copy is scale_inv, data
+    // and transpose, declared right after allocation, at the block's own
+    // address and tag.
+    const Trace& t = delayed_seed().traces.at(0);
+    uint64_t copies = 0, declared_bytes = 0;
+    for (const auto& [size, layer, phase] : blocks(t)) {
+        if (phase == "forward/quantize") {
+            ++copies;
+            declared_bytes += size;
+        }
+    }
+    const std::vector<Declared> all = declarations(t);
+    REQUIRE(all.size() == copies);
+    std::map<std::string, int> hows;
+    uint64_t bytes = 0;
+    for (const Declared& d : all) {
+        CAPTURE(d.param);
+        CHECK(d.phase == "forward/quantize");
+        CHECK(d.param == d.layer + ".weight");
+        CHECK(d.adjacent);
+        bytes += d.size;
+        ++hows[d.how];
+    }
+    CHECK(bytes == declared_bytes);
+    CHECK(hows == std::map<std::string, int>{
+                      {"delayed scale_inv", int(copies / 3)},
+                      {"cast to fp8_e4m3 (delayed), row-wise", int(copies / 3)},
+                      {"cast to fp8_e4m3 (delayed), column-wise (transposed)", int(copies / 3)}});
+
+    HarnessRun off(
+        "--ranks 2 --steps 2 --warmup 1 --layers 2 --recipe current --te fixed "
+        "--quantized-init --no-provenance");
+    CHECK(off.status == 0);
+    REQUIRE(off.traces.size() == 2);
+    CHECK(declarations(off.traces[0]).empty());
+    HarnessRun on(
+        "--ranks 2 --steps 2 --warmup 1 --layers 2 --recipe current --te fixed "
+        "--quantized-init");
+    REQUIRE(on.traces.size() == 2);
+    CHECK(blocks(on.traces[0]) == blocks(off.traces[0]));
+    // Column-wise forms only (the quantized shards are the parameters
+    // themselves, not derived from them): transposes in backward.
+    const std::vector<Declared> columnwise = declarations(on.traces[0]);
+    CHECK(columnwise.size() == 2 * 2 * 4);
+    for (const Declared& d : columnwise)
+        CHECK(d.how ==
+              "cast to fp8_e4m3 (current), column-wise (transposed), from the "
+              "all-gathered row-wise data");
 }
 
 TEST_CASE("four ranks train together") {

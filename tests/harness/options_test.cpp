@@ -93,6 +93,27 @@ TEST_CASE("--nvtx tags through NVTX ranges instead of the C API, which stays the
     CHECK(usage().find("--nvtx") != std::string::npos);
 }
 
+TEST_CASE("--no-provenance switches the declarations off; they are on by default") {
+    CHECK(parse({}).options.provenance);
+    ParseResult r = parse({"--no-provenance", "--recipe", "current"});
+    REQUIRE(r.error.empty());
+    CHECK(!r.options.provenance);
+    CHECK(r.options.recipe == fp8::Recipe::current);
+    CHECK(usage().find("--no-provenance") != std::string::npos);
+}
+
+TEST_CASE("block quantized init needs shards of whole 128-row blocks") {
+    // hidden 256: qkv has 768 rows, 384 per rank on 2 ranks, 192 on 4.
+    CHECK(parse({"--recipe", "block", "--quantized-init", "--ranks", "2"}).error.empty());
+    const std::string e = parse({"--recipe", "block", "--quantized-init", "--ranks", "4"}).error;
+    CHECK(e.find("--recipe block --quantized-init with 4 ranks: attn.qkv.weight (768 rows)") == 0);
+    CHECK(parse({"--recipe", "block", "--ranks", "4"}).error.empty());
+    CHECK(parse({"--recipe", "delayed", "--quantized-init", "--ranks", "4"}).error.empty());
+    Options o = parse({"--recipe", "block", "--quantized-init"}).options;
+    CHECK(check_quantized_init_shards(o, 2).empty());
+    CHECK(!check_quantized_init_shards(o, 3).empty());
+}
+
 TEST_CASE("more ranks than GPUs is refused on the cuda backend only") {
     Options o = parse({"--ranks", "4"}).options;
     CHECK(check_devices(o, Backend::cuda, 2) == "--ranks 4 needs as many GPUs, but 2 are visible");
@@ -103,9 +124,10 @@ TEST_CASE("more ranks than GPUs is refused on the cuda backend only") {
 TEST_CASE("--help is recognised anywhere and the usage names every flag") {
     CHECK(parse({"--ranks", "2", "--help"}).help);
     std::string u = usage();
-    for (const char* flag : {"--backend", "--ranks", "--recipe", "--quantized-init", "--te",
-                             "--arch", "--retain", "--layers", "--hidden", "--ffn", "--heads",
-                             "--seq", "--batch", "--steps", "--warmup", "--seed"}) {
+    for (const char* flag :
+         {"--backend", "--ranks", "--recipe", "--quantized-init", "--te", "--arch", "--retain",
+          "--layers", "--hidden", "--ffn", "--heads", "--seq", "--batch", "--steps", "--warmup",
+          "--seed", "--inject", "--nvtx", "--no-provenance"}) {
         CAPTURE(flag);
         CHECK(u.find(flag) != std::string::npos);
     }

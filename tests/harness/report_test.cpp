@@ -195,9 +195,10 @@ namespace {
 Trace pytorch_shaped_trace(uint64_t kept, uint64_t after_backward) {
     Trace t;
     t.header.rank = 0;
-    for (const char* s : {"layers.0", "layers.1", "forward", "backward", "optimizer", "model"})
+    for (const char* s : {"layers.0", "layers.1", "forward", "backward", "optimizer"})
         t.strings.emplace_back(s);
-    const uint32_t layer[2] = {1, 2}, forward = 3, backward = 4, optimizer = 5, model = 6;
+    const uint32_t layer[2] = {1, 2}, forward = 3, backward = 4, optimizer = 5;
+    const uint32_t root = 0;  // the shim tags the root module ""
     uint64_t seq = 0, address = 0x1000;
     auto event = [&](EventKind kind, uint32_t tid, uint64_t step, uint32_t l, uint32_t p) {
         Event e;
@@ -229,13 +230,13 @@ Trace pytorch_shaped_trace(uint64_t kept, uint64_t after_backward) {
     };
     for (uint64_t step = 1; step <= 3; ++step) {
         std::vector<uint64_t> held;
-        event(EventKind::tag_push, 1, step, model, forward);
+        event(EventKind::tag_push, 1, step, root, forward);
         for (uint32_t l : layer) {
             event(EventKind::tag_push, 1, step, l, forward);
             held.push_back(alloc(1, step, l, forward, kept));
             event(EventKind::tag_pop, 1, step, l, forward);
         }
-        event(EventKind::tag_pop, 1, step, model, forward);
+        event(EventKind::tag_pop, 1, step, root, forward);
         // More backward tags than the training thread's (hooks on several
         // tensors of a layer).
         for (uint32_t l : {layer[1], layer[1], layer[1], layer[0], layer[0], layer[0]}) {

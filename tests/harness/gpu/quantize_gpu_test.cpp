@@ -27,6 +27,7 @@
 #include "check.h"
 #include "device_quantize.h"
 #include "fp8/amax_history.h"
+#include "fp8/columnwise.h"
 #include "fp8/formats.h"
 #include "fp8/layout.h"
 #include "fp8/quantize.h"
@@ -503,6 +504,78 @@ TEST_CASE("invalid shapes, usages and buffer counts throw std::invalid_argument"
                     std::invalid_argument);
     // Nothing above reached a kernel: the stream is still clean.
     stream.sync();
+}
+
+TEST_CASE("the column-wise form of gathered shards is the CPU's, byte for byte") {
+    // fp8::build_columnwise on the host against cuda::build_columnwise on
+    // device copies of the same gathered bytes (fp8/columnwise.h): the
+    // per-tensor transpose with a padding row dropped, block data and
+    // scales from two and four ranks, ragged columns.
+    struct Case {
+        Recipe recipe;
+        Shape shape;
+        std::size_t world;
+    };
+    const Stream stream;
+    for (Case c : {Case{Recipe::current, {301, 200}, 2}, Case{Recipe::delayed, {96, 160}, 1},
+                   Case{Recipe::block, {511, 300}, 2}, Case{Recipe::block, {509, 200}, 4}}) {
+        CAPTURE(int(c.recipe));
+        CAPTURE(c.world);
+        const fp8::QuantSpec spec{c.recipe, fp8::Fp8Dtype::e4m3,     true,
+                                  false,    fp8::TensorRole::weight, fp8::Arch::sm90};
+        const std::size_t shard_rows = (c.shape.rows + c.world - 1) / c.world;
+        const Shape shard{shard_rows, c.shape.cols};
+        std::mt19937 rng(21);
+        std::normal_distribution<float> dist(0.0f, 1.0f);
+        const std::vector<fp8::BufferSpec> shard_layout = fp8::layout(shard, spec);
+        std::vector<std::vector<std::uint8_t>> gathered(shard_layout.size());
+        for (std::size_t r = 0; r < c.world; ++r) {
+            std::vector<float> mine(shard.rows * shard.cols, 0.0f);
+            for (std::size_t i = 0;
+                 i < mine.size() && r * mine.size() + i < c.shape.rows * c.shape.cols; ++i)
+                mine[i] = float(r + 1) * dist(rng);
+            fp8::AmaxHistory history;
+            const fp8::QuantizedTensor q = c.recipe == Recipe::delayed
+                                               ? fp8::quantize(mine, shard, spec, history)
+                                               : fp8::quantize(mine, shard, spec);
+            for (std::size_t b = 0; b < q.buffers.size(); ++b)
+                gathered[b].insert(gathered[b].end(), q.buffers[b].bytes.begin(),
+                                   q.buffers[b].bytes.end());
+        }
+        const fp8::ColumnwisePlan plan = fp8::columnwise_plan(c.shape, shard_rows, c.world, spec);
+
+        std::vector<const void*> host_in;
+        for (const auto& b : gathered)
+            host_in.push_back(b.data());
+        std::vector<std::vector<std::uint8_t>> host_out;
+        std::vector<void*> host_ptrs;
+        for (const fp8::BufferSpec& b : plan.buffers)
+            host_out.emplace_back(b.bytes, std::uint8_t{0});
+        for (auto& b : host_out)
+            host_ptrs.push_back(b.data());
+        fp8::build_columnwise(plan, host_in, host_ptrs);
+
+        std::vector<DeviceBuffer> device_in, device_out;
+        std::vector<const void*> in_ptrs;
+        std::vector<void*> out_ptrs;
+        for (const auto& b : gathered) {
+            device_in.emplace_back(b.size());
+            ALLOCSCOPE_CUDA_CHECK(
+                cudaMemcpy(device_in.back().get(), b.data(), b.size(), cudaMemcpyHostToDevice));
+            in_ptrs.push_back(device_in.back().get());
+        }
+        for (const fp8::BufferSpec& b : plan.buffers) {
+            device_out.emplace_back(b.bytes);
+            out_ptrs.push_back(device_out.back().get());
+        }
+        gpu::build_columnwise(plan, in_ptrs, out_ptrs, stream.get());
+        stream.sync();
+        for (std::size_t i = 0; i < plan.buffers.size(); ++i) {
+            CAPTURE(plan.buffers[i].name);
+            CHECK(device_out[i].contents() == host_out[i]);
+            CHECK(device_out[i].guards_intact());
+        }
+    }
 }
 
 int main(int argc, char** argv) {
