@@ -183,9 +183,10 @@ typedef struct allocscope_finding_v1 {
      * basis: how the finding's claim was established, for detectors that
      * infer what an allocation is: "proven" (provenance: the bytes were
      * computed from the named parameters), "corroborated" (two independent
-     * signals), "size-only" (sizes alone: ambiguous); NULL or "" when not
-     * applicable. evidence_notes: NULL, or one string per evidence entry
-     * (NULL or "" for none): what that allocation is and why it is alive
+     * signals), "size-only" (sizes alone: ambiguous), "baseline" (measured
+     * against a baseline run's stream); NULL or "" when not applicable.
+     * evidence_notes: NULL, or one string per evidence entry (NULL or ""
+     * for none): what that allocation is and why it is alive
      * ("layers.3.fc1.weight -> abs -> amax -> _to_copy"). */
     const char* basis;
     const char* const* evidence_notes;

@@ -83,6 +83,7 @@ struct Evidence {
     uint64_t alloc_seq = 0;
     uint64_t free_seq = 0;  // 0: alive when the finding was made
     uint32_t stack_id = 0;
+    std::string note;  // what the allocation is, why it is alive; "" for none
 };
 
 // An allocation kept as evidence, by ids: cheap to copy while a plugin
@@ -104,15 +105,24 @@ struct Finding {
     uint64_t count = 0;
     std::string summary;
     std::vector<Evidence> evidence;
+    // How the claim was established (allocscope_finding_v1::basis): "proven",
+    // "size-only", "baseline"; "" when not applicable.
+    std::string basis;
 };
 
-// Hands a Finding to the host (which copies it).
+// Hands a Finding to the host (which copies it), with its basis and, when
+// any evidence has one, the evidence notes.
 inline void emit(const allocscope_host_v1& host, const Finding& f) {
     std::vector<allocscope_evidence_v1> ev;
+    std::vector<const char*> notes;
     ev.reserve(f.evidence.size());
+    notes.reserve(f.evidence.size());
+    bool any_note = false;
     for (const Evidence& e : f.evidence) {
         ev.push_back({e.size, e.layer.c_str(), e.phase.c_str(), e.step, e.alloc_seq, e.free_seq,
                       e.stack_id});
+        notes.push_back(e.note.c_str());
+        any_note = any_note || !e.note.empty();
     }
     allocscope_finding_v1 out{};
     out.struct_size = sizeof out;
@@ -124,6 +134,8 @@ inline void emit(const allocscope_host_v1& host, const Finding& f) {
     out.summary = f.summary.c_str();
     out.evidence = ev.data();
     out.evidence_count = ev.size();
+    out.basis = f.basis.empty() ? nullptr : f.basis.c_str();
+    out.evidence_notes = any_note ? notes.data() : nullptr;
     host.emit(host.ctx, &out);
 }
 
@@ -589,6 +601,7 @@ class WeightParams {
         }
         Param& q = params_[it->second];
         q.module = strings_.intern(layer);
+        q.name = strings_.intern(p.name ? p.name : "");
         q.numbered = strings_.intern(numbered_layer(layer));
         q.numel = p.numel;
         q.sharded_numel = p.sharded_numel;
@@ -618,6 +631,8 @@ class WeightParams {
     uint32_t module(uint32_t param) const { return params_.at(param).module; }
     // Interned numbered_layer(module); 0 ("") when the module has none.
     uint32_t numbered(uint32_t param) const { return params_.at(param).numbered; }
+    uint32_t name(uint32_t param) const { return params_.at(param).name; }
+    uint64_t numel(uint32_t param) const { return params_.at(param).numel; }
     std::size_t size() const { return params_.size(); }
 
   private:
@@ -699,6 +714,7 @@ class WeightParams {
     struct Param {
         uint32_t module = 0;
         uint32_t numbered = 0;
+        uint32_t name = 0;
         uint64_t numel = 0;
         uint64_t sharded_numel = 0;
         std::unique_ptr<WeightSizes> sizes;
@@ -779,49 +795,6 @@ class LevelFilter {
   private:
     LevelMode mode_;
     uint32_t level_ = ALLOCSCOPE_LEVEL_SEGMENT;
-};
-
-// Per layer, the window (one forward or backward of it) that retained the
-// most bytes, with its evidence held in an EvidenceWatch; layers in the
-// order first seen.
-class RetentionByLayer {
-  public:
-    struct Entry {
-        uint32_t layer = 0;
-        uint64_t bytes = 0;
-        uint64_t count = 0;
-        uint64_t step = 0;
-        uint64_t windows = 0;  // windows in which the layer retained anything
-        std::vector<HeldAlloc> evidence;
-    };
-    explicit RetentionByLayer(EvidenceWatch& watch) : watch_(watch) {}
-
-    // One window's retained allocations of `layer` (non-empty).
-    void record(uint32_t layer, uint64_t step, std::vector<HeldAlloc> evidence) {
-        uint64_t bytes = 0;
-        for (const HeldAlloc& e : evidence)
-            bytes += e.size;
-        auto [it, inserted] = index_.try_emplace(layer, entries_.size());
-        if (inserted) {
-            entries_.emplace_back();
-            entries_.back().layer = layer;
-        }
-        Entry& entry = entries_[it->second];
-        ++entry.windows;
-        if (bytes <= entry.bytes) return;  // ties keep the earliest window
-        watch_.release(entry.evidence);
-        entry.bytes = bytes;
-        entry.count = evidence.size();
-        entry.step = step;
-        entry.evidence = std::move(evidence);
-        watch_.hold(entry.evidence);
-    }
-    const std::vector<Entry>& entries() const { return entries_; }
-
-  private:
-    EvidenceWatch& watch_;
-    std::vector<Entry> entries_;
-    std::unordered_map<uint32_t, std::size_t> index_;
 };
 
 // A finding's evidence, capped (the count stays exact), in sequence order.

@@ -1,7 +1,8 @@
 // What weight-copy-accumulation and transpose-cache-retention share: the
 // options, the parameter table (common/plugin.h, WeightParams), the event
-// routing, the following of weight-derived candidate allocations until they
-// are freed, and the pieces of their findings. Header-only, like plugin.h.
+// routing, the records of the allocations of the analysed phase (with their
+// provenance), the following of candidates until they are freed, and the
+// pieces of their findings. Header-only, like plugin.h.
 #pragma once
 
 #include <cmath>
@@ -14,8 +15,85 @@
 
 namespace allocscope::plugins {
 
-// A detector of weight-derived allocations kept past a phase. The subclass
-// handles the events through enter/on_alloc/on_push/on_pop.
+// What a followed allocation is known to be.
+struct Origin {
+    static constexpr uint32_t kNoParam = UINT32_MAX;
+    // proven: the host's parameter index (host->param()); size-matched: the
+    // WeightParams index of the parameter whose form its size is.
+    uint32_t param = kNoParam;
+    uint32_t how = 0;  // proven: the derivation (interned), 0: none
+    bool proven = false;
+    bool data = false;  // size-matched: data-sized, else scale-sized
+};
+
+// A retained allocation and what it is.
+struct WeightHeld : HeldAlloc {
+    Origin origin;
+};
+
+// Text for the findings' `basis` and summaries.
+inline constexpr const char* kProven = "proven";
+inline constexpr const char* kSizeOnly = "size-only";
+inline constexpr const char* kBaseline = "baseline";
+inline constexpr const char* kHowToSettle =
+    "compare against a baseline (allocscope diff BASE CAND) or enable provenance (allocscope run "
+    "--provenance for PyTorch; allocscope_derived() declarations in C/C++)";
+
+// Per layer, the window (one forward or backward of it) that retained the
+// most bytes, with its evidence held in an EvidenceWatch; layers in the
+// order first seen.
+class RetentionByLayer {
+  public:
+    struct Entry {
+        uint32_t layer = 0;
+        uint64_t bytes = 0;
+        uint64_t count = 0;
+        uint64_t step = 0;
+        uint64_t windows = 0;  // windows in which the layer retained anything
+        std::vector<WeightHeld> evidence;
+    };
+    explicit RetentionByLayer(EvidenceWatch& watch) : watch_(watch) {}
+
+    // One window's retained allocations of `layer` (non-empty).
+    void record(uint32_t layer, uint64_t step, std::vector<WeightHeld> evidence) {
+        uint64_t bytes = 0;
+        for (const WeightHeld& e : evidence)
+            bytes += e.size;
+        auto [it, inserted] = index_.try_emplace(layer, entries_.size());
+        if (inserted) {
+            entries_.emplace_back();
+            entries_.back().layer = layer;
+        }
+        Entry& entry = entries_[it->second];
+        ++entry.windows;
+        if (bytes <= entry.bytes) return;  // ties keep the earliest window
+        watch_.release(entry.evidence);
+        entry.bytes = bytes;
+        entry.count = evidence.size();
+        entry.step = step;
+        entry.evidence = std::move(evidence);
+        watch_.hold(entry.evidence);
+    }
+    const std::vector<Entry>& entries() const { return entries_; }
+
+  private:
+    EvidenceWatch& watch_;
+    std::vector<Entry> entries_;
+    std::unordered_map<uint32_t, std::size_t> index_;
+};
+
+// A detector of weight-derived allocations kept past a phase (the analysed
+// phase: forward for weight-copy-accumulation, backward for
+// transpose-cache-retention). The subclass handles the events through
+// enter/on_alloc/on_push/on_pop/on_proven.
+//
+// Every allocation of the followed level made in the analysed phase is
+// recorded (live_) until it is freed, or until the phase ends without
+// anything known about it. A record is a size-matched candidate (its tag is
+// a parameter's module and its size one of that parameter's weight-derived
+// sizes), or becomes proven when a DERIVED event names a registered
+// parameter for it while it is live. Provenance belongs to the allocation
+// live when it came: a later ALLOC at the address replaces the record.
 class WeightDetector {
   public:
     WeightDetector(const allocscope_host_v1& host, const char* threshold_key,
@@ -25,9 +103,12 @@ class WeightDetector {
           level_(option_level(host, "level")),
           params_(strings_, rules,
                   option_count(host, "min_numel", default_min_numel, 1, uint64_t{1} << 62)),
-          retained_(watch_) {
+          rules_(rules),
+          proven_(watch_),
+          sized_(watch_) {
         source_ = host.has_baseline ? ALLOCSCOPE_SOURCE_BASELINE : ALLOCSCOPE_SOURCE_RUN;
         params_.sync(host);
+        any_param_ = host.param_count(host.ctx) > 0;
     }
     virtual ~WeightDetector() = default;
     WeightDetector(const WeightDetector&) = delete;
@@ -43,14 +124,22 @@ class WeightDetector {
                 on_free(e);
                 break;
             case ALLOCSCOPE_EVENT_TAG_PUSH:
+                if (!saw_pass_) {
+                    const uint32_t phase = base_phase(e.phase);
+                    saw_pass_ = phase == forward_ || phase == backward_;
+                }
                 on_push(e);
                 break;
             case ALLOCSCOPE_EVENT_TAG_POP:
                 on_pop(e);
                 break;
             case ALLOCSCOPE_EVENT_PARAM:
+                any_param_ = true;
                 if (const allocscope_param_v1* p = host_.param(host_.ctx, e.param_index))
                     params_.add(*p);
+                break;
+            case ALLOCSCOPE_EVENT_DERIVED:
+                on_derived(e);
                 break;
             default:
                 break;
@@ -58,20 +147,40 @@ class WeightDetector {
     }
 
   protected:
-    // A candidate allocation still alive (or a retained one, until freed).
+    enum class State : uint8_t {
+        pending,    // nothing known yet; dropped when the phase ends
+        candidate,  // size-matched, in a window's candidate list
+        proven,     // provenance came; waiting for its window to be judged
+        kept,       // retained as evidence; followed until freed
+    };
+    // An allocation of the analysed phase (or a retained one, until freed).
     struct Record {
         uint64_t seq;
         uint64_t size;
         uint64_t step;
         uint32_t stack_id;
-        uint32_t module;
+        uint32_t module;  // the allocation's layer tag
         uint32_t phase;
+        uint32_t tid;
+        Origin origin;
+        State state;
+    };
+    // A proven allocation: the parameter's module and numbered layer
+    // (interned; numbered 0 when the module has none).
+    struct Proven {
+        uint64_t address;
+        uint64_t seq;
+        uint32_t tid;
+        uint32_t module;
+        uint32_t numbered;
     };
 
     virtual void enter(uint32_t source) = 0;
     virtual void on_alloc(const allocscope_event_v1& e) = 0;
     virtual void on_push(const allocscope_event_v1& e) = 0;
     virtual void on_pop(const allocscope_event_v1& e) = 0;
+    // A record became proven (its state is already State::proven).
+    virtual void on_proven(const Proven& p) = 0;
 
     bool analyzing() const { return source_ == ALLOCSCOPE_SOURCE_RUN; }
     // The id of an event's phase's base phase: compare with forward_ etc.
@@ -90,64 +199,107 @@ class WeightDetector {
         live_.erase(e.address);
     }
 
-    // The parameter an allocation made in `phase` is derived from, with its
-    // module (interned); nullopt when it is not a candidate. Drops a record
-    // left at the allocation's address (stale: a missed free).
-    std::optional<WeightParams::Match> match_alloc(const allocscope_event_v1& e, uint32_t phase,
-                                                   uint32_t* module) {
-        live_.erase(e.address);  // a record left at this address is stale (missed free)
-        if (base_phase(e.phase) != phase || !e.layer || !*e.layer) return std::nullopt;
-        *module = strings_.tag(e.layer);
-        return params_.match(*module, e.size);
+    // Provenance for the allocation at e.address: taken when that is a
+    // record of the analysed phase not judged yet and the parameter is one
+    // the host knows. Any registered parameter counts, whatever min_numel
+    // (a declaration is evidence by itself; allocscope_derived() registers
+    // an unknown parameter without sizes).
+    void on_derived(const allocscope_event_v1& e) {
+        saw_derived_ = true;
+        if (!analyzing()) return;
+        Record* r = live_.find(e.address);
+        if (!r || (r->state != State::pending && r->state != State::candidate)) return;
+        const ParamIds* ids = param_ids(e.param_index);
+        if (!ids) return;
+        r->origin = Origin{e.param_index, strings_.intern(e.text ? e.text : ""), true, false};
+        r->state = State::proven;
+        on_proven(Proven{e.address, r->seq, r->tid, ids->module, ids->numbered});
     }
-    void follow(const allocscope_event_v1& e, uint32_t module) {
-        live_[e.address] = Record{e.seq, e.size, e.step, e.stack_id, module, strings_.tag(e.phase)};
+
+    // Records an allocation of the analysed phase (the caller dropped any
+    // record at the address first); `match`: its size match as a candidate.
+    void record(const allocscope_event_v1& e, uint32_t module,
+                const std::optional<WeightParams::Match>& match) {
+        Origin origin;
+        if (match) {
+            origin.param = match->param;
+            origin.data = match->data;
+        }
+        live_[e.address] = Record{e.seq,      e.size, e.step,
+                                  e.stack_id, module, strings_.tag(e.phase),
+                                  e.tid,      origin, match ? State::candidate : State::pending};
+    }
+
+    // The record of the allocation made at `seq` while it is alive, else nullptr.
+    Record* alive(uint64_t address, uint64_t seq) {
+        Record* r = live_.find(address);
+        return r && r->seq == seq ? r : nullptr;
+    }
+    static WeightHeld held(const Record& r) {
+        return {{r.size, r.step, r.seq, r.stack_id, r.module, r.phase}, r.origin};
+    }
+
+    // The analysed phase ended: records nothing was learnt about are dropped.
+    void dismiss_pending() {
+        scratch_.clear();
+        live_.for_each([&](uint64_t address, const Record& r) {
+            if (r.state == State::pending) scratch_.push_back(address);
+        });
+        for (uint64_t address : scratch_)
+            live_.erase(address);
     }
 
     // The outermost scope of `frames` accepted by `in_phase` that encloses
-    // parameter `param`'s module and lies within its numbered layer (when it
-    // has one); nullptr when there is none.
+    // `module` (a parameter's) and lies within its numbered layer
+    // `numbered` (when it has one); nullptr when there is none.
     template <class Frame, class InPhase>
-    Frame* enclosing_scope(std::vector<Frame>& frames, uint32_t param, InPhase in_phase) const {
-        const std::string_view module = text(params_.module(param));
-        const std::string_view numbered = text(params_.numbered(param));
+    Frame* enclosing_scope(std::vector<Frame>& frames, uint32_t module, uint32_t numbered,
+                           InPhase in_phase) const {
         for (Frame& f : frames) {
-            if (!in_phase(f) || f.layer == 0) continue;
-            const std::string_view scope = text(f.layer);
-            if (!layer_within(module, scope)) continue;
-            if (!numbered.empty() && !layer_within(scope, numbered)) continue;
+            if (!in_phase(f) || !scope_of(f.layer, module, numbered)) continue;
             return &f;
         }
         return nullptr;
     }
+    template <class Frame, class InPhase>
+    Frame* enclosing_scope(std::vector<Frame>& frames, uint32_t param, InPhase in_phase) const {
+        return enclosing_scope(frames, params_.module(param), params_.numbered(param), in_phase);
+    }
+    // Whether a scope of layer `scope` encloses `module` within its numbered
+    // layer `numbered` (0: none).
+    bool scope_of(uint32_t scope, uint32_t module, uint32_t numbered) const {
+        if (scope == 0) return false;
+        const std::string_view s = text(scope);
+        if (!layer_within(text(module), s)) return false;
+        return numbered == 0 || layer_within(s, text(numbered));
+    }
+    // The layer a proven allocation is attributed to outside any scope of
+    // it: the parameter's numbered layer, else its module.
+    static uint32_t param_layer(const Proven& p) { return p.numbered != 0 ? p.numbered : p.module; }
 
     // The phase window closed: each of `candidates` (address, seq, module,
-    // data) still alive is retained, passed to keep(candidate, evidence);
-    // scale-sized ones only in a module that retains a data-sized one too. A
-    // scale belongs to a quantized form: small allocations of scale sizes
-    // kept without one (a bias's gradient accumulated across micro-batches
-    // has such a size) are not weight-derived.
+    // data) still alive and not proven since is retained, passed to
+    // keep(candidate, evidence); scale-sized ones only in a module that
+    // retains a data-sized one too. A scale belongs to a quantized form:
+    // small allocations of scale sizes kept without one (a bias's gradient
+    // accumulated across micro-batches has such a size) are not
+    // weight-derived.
     template <class Candidate, class Keep>
     void retain_alive(const std::vector<Candidate>& candidates, Keep keep) {
-        // The candidate's record while the allocation is alive, else nullptr.
-        auto alive = [&](const Candidate& c) -> const Record* {
-            const Record* r = live_.find(c.address);
-            return r && r->seq == c.seq ? r : nullptr;
-        };
         std::vector<uint32_t> data_modules;
         for (const Candidate& c : candidates) {
-            if (c.data && alive(c)) data_modules.push_back(c.module);
+            if (c.data && alive(c.address, c.seq)) data_modules.push_back(c.module);
         }
         std::sort(data_modules.begin(), data_modules.end());
         for (const Candidate& c : candidates) {
-            const Record* found = alive(c);
-            if (!found) continue;
+            Record* r = alive(c.address, c.seq);
+            if (!r || r->state != State::candidate) continue;  // freed, or proven: judged apart
             if (!std::binary_search(data_modules.begin(), data_modules.end(), c.module)) {
                 live_.erase(c.address);  // not derived after all; stop following it
                 continue;
             }
-            const Record& r = *found;
-            keep(c, HeldAlloc{r.size, r.step, r.seq, r.stack_id, r.module, r.phase});
+            r->state = State::kept;
+            keep(c, held(*r));
         }
     }
 
@@ -159,26 +311,48 @@ class WeightDetector {
         return std::string(common);
     }
 
-    // Every layer's most-retaining window, as one evidence list.
-    std::vector<Evidence> all_layer_evidence(uint64_t* count) const {
-        std::vector<Evidence> out;
-        *count = 0;
-        for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            for (const HeldAlloc& h : e.evidence)
-                out.push_back(evidence(h));
-            *count += e.count;
+    // The note of a retained allocation: what it is (the derivation, or
+    // which parameter's form its size is) and `why` it is alive.
+    std::string note(const WeightHeld& h, std::string_view why) const {
+        std::string out;
+        if (h.origin.proven) {
+            const allocscope_param_v1* p = host_.param(host_.ctx, h.origin.param);
+            out = "derived from " + param_text(p);
+            if (h.origin.how != 0) out += ": " + text(h.origin.how);
+        } else if (h.origin.param != Origin::kNoParam) {
+            out = "size of " + text(params_.module(h.origin.param)) + "." +
+                  text(params_.name(h.origin.param)) + "'s " + form(h.origin, h.size) +
+                  " (size only)";
+        }
+        if (!why.empty()) {
+            if (!out.empty()) out += "; ";
+            out += why;
         }
         return out;
     }
-
-    Evidence evidence(const HeldAlloc& h) const {
-        return {h.size, text(h.layer), text(h.phase), h.step, h.alloc_seq, 0, h.stack_id};
-    }
-    std::vector<Evidence> evidence(const std::vector<HeldAlloc>& held) const {
+    std::vector<Evidence> evidence(const std::vector<WeightHeld>& held,
+                                   std::string_view why) const {
         std::vector<Evidence> out;
         out.reserve(held.size());
-        for (const HeldAlloc& h : held)
-            out.push_back(evidence(h));
+        for (const WeightHeld& h : held)
+            out.push_back({h.size, text(h.layer), text(h.phase), h.step, h.alloc_seq, 0, h.stack_id,
+                           note(h, why)});
+        return out;
+    }
+
+    // Every layer's most-retaining window of both kinds, as one evidence
+    // list; `why(layer)`: why an allocation of that layer is alive.
+    template <class Why>
+    std::vector<Evidence> all_layer_evidence(uint64_t* count, Why why) const {
+        std::vector<Evidence> out;
+        *count = 0;
+        for (const RetentionByLayer* table : {&proven_, &sized_}) {
+            for (const RetentionByLayer::Entry& e : table->entries()) {
+                for (Evidence& ev : evidence(e.evidence, why(e.layer)))
+                    out.push_back(std::move(ev));
+                *count += e.count;
+            }
+        }
         return out;
     }
 
@@ -191,26 +365,44 @@ class WeightDetector {
                                  .c_str());
     }
 
+    // At finish: a stream of forward or backward passes that registered no
+    // parameter and declared no provenance gave these detectors nothing to
+    // recognise weights by. A program that never tags a pass (any CUDA
+    // program that is not training) is not told about weights.
+    void log_if_no_params() const {
+        if (any_param_ || saw_derived_ || !saw_pass_) return;
+        host_.log(host_.ctx,
+                  "no parameters were registered, so weight-derived allocations could not be "
+                  "looked for: under allocscope run the PyTorch shim registers them (not with "
+                  "--no-python; or allocscope.torch.enable(model, optimizer)); C/C++ programs "
+                  "call allocscope_register_param()");
+    }
+
     // The baseline comparison's finding, evidence filled in and capped.
-    Finding baseline_finding(const char* phase, double excess) {
+    template <class Why>
+    Finding baseline_finding(const char* phase, double excess, Why why) {
         Finding f;
         f.severity = ALLOCSCOPE_SEVERITY_ERROR;
+        f.basis = kBaseline;
         f.phase = phase;
         f.bytes = uint64_t(std::llround(excess));
-        f.evidence = all_layer_evidence(&f.count);
+        f.evidence = all_layer_evidence(&f.count, why);
         finish_evidence(f);
         return f;
     }
 
-    // A layer's most-retaining window as a finding, without its summary.
-    Finding layer_finding(const RetentionByLayer::Entry& e, const char* phase) {
+    // A layer's most-retaining window as a finding, without its summary:
+    // an error over proven evidence, an info over size-only evidence.
+    Finding layer_finding(const RetentionByLayer::Entry& e, bool proven, const char* phase,
+                          std::string_view why) {
         Finding f;
-        f.severity = ALLOCSCOPE_SEVERITY_ERROR;
+        f.severity = proven ? ALLOCSCOPE_SEVERITY_ERROR : ALLOCSCOPE_SEVERITY_INFO;
+        f.basis = proven ? kProven : kSizeOnly;
         f.layer = text(e.layer);
         f.phase = phase;
         f.bytes = e.bytes;
         f.count = e.count;
-        f.evidence = evidence(e.evidence);
+        f.evidence = evidence(e.evidence, why);
         finish_evidence(f);
         return f;
     }
@@ -225,13 +417,65 @@ class WeightDetector {
     LevelFilter level_;
     Interner strings_;
     WeightParams params_;
+    const WeightSizeRules rules_;
     EvidenceWatch watch_;
-    RetentionByLayer retained_;
+    RetentionByLayer proven_;  // windows' proven evidence
+    RetentionByLayer sized_;   // windows' size-only evidence
     const uint32_t forward_ = strings_.intern("forward");
     const uint32_t backward_ = strings_.intern("backward");
     const uint32_t optimizer_ = strings_.intern("optimizer");
     uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
-    FlatMap<uint64_t, Record> live_;  // by address, the followed level only
+    // By address, the followed level only: allocations of the analysed
+    // phase (see State).
+    FlatMap<uint64_t, Record> live_;
+
+  private:
+    struct ParamIds {
+        uint32_t module = 0;
+        uint32_t numbered = 0;
+        bool known = false;
+    };
+    // The interned module and numbered layer of the host's parameter
+    // `index`, cached; nullptr when the host has no such parameter or it
+    // has no module.
+    const ParamIds* param_ids(uint32_t index) {
+        if (index < param_ids_.size() && param_ids_[index].known) return &param_ids_[index];
+        const allocscope_param_v1* p = host_.param(host_.ctx, index);
+        if (!p || !p->layer || !*p->layer) return nullptr;
+        if (index >= param_ids_.size()) param_ids_.resize(std::size_t(index) + 1);
+        ParamIds& ids = param_ids_[index];
+        ids.module = strings_.intern(p->layer);
+        ids.numbered = strings_.intern(numbered_layer(p->layer));
+        ids.known = true;
+        return &ids;
+    }
+    static std::string param_text(const allocscope_param_v1* p) {
+        if (!p) return "an unknown parameter";
+        std::string out = p->layer ? p->layer : "";
+        if (p->name && *p->name) out += std::string(".") + p->name;
+        return out;
+    }
+    // Which of the parameter's forms a size-matched allocation's size is.
+    const char* form(const Origin& o, uint64_t size) const {
+        if (!o.data) return "scale";
+        const uint64_t n = params_.numel(o.param);
+        auto is = [&](uint64_t raw) {
+            const uint64_t r = caching_round(raw);
+            return raw > 0 &&
+                   (size == raw || size == r ||
+                    (r > kCachingSmallSize && size > r && size - r <= kCachingSmallSize));
+        };
+        if (is(n)) return "FP8 data or transpose";
+        if (is((n + 1) / 2)) return "NVFP4 data";
+        if (rules_.bf16_copy && is(2 * n)) return "bf16 copy";
+        return "per-shard form";
+    }
+
+    std::vector<ParamIds> param_ids_;
+    std::vector<uint64_t> scratch_;
+    bool any_param_ = false;
+    bool saw_derived_ = false;
+    bool saw_pass_ = false;  // a forward or backward (sub-)phase was pushed
 };
 
 // Steps measured in baseline mode: the first is dropped as warm-up when

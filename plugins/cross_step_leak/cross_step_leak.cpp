@@ -226,7 +226,7 @@ class CrossStepLeak {
                         continue;
                     }
                     v.found[g].push_back(
-                        {l->size, l->layer, l->phase, l->step, l->alloc_seq, 0, l->stack_id});
+                        {l->size, l->layer, l->phase, l->step, l->alloc_seq, 0, l->stack_id, ""});
                 }
                 return 0;
             },

@@ -276,7 +276,7 @@ class PeakOwner {
                         ") in " + std::to_string(g.peak_count) + " allocations";
             for (const Allocation& a : g.peak_top) {
                 f.evidence.push_back({a.size, strings_.text(a.layer), strings_.text(a.phase),
-                                      a.step, a.seq, 0, a.stack});
+                                      a.step, a.seq, 0, a.stack, ""});
             }
             watch_.fill(f.evidence);
             emit(host_, f);

@@ -373,7 +373,7 @@ class PhaseRetention {
         for (std::size_t i = 0; i < n; ++i) {
             const Record& r = *s.records.find(by_size[i].second);
             out.push_back({r.size, strings_.text(r.layer), strings_.text(r.phase), r.step,
-                           by_size[i].second, 0, r.stack});
+                           by_size[i].second, 0, r.stack, ""});
         }
         return out;
     }

@@ -3,18 +3,28 @@
 // FSDP2 with quantized parameters, problem 2 of
 // docs/TE-FSDP2-FP8-MEMORY.md). Rules and options: plugins/README.md.
 //
-// Baseline-free: an allocation made in backward under a parameter's module
-// (or a sub-module) whose size is one of that parameter's FP8-family
-// weight-derived sizes, full or per shard (common/plugin.h,
-// weight_derived_sizes; no bf16 2·numel size: in backward that is the
-// weight's gradient) is a candidate of the backward it was made in. The
-// backward ends at the first push of an optimizer-phase scope after it, the
-// next forward-phase push, or the step change; the candidates still alive
-// then are retained (a scale-sized one only when its module also keeps a
-// data-sized one), per layer: the outermost backward scope on the
-// allocating thread that encloses the parameter's module within its
-// numbered layer. Per layer the backward that retained the most is
-// reported (max over steps).
+// Baseline-free, two kinds of evidence (common/weights.h). The backward
+// ends at the first push of an optimizer-phase scope after it, the next
+// forward-phase push, or the step change; what is still alive then is
+// retained, per layer: the outermost backward scope on the allocating
+// thread that encloses the parameter's module within its numbered layer,
+// else the numbered layer.
+// * proven: an allocation made in backward (any backward sub-phase, e.g.
+//   backward/all_gather, or an untagged thread during backward) that a
+//   DERIVED event declares derived from a registered parameter, whatever
+//   its tag and size; it belongs to its parameter's layer (the scope above
+//   on the allocating thread when the declaration comes). Errors come from
+//   these only.
+// * size-only: an allocation made in backward under a parameter's module
+//   (or a sub-module) whose size is one of that parameter's FP8-family
+//   weight-derived sizes, full or per shard (common/plugin.h,
+//   weight_derived_sizes; no bf16 2·numel size: in backward that is the
+//   weight's gradient), with no provenance; a scale-sized one only when its
+//   module also keeps a data-sized one. Sizes alone are ambiguous (a
+//   sharded bf16 gradient is an FP8 transpose in bytes): info findings
+//   only.
+// Per layer and kind the backward that retained the most is reported (max
+// over steps).
 //
 // Baseline mode: the reference test's (allocated after backward) −
 // (allocated after forward), run minus baseline, against backward_threshold.
@@ -53,6 +63,7 @@ class TransposeCacheRetention final : public WeightDetector {
     void finish() {
         // A backward the stream ends in is not judged: nothing shows that
         // it was over.
+        log_if_no_params();
         if (host_.has_baseline && emit_baseline_comparison()) return;
         emit_per_layer();
     }
@@ -94,6 +105,7 @@ class TransposeCacheRetention final : public WeightDetector {
         threads_.clear();
         live_.clear();
         window_.clear();
+        proven_window_.clear();
         in_backward_ = false;
         level_.reset();
         source_ = source;
@@ -105,17 +117,33 @@ class TransposeCacheRetention final : public WeightDetector {
         if (switched) {
             live_.clear();
             window_.clear();
+            proven_window_.clear();
         }
         if (!analyzing()) return;
-        uint32_t module = 0;
-        const std::optional<WeightParams::Match> m = match_alloc(e, backward_, &module);
-        if (!m) return;
+        live_.erase(e.address);  // a record left at this address is stale (missed free)
+        const bool tagged = base_phase(e.phase) == backward_;
+        // Untagged: another thread's work while backward runs.
+        if (!tagged && !(in_backward_ && strings_.tag(e.phase) == 0)) return;
         if (!in_backward_) {  // the stream began inside backward: no push opened it
             in_backward_ = true;
             backward_step_ = e.step;
         }
-        window_.push_back({e.address, e.seq, layer_of(e.tid, m->param), module, m->data});
-        follow(e, module);
+        const uint32_t module = strings_.tag(e.layer);
+        std::optional<WeightParams::Match> m;
+        if (tagged && module != 0) m = params_.match(module, e.size);
+        if (m) {
+            window_.push_back(
+                {e.address, e.seq,
+                 layer_of(e.tid, params_.module(m->param), params_.numbered(m->param)), module,
+                 m->data});
+        }
+        record(e, module, m);
+    }
+
+    // Attributed now: the allocating thread's scopes are those it was made
+    // under (the declaration follows the allocation).
+    void on_proven(const Proven& p) override {
+        proven_window_.push_back({p.address, p.seq, layer_of(p.tid, p.module, p.numbered)});
     }
 
     void on_push(const allocscope_event_v1& e) override {
@@ -154,19 +182,18 @@ class TransposeCacheRetention final : public WeightDetector {
         it->second.frames.pop_back();
     }
 
-    // The layer whose backward made an allocation derived from `param`: the
-    // outermost backward scope on the thread that encloses the parameter's
-    // module within its numbered layer; without one, the numbered layer (or
-    // the module itself).
-    uint32_t layer_of(uint32_t tid, uint32_t param) {
+    // The layer whose backward made an allocation derived from a parameter
+    // of `module` (numbered layer `numbered`): the outermost backward scope
+    // on the thread that encloses the module within its numbered layer;
+    // without one, the numbered layer (or the module itself).
+    uint32_t layer_of(uint32_t tid, uint32_t module, uint32_t numbered) {
         auto it = threads_.find(tid);
         if (it != threads_.end()) {
-            const Frame* f = enclosing_scope(it->second.frames, param,
+            const Frame* f = enclosing_scope(it->second.frames, module, numbered,
                                              [](const Frame& g) { return g.backward; });
             if (f) return f->layer;
         }
-        const uint32_t numbered = params_.numbered(param);
-        return text(numbered).empty() ? params_.module(param) : numbered;
+        return numbered != 0 ? numbered : module;
     }
 
     // The end of backward for the baseline comparison: the first optimizer
@@ -179,22 +206,44 @@ class TransposeCacheRetention final : public WeightDetector {
         measuring_ = false;
     }
 
-    // Backward is over: candidates still alive are retained (scale-sized
-    // ones only where their module keeps a data-sized one of this backward).
+    // Backward is over: proven allocations still alive are retained, and
+    // size-matched candidates (scale-sized ones only where their module
+    // keeps a data-sized one of this backward); records of backward nothing
+    // was learnt about are dropped.
     void end_backward() {
         if (!in_backward_) return;
         in_backward_ = false;
-        std::vector<uint32_t> order;  // layers in the order they retained
-        std::unordered_map<uint32_t, std::vector<HeldAlloc>> by_layer;
-        retain_alive(window_, [&](const Candidate& c, HeldAlloc ev) {
-            auto [slot, inserted] = by_layer.try_emplace(c.layer);
-            if (inserted) order.push_back(c.layer);
-            slot->second.push_back(std::move(ev));
-        });
+        Grouped proven;
+        for (const ProvenCandidate& p : proven_window_) {
+            Record* r = alive(p.address, p.seq);
+            if (!r) continue;
+            r->state = State::kept;
+            proven.add(p.layer, held(*r));
+        }
+        proven_window_.clear();
+        Grouped sized;
+        retain_alive(window_, [&](const Candidate& c, WeightHeld ev) { sized.add(c.layer, ev); });
         window_.clear();
-        for (uint32_t layer : order)
-            retained_.record(layer, backward_step_, std::move(by_layer[layer]));
+        dismiss_pending();
+        proven.record(proven_, backward_step_);
+        sized.record(sized_, backward_step_);
     }
+
+    // One backward's retained allocations by layer, layers in the order
+    // they retained.
+    struct Grouped {
+        std::vector<uint32_t> order;
+        std::unordered_map<uint32_t, std::vector<WeightHeld>> by_layer;
+        void add(uint32_t layer, WeightHeld h) {
+            auto [slot, inserted] = by_layer.try_emplace(layer);
+            if (inserted) order.push_back(layer);
+            slot->second.push_back(std::move(h));
+        }
+        void record(RetentionByLayer& table, uint64_t step) {
+            for (uint32_t layer : order)
+                table.record(layer, step, std::move(by_layer[layer]));
+        }
+    };
 
     // Mean over the steps after the first (the warm-up) of after_backward −
     // after_forward.
@@ -225,10 +274,15 @@ class TransposeCacheRetention final : public WeightDetector {
         }
         const double excess = r->bytes - b->bytes;
         if (!(excess > double(threshold_))) return true;
-        Finding f = baseline_finding("backward", excess);
+        Finding f = baseline_finding("backward", excess,
+                                     [](uint32_t) { return std::string("alive after backward"); });
         std::vector<uint32_t> layers;
-        for (const RetentionByLayer::Entry& e : retained_.entries())
-            layers.push_back(e.layer);
+        for (const RetentionByLayer* table : {&proven_, &sized_}) {
+            for (const RetentionByLayer::Entry& e : table->entries())
+                layers.push_back(e.layer);
+        }
+        std::sort(layers.begin(), layers.end());
+        layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
         f.layer = common_layer(layers);
         auto describe = [](const Mean& m, const char* what) {
             return format_signed_bytes(m.bytes) + " (" + what + ", " +
@@ -249,16 +303,31 @@ class TransposeCacheRetention final : public WeightDetector {
     }
 
     void emit_per_layer() {
-        for (const RetentionByLayer::Entry& e : retained_.entries()) {
-            Finding f = layer_finding(e, "backward");
-            f.summary = format_bytes(e.bytes) + " of weight-derived allocations (" +
-                        std::to_string(e.count) +
-                        ": column-wise/transposed forms or scales) made in " + f.layer +
+        for (const RetentionByLayer::Entry& e : proven_.entries()) {
+            Finding f = layer_finding(e, true, "backward", "alive after backward");
+            f.summary = format_bytes(e.bytes) + " of allocations derived from " + f.layer +
+                        "'s weights (" + std::to_string(e.count) + ") made in " + f.layer +
                         "'s backward are alive after backward ended (step " +
-                        std::to_string(e.step) + "; retained after " + std::to_string(e.windows) +
-                        (e.windows == 1 ? " backward)" : " backwards)");
+                        std::to_string(e.step) + "; " + retained_after(e) + ")";
             emit(host_, f);
         }
+        for (const RetentionByLayer::Entry& e : sized_.entries()) {
+            Finding f = layer_finding(e, false, "backward", "alive after backward");
+            f.summary =
+                format_bytes(e.bytes) + " in " + std::to_string(e.count) +
+                " allocations whose sizes match column-wise/transposed forms or scales of " +
+                f.layer + "'s weights are alive after backward ended (step " +
+                std::to_string(e.step) + "; " + retained_after(e) +
+                "); size alone does not show they are weight-derived (a sharded bf16 "
+                "gradient has an FP8 transpose's size): " +
+                kHowToSettle;
+            emit(host_, f);
+        }
+    }
+
+    static std::string retained_after(const RetentionByLayer::Entry& e) {
+        return "retained after " + std::to_string(e.windows) +
+               (e.windows == 1 ? " backward" : " backwards");
     }
 
     struct Thread {
@@ -266,7 +335,14 @@ class TransposeCacheRetention final : public WeightDetector {
         uint32_t open_backward = 0;
     };
     std::unordered_map<uint32_t, Thread> threads_;
-    std::vector<Candidate> window_;  // candidates of the backward in progress
+    // A proven allocation of the backward in progress and its layer.
+    struct ProvenCandidate {
+        uint64_t address;
+        uint64_t seq;
+        uint32_t layer;
+    };
+    std::vector<Candidate> window_;  // size-matched candidates of the backward in progress
+    std::vector<ProvenCandidate> proven_window_;
     bool in_backward_ = false;
     uint64_t backward_step_ = 0;
 
@@ -285,4 +361,5 @@ ALLOCSCOPE_DEFINE_PLUGIN(
     ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) | ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
-        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM));
+        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED));

@@ -18,6 +18,11 @@
 //   * baseline mode: run(baseline, run) sets has_baseline and delivers the
 //     baseline stream (source BASELINE) first, then the run's (RUN), each
 //     with its own live table and tags; params stay registered across;
+//   * DERIVED events name a parameter the same stream registered earlier
+//     (Stream::derived); param_index is that registration's host index, as
+//     core/plugin_host.cpp maps a trace's parameter indices;
+//   * findings' appended fields (basis, evidence notes) read when the
+//     plugin's struct_size covers them;
 //   * options ("<key>" of this plugin), rank and world size, findings (copied,
 //     with plugin name and rank) and log lines collected;
 //   * a call that fails disables the plugin: nothing more is delivered,
@@ -124,7 +129,8 @@ struct StreamEvent {
     uint32_t stack = 0;
     std::string layer;
     std::string phase;
-    std::string text;  // MARK
+    std::string text;           // MARK: the note; DERIVED: how
+    uint32_t stream_param = 0;  // DERIVED: the stream's registration (0, 1, ... in order)
     // PARAM
     std::string param_layer;
     std::string param_name;
@@ -187,6 +193,21 @@ class Stream {
         e.numel = numel;
         e.sharded_numel = sharded_numel;
         e.dtype = dtype;
+        registered_[layer + '\n' + name] = params_++;
+        return add(std::move(e));
+    }
+    // Provenance: the allocation at `address` holds bytes computed from
+    // parameter (layer, name), which this stream registered earlier (its
+    // latest registration); `how` as allocscope_derived() takes it.
+    uint64_t derived(uint64_t address, const std::string& layer, const std::string& name,
+                     const std::string& how = "", uint32_t tid = 1) {
+        auto it = registered_.find(layer + '\n' + name);
+        if (it == registered_.end())
+            throw std::logic_error("derived: " + layer + "." + name + " not registered");
+        StreamEvent e = event(ALLOCSCOPE_EVENT_DERIVED, tid);
+        e.address = address;
+        e.stream_param = it->second;
+        e.text = how;
         return add(std::move(e));
     }
     uint64_t mark(const std::string& text, uint32_t tid = 1) {
@@ -228,6 +249,8 @@ class Stream {
     std::vector<StreamEvent> events_;
     std::unordered_map<uint32_t, std::vector<Tag>> tags_;
     std::map<std::string, uint32_t> stacks_;
+    std::map<std::string, uint32_t> registered_;  // "layer\nname" -> registration
+    uint32_t params_ = 0;
     uint64_t step_ = 0;
 };
 
@@ -239,6 +262,7 @@ struct CollectedEvidence {
     uint64_t alloc_seq = 0;
     uint64_t free_seq = 0;
     uint32_t stack_id = 0;
+    std::string note;
 };
 
 struct CollectedFinding {
@@ -251,6 +275,7 @@ struct CollectedFinding {
     uint64_t count = 0;
     std::string summary;
     std::vector<CollectedEvidence> evidence;
+    std::string basis;
 };
 
 class Driver {
@@ -362,6 +387,7 @@ class Driver {
 
     void deliver(void* state, const Stream& stream, uint32_t source) {
         live_.clear();
+        std::vector<uint32_t> host_index;  // the stream's registrations -> params_ indices
         uint64_t step = 0;
         for (const StreamEvent& s : stream.events()) {
             if (!failed_.empty()) return;
@@ -412,6 +438,9 @@ class Driver {
                 p.view = {p.layer.c_str(), p.name.c_str(), s.numel, s.sharded_numel,
                           p.dtype.c_str()};
                 e.param_index = uint32_t(params_.size() - 1);
+                host_index.push_back(e.param_index);
+            } else if (s.kind == ALLOCSCOPE_EVENT_DERIVED) {
+                e.param_index = host_index.at(s.stream_param);
             }
             if (!(plugin_.event_mask & ALLOCSCOPE_EVENT_BIT(s.kind))) continue;
             if (plugin_.on_event(state, &e) != ALLOCSCOPE_PLUGIN_OK) failed_ = "on_event";
@@ -429,10 +458,14 @@ class Driver {
         c.bytes = f.bytes;
         c.count = f.count;
         c.summary = f.summary ? f.summary : "";
+        const bool extended = f.struct_size >= sizeof(allocscope_finding_v1);
+        const char* const* notes = extended ? f.evidence_notes : nullptr;
+        if (extended && f.basis) c.basis = f.basis;
         for (size_t i = 0; i < f.evidence_count; ++i) {
             const allocscope_evidence_v1& e = f.evidence[i];
             c.evidence.push_back({e.size, e.layer ? e.layer : "", e.phase ? e.phase : "", e.step,
-                                  e.alloc_seq, e.free_seq, e.stack_id});
+                                  e.alloc_seq, e.free_seq, e.stack_id,
+                                  notes && notes[i] ? notes[i] : ""});
         }
         findings_.push_back(std::move(c));
     }

@@ -67,6 +67,7 @@ struct Shape {
     bool pytorch = false;       // module-hook nesting on an autograd thread
     uint32_t backward_tid = 1;  // autograd's thread
     bool params = true;
+    bool provenance = true;        // DERIVED events for the forms (with params)
     bool optimizer = true;         // an optimizer scope ends each step
     uint64_t warmup_extra = 0;     // bytes step 1's backward allocates and keeps
     bool grads_in_module = false;  // bf16 weight gradients tagged with the module, kept
@@ -182,6 +183,8 @@ class Run {
                      columnwise(shape_.recipe, w.rows, w.cols, shape_.sharded, kWorld)) {
                     const uint64_t a = take();
                     const uint64_t seq = s.alloc(a, round512(b), tid);
+                    if (shape_.params && shape_.provenance)
+                        s.derived(a, m, "weight", "transpose", tid);
                     if (shape_.seed) {
                         retained_[size_t(i)].push_back(a);
                         alloc_seq_[a] = seq;
@@ -261,7 +264,8 @@ TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
-                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM)));
+                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED)));
 }
 
 TEST_CASE("retained sizes of the reference model, as the TE doc derives them") {
@@ -301,6 +305,7 @@ TEST_CASE("seed-like column-wise forms kept past backward: one finding per layer
             REQUIRE(f != nullptr);
             CHECK(f->plugin == "transpose-cache-retention");
             CHECK(f->severity == ALLOCSCOPE_SEVERITY_ERROR);
+            CHECK(f->basis == "proven");
             CHECK(f->phase == "backward");
             CHECK(f->bytes == c.per_layer);
             CHECK(f->count == c.allocations);
@@ -312,6 +317,8 @@ TEST_CASE("seed-like column-wise forms kept past backward: one finding per layer
                 CHECK(e.layer.rfind(run.layer(i) + ".", 0) == 0);
                 // Freed in the layer's forward of the next step.
                 CHECK(e.free_seq == run.free_of(e.alloc_seq));
+                CHECK(e.note ==
+                      "derived from " + e.layer + ".weight: transpose; alive after backward");
             }
             CHECK(seqs == run.kept(1, i));
             CHECK(f->summary.find("retained after 3 backwards") != std::string::npos);
@@ -353,7 +360,9 @@ TEST_CASE("where backward ends") {
         s.push("layers.0", "backward");
         s.push("layers.0.attn.qkv", "backward/transpose");
         s.alloc(0x100000, 196608);
+        s.derived(0x100000, "layers.0.attn.qkv", "weight");
         s.alloc(0x200000, 512);  // a scale next to it
+        s.derived(0x200000, "layers.0.attn.qkv", "weight");
         s.pop();
         s.pop();
         after_backward(s);
@@ -366,6 +375,7 @@ TEST_CASE("where backward ends") {
             s.pop();
         }));
         REQUIRE(d.findings.size() == 1);
+        CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_ERROR);
         CHECK(d.findings[0].layer == "layers.0");
         CHECK(d.findings[0].bytes == 196608 + 512);
         CHECK(d.findings[0].count == 2);
@@ -412,6 +422,7 @@ TEST_CASE("activation recomputation inside backward does not end backward") {
     s.push("layers.1", "backward", 2);
     s.push("layers.1.attn.qkv", "backward/transpose", 2);
     s.alloc(0x100000, 196608, 2);
+    s.derived(0x100000, "layers.1.attn.qkv", "weight", "", 2);
     s.pop(2);
     s.pop(2);
     s.push("layers.0", "backward", 2);
@@ -498,6 +509,7 @@ TEST_CASE("a kept bias gradient beside a kept column-wise form is the bias's, no
     auto retained = [](const Stream& s) {
         const Outcome d = drive(s);
         REQUIRE(d.findings.size() == 1);
+        CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_INFO);  // sizes only
         CHECK(d.findings[0].layer == "layers.0");
         return d.findings[0].bytes;
     };
@@ -568,14 +580,20 @@ TEST_CASE("PyTorch-style nesting: attributed to the numbered layer, not the mode
     CHECK(f->evidence[0].layer == "model.layers.1.attn.qkv");
 }
 
-TEST_CASE("missing PARAM events: no findings, no errors") {
+TEST_CASE("no registered parameters: one log line, no findings") {
     Shape shape;
     shape.params = false;
     Run run(shape);
     const Outcome d = drive(run.build());
     CHECK(d.findings.empty());
-    CHECK(d.logs.empty());
     CHECK(d.failed_call.empty());
+    REQUIRE(d.logs.size() == 1);
+    CHECK(d.logs[0].find("no parameters were registered") != std::string::npos);
+    CHECK(d.logs[0].find("allocscope_register_param()") != std::string::npos);
+
+    Stream registered;  // registered parameters, nothing else: nothing to say
+    registered.param("layers.0.attn.qkv", "weight", 196608, 98304);
+    CHECK(drive(registered).logs.empty());
 }
 
 TEST_CASE("shard-sized forms: from sharded_numel, else from the world size") {
@@ -619,6 +637,7 @@ TEST_CASE("baseline mode: post-backward minus post-forward, run minus baseline")
         REQUIRE(d.findings.size() == 1);
         const CollectedFinding& f = d.findings[0];
         CHECK(f.severity == ALLOCSCOPE_SEVERITY_ERROR);
+        CHECK(f.basis == "baseline");
         CHECK(f.phase == "backward");
         CHECK(f.layer == "layers");
         CHECK(f.bytes == 4 * 786432);
@@ -697,4 +716,134 @@ TEST_CASE("a bad option value disables the plugin with a message") {
         CHECK(d.logs[0].find(key) != std::string::npos);
         CHECK(d.findings.empty());
     }
+}
+
+// ---- Evidence levels: proven (DERIVED events) and size-only ----
+
+namespace {
+
+bool any_warning_or_error(const Outcome& d) {
+    for (const CollectedFinding& f : d.findings) {
+        if (f.severity >= ALLOCSCOPE_SEVERITY_WARNING) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a size-matched form without provenance is only an info finding and says how to settle it") {
+    Shape shape;
+    shape.provenance = false;
+    Run run(shape);
+    const Outcome d = drive(run.build());
+    CHECK_FALSE(any_warning_or_error(d));
+    REQUIRE(d.findings.size() == 4);
+    for (int i = 0; i < 4; ++i) {
+        const CollectedFinding* f = find_layer(d, run.layer(i));
+        REQUIRE(f != nullptr);
+        CHECK(f->severity == ALLOCSCOPE_SEVERITY_INFO);
+        CHECK(f->basis == "size-only");
+        CHECK(f->bytes == 786432);  // what the proven run reports as an error
+        CHECK(f->summary.find("size alone does not show") != std::string::npos);
+        CHECK(f->summary.find("allocscope diff BASE CAND") != std::string::npos);
+        CHECK(f->summary.find("--provenance") != std::string::npos);
+        REQUIRE(f->evidence.size() == 4);
+        CHECK(f->evidence[0].note == "size of " + run.layer(i) +
+                                         ".attn.qkv.weight's FP8 data or transpose (size only); "
+                                         "alive after backward");
+    }
+}
+
+TEST_CASE("a sharded bf16 gradient whose bytes equal an FP8 transpose gives no warning or error") {
+    // Two ranks: fc1's bf16 gradient shard (numel/2 elements) is numel
+    // bytes, the size of its FP8 transpose, and lives until the optimizer.
+    Stream s;
+    s.param("layers.0.mlp.fc1", "weight", 262144, 131072);
+    s.step(1);
+    s.push("layers.0", "backward");
+    s.push("layers.0.mlp.fc1", "backward");
+    s.alloc(0x100000, 2 * 131072);
+    s.pop();
+    s.pop();
+    s.push("optimizer", "optimizer");
+    s.free(0x100000);
+    s.pop();
+    const Outcome d = drive(s);
+    CHECK_FALSE(any_warning_or_error(d));
+    REQUIRE(d.findings.size() == 1);
+    CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_INFO);
+}
+
+TEST_CASE("a proven transpose built in backward/all_gather outside the GEMM module is found") {
+    // Tagged with the layer (FSDP's range), not the GEMM module: no
+    // parameter's module encloses the tag, so no size could match.
+    Stream s;
+    s.param("layers.1.attn.qkv", "weight", 196608, 98304);
+    s.step(1);
+    s.push("layers.1", "backward", 3);
+    s.push(nullptr, "backward/all_gather", 3);
+    const uint64_t form = s.alloc(0x100000, 196608, 3);
+    s.derived(0x100000, "layers.1.attn.qkv", "weight", "all_gather -> transpose", 3);
+    s.alloc(0x200000, 196608, 3);  // the same size, not declared: nothing
+    s.pop(3);
+    s.pop(3);
+    s.push("optimizer", "optimizer");
+    s.pop();
+    const Outcome d = drive(s);
+    REQUIRE(d.findings.size() == 1);
+    const CollectedFinding& f = d.findings[0];
+    CHECK(f.severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(f.basis == "proven");
+    CHECK(f.layer == "layers.1");
+    CHECK(f.bytes == 196608);
+    REQUIRE(f.evidence.size() == 1);
+    CHECK(f.evidence[0].alloc_seq == form);
+    CHECK(f.evidence[0].phase == "backward/all_gather");
+    CHECK(f.evidence[0].note ==
+          "derived from layers.1.attn.qkv.weight: all_gather -> transpose; alive after backward");
+}
+
+TEST_CASE(
+    "a proven form made by an untagged thread during backward belongs to its parameter's "
+    "layer") {
+    Stream s;
+    s.param("model.layers.2.mlp.fc2", "weight", 262144, 131072);
+    s.step(1);
+    s.push("model.layers.2", "backward");
+    s.alloc(0x100000, 777, 4);  // thread 4: no tag; an unusual size
+    s.derived(0x100000, "model.layers.2.mlp.fc2", "weight", "", 4);
+    s.pop();
+    s.push("optimizer", "optimizer");
+    s.pop();
+    const Outcome d = drive(s);
+    REQUIRE(d.findings.size() == 1);
+    CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(d.findings[0].layer == "model.layers.2");
+    CHECK(d.findings[0].bytes == 777);
+    CHECK(d.findings[0].evidence[0].note ==
+          "derived from model.layers.2.mlp.fc2.weight; alive after backward");
+}
+
+TEST_CASE(
+    "provenance of an earlier allocation at the same address does not carry over to a new "
+    "allocation") {
+    auto stream = [](bool free_first) {
+        Stream s;
+        s.param("layers.0.attn.qkv", "weight", 196608, 98304);
+        s.step(1);
+        s.push("layers.0", "backward");
+        s.push("layers.0.attn.qkv", "backward/transpose");
+        s.alloc(0x100000, 4000);
+        s.derived(0x100000, "layers.0.attn.qkv", "weight");
+        if (free_first) s.free(0x100000);  // else a missed free
+        s.alloc(0x100000, 4000);           // a new allocation at the address, not declared
+        s.pop();
+        s.pop();
+        s.push("optimizer", "optimizer");
+        s.pop();
+        return s;
+    };
+    CHECK(drive(stream(true)).findings.empty());
+    CHECK(drive(stream(false)).findings.empty());
 }

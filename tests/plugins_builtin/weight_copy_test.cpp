@@ -98,6 +98,7 @@ struct Shape {
     std::string prefix;         // "model." for a named model root
     bool pytorch = false;       // module-hook nesting instead of the harness's tags
     bool params = true;         // PARAM events
+    bool provenance = true;     // DERIVED events for the copies (with params)
     uint32_t backward_tid = 1;  // the thread that frees the copies (autograd's)
     uint64_t warmup_extra = 0;  // bytes step 1 allocates in layer 0's forward and keeps
 };
@@ -179,6 +180,8 @@ class Run {
                 for (size_t b = 0; b < bufs.size(); ++b) {
                     const uint64_t a = take();
                     const uint64_t seq = s.alloc(a, size(bufs[b]));
+                    if (shape_.params && shape_.provenance)
+                        s.derived(a, module(i, w), "weight", "quantize");
                     if (shape_.seed) {
                         copies[size_t(i)].push_back(a);
                         kept_[{int(step), i}].push_back(seq);
@@ -262,7 +265,8 @@ TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
-                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM)));
+                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED)));
 }
 
 TEST_CASE("per-layer copy sizes of the reference model, as the TE doc derives them") {
@@ -302,6 +306,7 @@ TEST_CASE("seed-like copies kept until backward: one finding per layer and the t
             const CollectedFinding& f = *layers[size_t(i)];
             CHECK(f.plugin == "weight-copy-accumulation");
             CHECK(f.severity == ALLOCSCOPE_SEVERITY_ERROR);
+            CHECK(f.basis == "proven");
             CHECK(f.layer == run.layer(i));
             CHECK(f.phase == "forward");
             CHECK(f.bytes == c.per_layer);
@@ -317,6 +322,9 @@ TEST_CASE("seed-like copies kept until backward: one finding per layer and the t
                 CHECK(e.layer.rfind(run.layer(i) + ".", 0) == 0);
                 CHECK(e.stack_id != 0);
                 CHECK(e.free_seq > e.alloc_seq);  // freed in that step's backward
+                CHECK(e.note.rfind("derived from " + e.layer + ".weight: quantize; alive after " +
+                                       run.layer(i) + "'s forward",
+                                   0) == 0);
             }
             CHECK(seqs == run.kept(1, i));
             CHECK(evidence_bytes == c.per_layer);
@@ -325,6 +333,7 @@ TEST_CASE("seed-like copies kept until backward: one finding per layer and the t
         const CollectedFinding* t = total(d);
         REQUIRE(t != nullptr);
         CHECK(t->severity == ALLOCSCOPE_SEVERITY_ERROR);
+        CHECK(t->basis == "proven");
         CHECK(t->bytes == 4 * c.per_layer);
         CHECK(t->count == 4 * c.allocations);
         CHECK(t->layer == "layers");
@@ -335,6 +344,7 @@ TEST_CASE("seed-like copies kept until backward: one finding per layer and the t
 TEST_CASE("raw (unrounded) sizes are matched too") {
     Shape shape;
     shape.rounded = false;
+    shape.provenance = false;
     Run run(shape);
     const Outcome d = drive(run.build());
     const auto layers = per_layer(d);
@@ -342,9 +352,11 @@ TEST_CASE("raw (unrounded) sizes are matched too") {
     // 4 × (4 B scale_inv + data + transpose)
     CHECK(layers[0]->bytes == 4 * 4 + 2 * 786432);
     CHECK(layers[0]->count == 12);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_INFO);
 
     Shape nv;
     nv.rounded = false;
+    nv.provenance = false;
     nv.recipe = Recipe::nvfp4;
     Run run_nv(nv);
     const Outcome d_nv = drive(run_nv.build());
@@ -402,6 +414,7 @@ TEST_CASE("the outermost forward scope judges: PyTorch-style nesting") {
         s.push("layers.0.mlp", "forward");
         s.push("layers.0.mlp.fc1", "forward");
         s.alloc(0x1000000, 262144);
+        s.derived(0x1000000, "layers.0.mlp.fc1", "weight");  // proven or not: the same
         s.alloc(0x2000000, 262144);
         s.pop();
         s.free(0x1000000);  // in layers.0.mlp: still inside layers.0's forward
@@ -422,8 +435,11 @@ TEST_CASE("activation recomputation (a forward scope inside backward) is not a l
     s.push("layers.0", "forward", 2);  // checkpointed layer re-run by autograd
     s.push("layers.0.attn.qkv", "forward/quantize", 2);
     s.alloc(0x100000, 196608, 2);
+    s.derived(0x100000, "layers.0.attn.qkv", "weight", "", 2);
+    s.alloc(0x200000, 196608, 2);  // size-matched only
     s.pop(2);
-    s.pop(2);  // the copy outlives the recomputed forward, until dgrad
+    s.pop(2);  // the copies outlive the recomputed forward, until dgrad
+    s.free(0x200000, 2);
     s.free(0x100000, 2);
     s.pop(2);
     const Outcome d = drive(s);
@@ -452,6 +468,7 @@ TEST_CASE("scale-sized allocations count only next to a data-sized one of the sa
     const Outcome d = drive(s);
     const auto layers = per_layer(d);
     REQUIRE(layers.size() == 1);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_INFO);  // sizes only
     CHECK(layers[0]->bytes == 512 + 196608);
     CHECK(layers[0]->count == 2);
     REQUIRE(layers[0]->evidence.size() == 2);
@@ -582,14 +599,30 @@ TEST_CASE("untagged allocations and allocations outside forward are ignored") {
     CHECK(d.findings.empty());
 }
 
-TEST_CASE("missing PARAM events: no findings, no errors") {
+TEST_CASE("no registered parameters: one log line, no findings") {
     Shape shape;
     shape.params = false;
     Run run(shape);
     const Outcome d = drive(run.build());
     CHECK(d.findings.empty());
-    CHECK(d.logs.empty());
     CHECK(d.failed_call.empty());
+    REQUIRE(d.logs.size() == 1);
+    CHECK(d.logs[0].find("no parameters were registered") != std::string::npos);
+    CHECK(d.logs[0].find("allocscope_register_param()") != std::string::npos);
+    CHECK(d.logs[0].find("PyTorch shim") != std::string::npos);
+
+    // Registered parameters, nothing else: nothing to say.
+    Stream registered;
+    registered.param("layers.0.attn.qkv", "weight", 196608, 98304);
+    CHECK(drive(registered).logs.empty());
+
+    // A program that never runs a forward or backward pass (any CUDA
+    // program that is not training) is not told about weights.
+    Stream untrained;
+    untrained.push("io", "load");
+    untrained.alloc(0x1000, 4096);
+    untrained.pop();
+    CHECK(drive(untrained).logs.empty());
 }
 
 TEST_CASE("params registered in the baseline's stream serve the run's") {
@@ -605,6 +638,8 @@ TEST_CASE("params registered in the baseline's stream serve the run's") {
     REQUIRE(d.findings.size() == 1);
     CHECK(d.findings[0].bytes == 1574912);
     CHECK(d.findings[0].count == 4 * 12);
+    CHECK(d.findings[0].basis == "baseline");
+    CHECK(d.logs.empty());
 }
 
 TEST_CASE("each layer is reported once, from the step that retained the most") {
@@ -683,6 +718,7 @@ TEST_CASE("baseline mode: the reference test's per-layer forward increment") {
         REQUIRE(d.findings.size() == 1);
         const CollectedFinding& f = d.findings[0];
         CHECK(f.severity == ALLOCSCOPE_SEVERITY_ERROR);
+        CHECK(f.basis == "baseline");
         CHECK(f.layer == "layers");
         CHECK(f.phase == "forward");
         CHECK(f.bytes == 1574912);
@@ -745,4 +781,251 @@ TEST_CASE("a bad option value disables the plugin with a message") {
         CHECK(d.logs[0].find(key) != std::string::npos);
         CHECK(d.findings.empty());
     }
+}
+
+// ---- Evidence levels: proven (DERIVED events) and size-only ----
+
+namespace {
+
+// Whether any finding is a warning or an error.
+bool any_warning_or_error(const Outcome& d) {
+    for (const CollectedFinding& f : d.findings) {
+        if (f.severity >= ALLOCSCOPE_SEVERITY_WARNING) return true;
+    }
+    return false;
+}
+
+// Ends forward with a backward scope that frees `addresses`.
+void backward_freeing(Stream& s, std::initializer_list<uint64_t> addresses) {
+    s.push("layers.0", "backward");
+    for (uint64_t a : addresses)
+        s.free(a);
+    s.pop();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a size-matched copy without provenance is only an info finding and says how to settle it") {
+    Shape shape;
+    shape.provenance = false;
+    Run run(shape);
+    const Outcome d = drive(run.build());
+    CHECK_FALSE(any_warning_or_error(d));
+    CHECK(d.logs.empty());
+    const auto layers = per_layer(d);
+    REQUIRE(layers.size() == 4);
+    for (int i = 0; i < 4; ++i) {
+        const CollectedFinding& f = *layers[size_t(i)];
+        CHECK(f.severity == ALLOCSCOPE_SEVERITY_INFO);
+        CHECK(f.basis == "size-only");
+        CHECK(f.layer == run.layer(i));
+        CHECK(f.bytes == 1574912);  // what the proven run reports as an error
+        CHECK(f.count == 12);
+        CHECK(f.summary.find("size alone does not show") != std::string::npos);
+        CHECK(f.summary.find("allocscope diff BASE CAND") != std::string::npos);
+        CHECK(f.summary.find("--provenance") != std::string::npos);
+        CHECK(f.summary.find("allocscope_derived()") != std::string::npos);
+        REQUIRE(f.evidence.size() == 12);
+        // qkv's scale_inv, its FP8 data, its transpose: which form each size is.
+        CHECK(f.evidence[0].note == "size of " + run.layer(i) +
+                                        ".attn.qkv.weight's scale (size only); alive after " +
+                                        run.layer(i) + "'s forward");
+        CHECK(f.evidence[1].note == "size of " + run.layer(i) +
+                                        ".attn.qkv.weight's FP8 data or transpose (size only); "
+                                        "alive after " +
+                                        run.layer(i) + "'s forward");
+    }
+    const CollectedFinding* t = total(d);
+    REQUIRE(t != nullptr);
+    CHECK(t->severity == ALLOCSCOPE_SEVERITY_INFO);
+    CHECK(t->basis == "size-only");
+    CHECK(t->bytes == 4 * 1574912);
+    CHECK(t->summary.find("allocscope diff BASE CAND") != std::string::npos);
+}
+
+TEST_CASE("a saved activation whose bytes equal a weight's (T == H) gives no warning or error") {
+    // PyTorch module hooks: fc1 ([4H, H], H = 256) saves its output
+    // [T, 4H] bf16 for backward under its own tag; with T == H that is
+    // 2·numel bytes, a bf16 copy of the weight by size.
+    Stream s;
+    s.param("layers.0.mlp.fc1", "weight", 1024 * 256, 1024 * 128);
+    s.step(1);
+    s.push("", "forward");
+    s.push("layers.0", "forward");
+    s.push("layers.0.mlp", "forward");
+    s.push("layers.0.mlp.fc1", "forward");
+    const uint64_t saved = s.alloc(0x1000000, 2 * 256 * 1024);
+    s.pop();
+    s.pop();
+    s.pop();
+    s.pop();
+    backward_freeing(s, {0x1000000});
+    const Outcome d = drive(s);
+    CHECK_FALSE(any_warning_or_error(d));
+    // Reported as what it may be, no more.
+    const auto layers = per_layer(d);
+    REQUIRE(layers.size() == 1);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_INFO);
+    CHECK(layers[0]->evidence[0].alloc_seq == saved);
+    CHECK(layers[0]->evidence[0].note.find("bf16 copy (size only)") != std::string::npos);
+}
+
+TEST_CASE("a proven copy made under a block-level tag is attributed to its parameter's layer") {
+    // The whole stack of layers runs under one tag ("layers", a block
+    // scope): no scope of layers.3 exists, and the tag encloses no
+    // parameter's module, so no size could match.
+    Stream s;
+    s.param("layers.3.attn.qkv", "weight", 196608, 98304);
+    s.step(1);
+    s.push("layers", "forward");
+    const uint64_t copy = s.alloc(0x100000, 196608);
+    s.derived(0x100000, "layers.3.attn.qkv", "weight", "cast to fp8_e4m3 (row-wise)");
+    s.alloc(0x200000, 196608);  // the same size, not declared: nothing
+    s.pop();
+    backward_freeing(s, {0x100000, 0x200000});
+    const Outcome d = drive(s);
+    const auto layers = per_layer(d);
+    REQUIRE(layers.size() == 1);
+    const CollectedFinding& f = *layers[0];
+    CHECK(f.severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(f.basis == "proven");
+    CHECK(f.layer == "layers.3");
+    CHECK(f.bytes == 196608);
+    CHECK(f.count == 1);
+    REQUIRE(f.evidence.size() == 1);
+    CHECK(f.evidence[0].alloc_seq == copy);
+    CHECK(f.evidence[0].layer == "layers");
+    CHECK(f.evidence[0].note ==
+          "derived from layers.3.attn.qkv.weight: cast to fp8_e4m3 (row-wise); alive after "
+          "layers.3's forward");
+    const CollectedFinding* t = total(d);
+    REQUIRE(t != nullptr);
+    CHECK(t->severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(t->bytes == 196608);
+    CHECK(t->layer == "layers.3");
+}
+
+TEST_CASE("proven copies made outside their layer's scope are judged at its next forward pop") {
+    SUBCASE("an untagged thread during the layer's forward: judged at the layer's pop") {
+        Stream s;
+        s.param("layers.3.mlp.fc1", "weight", 262144, 131072);
+        s.step(1);
+        s.push("layers.3", "forward");
+        s.alloc(0x100000, 262144, 2);  // thread 2 has no tag
+        s.derived(0x100000, "layers.3.mlp.fc1", "weight", "", 2);
+        s.pop();
+        s.free(0x100000, 2);  // after layers.3's forward, before the end of forward
+        s.push("layers.3", "backward");
+        s.pop();
+        const Outcome d = drive(s);
+        const auto layers = per_layer(d);
+        REQUIRE(layers.size() == 1);
+        CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
+        CHECK(layers[0]->layer == "layers.3");
+        CHECK(layers[0]->bytes == 262144);
+        CHECK(total(d) == nullptr);  // freed before the end of forward
+    }
+    SUBCASE("FSDP's all-gather range of the next layer, inside this layer's forward") {
+        // Made for layers.4's forward to use: judged when that forward ends,
+        // not when the range does.
+        Stream s;
+        s.param("layers.4.mlp.fc1", "weight", 262144, 131072);
+        s.step(1);
+        s.push("layers.3", "forward");
+        s.push("layers.4", "forward/all_gather");
+        s.alloc(0x100000, 524288);
+        s.derived(0x100000, "layers.4.mlp.fc1", "weight", "all_gather_copy_in");
+        s.pop();
+        s.pop();
+        s.push("layers.4", "forward");
+        s.free(0x100000);  // resharded within layers.4's forward
+        s.pop();
+        const Outcome d = drive(s);
+        CHECK(d.findings.empty());
+    }
+}
+
+TEST_CASE("a proven copy of an unusual size (not a weight-derived size) is still found") {
+    Stream s;
+    s.param("layers.0.mlp.fc1", "weight", 262144, 131072);
+    s.step(1);
+    s.push("layers.0", "forward");
+    s.push("layers.0.mlp.fc1", "forward/quantize");
+    s.alloc(0x100000, 12345);
+    s.derived(0x100000, "layers.0.mlp.fc1", "weight", "abs -> amax");
+    s.pop();
+    s.pop();
+    backward_freeing(s, {0x100000});
+    const Outcome d = drive(s);
+    const auto layers = per_layer(d);
+    REQUIRE(layers.size() == 1);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(layers[0]->bytes == 12345);
+    CHECK(layers[0]->layer == "layers.0");
+}
+
+TEST_CASE(
+    "provenance of an earlier allocation at the same address does not carry over to a new "
+    "allocation") {
+    auto stream = [](bool free_first) {
+        Stream s;
+        s.param("layers.0.mlp.fc1", "weight", 262144, 131072);
+        s.step(1);
+        s.push("layers.0", "forward");
+        s.push("layers.0.mlp.fc1", "forward/quantize");
+        s.alloc(0x100000, 12345);
+        s.derived(0x100000, "layers.0.mlp.fc1", "weight");
+        if (free_first) s.free(0x100000);  // else a missed free
+        s.alloc(0x100000, 12345);          // a new allocation at the address, not declared
+        s.pop();
+        s.pop();
+        backward_freeing(s, {0x100000});
+        return s;
+    };
+    CHECK(drive(stream(true)).findings.empty());
+    CHECK(drive(stream(false)).findings.empty());
+}
+
+TEST_CASE("a layer with proven and size-only copies: an error and an info, no allocation in both") {
+    Stream s;
+    s.param("layers.0.attn.qkv", "weight", 196608, 98304);
+    s.param("layers.0.attn.proj", "weight", 65536, 32768);
+    s.step(1);
+    s.push("layers.0", "forward");
+    s.push("layers.0.attn.qkv", "forward/quantize");
+    const uint64_t proven = s.alloc(0x100000, 196608);
+    s.derived(0x100000, "layers.0.attn.qkv", "weight", "cast");
+    s.pop();
+    s.push("layers.0.attn.proj", "forward/quantize");
+    const uint64_t sized = s.alloc(0x200000, 65536);  // proj's FP8 size, not declared
+    s.pop();
+    s.pop();
+    backward_freeing(s, {0x100000, 0x200000});
+    const Outcome d = drive(s);
+    const auto layers = per_layer(d);
+    REQUIRE(layers.size() == 2);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(layers[0]->basis == "proven");
+    CHECK(layers[0]->bytes == 196608);
+    REQUIRE(layers[0]->evidence.size() == 1);
+    CHECK(layers[0]->evidence[0].alloc_seq == proven);
+    CHECK(layers[1]->severity == ALLOCSCOPE_SEVERITY_INFO);
+    CHECK(layers[1]->basis == "size-only");
+    CHECK(layers[1]->layer == "layers.0");
+    CHECK(layers[1]->bytes == 65536);
+    REQUIRE(layers[1]->evidence.size() == 1);
+    CHECK(layers[1]->evidence[0].alloc_seq == sized);
+    // The totals at the end of forward split the same way.
+    std::vector<const CollectedFinding*> totals;
+    for (const CollectedFinding& f : d.findings) {
+        if (f.summary.find("alive together") != std::string::npos) totals.push_back(&f);
+    }
+    REQUIRE(totals.size() == 2);
+    CHECK(totals[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(totals[0]->bytes == 196608);
+    CHECK(totals[0]->evidence[0].note ==
+          "derived from layers.0.attn.qkv.weight: cast; alive at the end of forward");
+    CHECK(totals[1]->severity == ALLOCSCOPE_SEVERITY_INFO);
+    CHECK(totals[1]->bytes == 65536);
 }
