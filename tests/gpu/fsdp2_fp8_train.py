@@ -5,7 +5,7 @@ docs/TE-FSDP2-FP8-MEMORY.md, reproduced without TransformerEngine.
 
 8 transformer-like layers (hidden 256, FFN 1024, 8 heads, fused QKV, bias,
 LayerNorm, GELU, bf16 parameters), each layer and the root sharded with
-fully_shard over the ranks; 48 x 2 = 96 tokens per rank, MSE loss, AdamW.
+fully_shard over the ranks; 32 x 2 = 64 tokens per rank, MSE loss, AdamW.
 The GEMMs of --mode seed/fixed are an FP8 linear (per-tensor current
 scaling, torch.float8_e4m3fn, torch._scaled_mm):
 
@@ -17,6 +17,14 @@ scaling, torch.float8_e4m3fn, torch._scaled_mm):
          re-gathered weight, transposes, multiplies and frees: nothing
          outlives its phase
   bf16   plain bf16 nn.Linear layers
+
+--fp8-impl picks how the FP8 linear of seed/fixed is written, with the
+same lifecycles: "function" (default) quantizes into plain tensors inside
+an autograd.Function; "subclass" also runs inside one, but the FP8 copies
+are Float8Tensor, a __torch_dispatch__ tensor subclass holding _data (the
+float8_e4m3fn bytes) and _scale (scale_inv), whose mm is torch._scaled_mm
+and whose t() and contiguous() act on _data, as FP8 libraries written as
+tensor subclasses do.
 
 --checkpoint recomputes every layer in backward (activation checkpointing,
 torch.utils.checkpoint, non-reentrant): the seed mode's FP8 weight copy is
@@ -40,10 +48,19 @@ object a line after "ALLOCSCOPE_EXPECT ", and per layer after
 e4m3 copy of a W x K weight is W*K bytes (262,144 B for 1024 x 256), its
 scale_inv 4 B.
 
-96 tokens, not the reference test's 64: with 64 tokens a bf16 Linear output
-(T x 4H bytes... = T*N*2) equals half a weight's numel in bytes, the size of
-an NVFP4 weight copy, and the detectors (which see sizes, not shapes) would
-take the outputs of the bf16 run for weight copies.
+64 tokens per rank by default, the reference test's count. Shapes whose
+bytes coincide with a weight form's are kept on purpose (--tokens 256 is
+T == H: a [T, 4H] bf16 activation has a [4H, H] bf16 weight's bytes): the
+detectors must tell them apart by provenance, not by size.
+
+--master-fp32 (with --mode bf16) keeps fp32 parameters and runs forward
+under torch.autocast(bfloat16): autocast casts every Linear weight and bias
+to bf16 in each layer's forward and keeps the casts until forward ends; the
+weight casts are saved for backward, so every layer's bf16 weight copy is
+alive at the end of forward (what FSDP2's MixedPrecisionPolicy(param_dtype=
+torch.bfloat16) avoids). The expectation lines count them: per layer the
+casts alive after its forward, and those still alive when backward begins
+("forward_end_bytes").
 """
 
 import argparse
@@ -59,7 +76,7 @@ HIDDEN = 256
 FFN = 1024
 HEADS = 8
 LAYERS = 8
-SEQ = 48
+SEQ = 32
 BATCH = 2
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -122,6 +139,97 @@ class _Fp8LinearFn(torch.autograd.Function):
         return dx.reshape(ctx.x_shape), dw, db, None, None
 
 
+class Float8Tensor(torch.Tensor):
+    """FP8 data with its per-tensor scale_inv, as a bf16 tensor to autograd
+    and to the code around it. Only what the linear below needs: t(),
+    contiguous() (clone), detach and mm, which is torch._scaled_mm on the
+    FP8 data (mat2 column-major, as t() of a row-major copy is)."""
+
+    @staticmethod
+    def __new__(cls, data, scale_inv):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, strides=data.stride(), dtype=torch.bfloat16, device=data.device,
+            requires_grad=False)
+
+    def __init__(self, data, scale_inv):
+        self._data = data
+        self._scale = scale_inv
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def quantize(cls, t):
+        return cls(*quantize(t))
+
+    def __tensor_flatten__(self):
+        return ["_data", "_scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Float8Tensor(inner["_data"], inner["_scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten.t.default:
+            return Float8Tensor(args[0]._data.t(), args[0]._scale)
+        if func is aten.clone.default:
+            return Float8Tensor(args[0]._data.clone(**kwargs), args[0]._scale)
+        if func is aten.detach.default:
+            return Float8Tensor(args[0]._data.detach(), args[0]._scale)
+        if func is aten.mm.default:
+            a, b = args
+            return torch._scaled_mm(a._data, b._data, scale_a=a._scale, scale_b=b._scale,
+                                    out_dtype=torch.bfloat16)
+        raise NotImplementedError("Float8Tensor: %s" % func)
+
+
+class _Fp8SubclassLinearFn(torch.autograd.Function):
+    """_Fp8LinearFn's lifecycles with Float8Tensor copies."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, key, seed):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        wq = Float8Tensor.quantize(weight)
+        y = torch.mm(Float8Tensor.quantize(x2), wq.t())
+        if bias is not None:
+            y = y + bias
+        if seed:
+            ctx.save_for_backward(x2, wq)  # the FP8 weight copy lives until backward
+        else:
+            ctx.save_for_backward(x2, weight)  # FSDP2 re-gathers it for backward
+            del wq
+        ctx.key = key
+        ctx.seed = seed
+        ctx.has_bias = bias is not None
+        ctx.x_shape = shape
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        if ctx.seed:
+            x2, wq = ctx.saved_tensors
+        else:
+            x2, weight = ctx.saved_tensors
+            wq = Float8Tensor.quantize(weight)
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        wt = wq.t().contiguous()  # the transposed FP8 weight, (K, N) row-major
+        del wq
+        dx = torch.mm(Float8Tensor.quantize(dy2), wt.t())
+        if ctx.seed:
+            _TRANSPOSE_CACHE[ctx.key] = wt  # retained until this layer's next forward
+        del wt
+        dw = dy2.t().matmul(x2)
+        db = dy2.sum(0) if ctx.has_bias else None
+        return dx.reshape(ctx.x_shape), dw, db, None, None
+
+
+FP8_IMPLS = {"function": _Fp8LinearFn, "subclass": _Fp8SubclassLinearFn}
+_fp8_fn = _Fp8LinearFn  # set by --fp8-impl
+
+
 class Fp8Linear(nn.Module):
     def __init__(self, in_features, out_features, key, seed):
         super().__init__()
@@ -136,7 +244,7 @@ class Fp8Linear(nn.Module):
     def forward(self, x):
         if self.seed:
             _TRANSPOSE_CACHE.pop(self.key, None)  # the cached transpose dies here
-        return _Fp8LinearFn.apply(x, self.weight, self.bias, self.key, self.seed)
+        return _fp8_fn.apply(x, self.weight, self.bias, self.key, self.seed)
 
 
 def make_linear(in_features, out_features, key, mode):
@@ -180,15 +288,31 @@ class Model(nn.Module):
         return self.norm(x)
 
 
-def expected_sizes(model, mode, rank, checkpoint):
+def block_bytes(n):
+    """A request of n bytes as PyTorch's caching allocator hands it out."""
+    return max(512, (n + 511) // 512 * 512)
+
+
+def global_numel(t):
+    numel = 1
+    for d in t.shape:  # the global shape (a DTensor's under FSDP2)
+        numel *= int(d)
+    return numel
+
+
+def expected_sizes(model, mode, rank, checkpoint, master_fp32=False):
     """One line per FP8 module and per layer: what the detectors should find."""
     for i, layer in enumerate(model.layers):
         copy_bytes = 0
+        autocast_bytes = 0  # bf16 casts of the weights and biases (--master-fp32)
+        autocast_end_bytes = 0  # of which alive when backward begins: the weights'
         for name in ("qkv", "proj", "fc1", "fc2"):
             w = getattr(layer, name).weight
-            numel = 1
-            for d in w.shape:  # the global shape (a DTensor's under FSDP2)
-                numel *= int(d)
+            numel = global_numel(w)
+            if master_fp32:
+                autocast_end_bytes += block_bytes(2 * numel)
+                autocast_bytes += block_bytes(2 * numel) + block_bytes(
+                    2 * global_numel(getattr(layer, name).bias))
             fp8 = numel if mode != "bf16" else 0
             copy_bytes += fp8
             print(
@@ -210,6 +334,10 @@ def expected_sizes(model, mode, rank, checkpoint):
             )
         retained = mode == "seed"
         forward_retained = retained and not checkpoint
+        forward_bytes = copy_bytes if forward_retained else 0
+        forward_end_bytes = forward_bytes
+        if master_fp32 and not checkpoint:
+            forward_bytes, forward_end_bytes = autocast_bytes, autocast_end_bytes
         print(
             "ALLOCSCOPE_EXPECT_LAYER "
             + json.dumps(
@@ -217,7 +345,8 @@ def expected_sizes(model, mode, rank, checkpoint):
                     "rank": rank,
                     "mode": mode,
                     "layer": "layers.%d" % i,
-                    "forward_copy_bytes": copy_bytes if forward_retained else 0,
+                    "forward_copy_bytes": forward_bytes,
+                    "forward_end_bytes": forward_end_bytes,
                     "forward_scale_count": 4 if forward_retained else 0,
                     "transpose_bytes": copy_bytes if retained else 0,
                 },
@@ -228,9 +357,14 @@ def expected_sizes(model, mode, rank, checkpoint):
 
 
 def main():
-    global HIDDEN, FFN, SEQ
+    global HIDDEN, FFN, SEQ, _fp8_fn
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("seed", "fixed", "bf16"), default="seed")
+    parser.add_argument("--fp8-impl", choices=sorted(FP8_IMPLS), default="function",
+                        help="the FP8 linear of seed/fixed: plain tensors in an autograd.Function, "
+                             "or a __torch_dispatch__ Float8Tensor subclass")
+    parser.add_argument("--master-fp32", action="store_true",
+                        help="with --mode bf16: fp32 parameters, forward under bf16 autocast")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time", action="store_true",
@@ -254,7 +388,10 @@ def main():
         parser.error("--grad-accum must be 1 or more")
     if args.hidden % HEADS or args.tokens % BATCH:
         parser.error("--hidden must be a multiple of %d and --tokens of %d" % (HEADS, BATCH))
+    if args.master_fp32 and args.mode != "bf16":
+        parser.error("--master-fp32 goes with --mode bf16")
     HIDDEN, FFN, SEQ = args.hidden, 4 * args.hidden, args.tokens // BATCH
+    _fp8_fn = FP8_IMPLS[args.fp8_impl]
 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -267,11 +404,12 @@ def main():
     mesh = init_device_mesh("cuda", (world,))
 
     torch.manual_seed(args.seed)  # the same full model on every rank
-    model = Model(args.mode, args.checkpoint).to(device="cuda", dtype=torch.bfloat16)
+    param_dtype = torch.float32 if args.master_fp32 else torch.bfloat16
+    model = Model(args.mode, args.checkpoint).to(device="cuda", dtype=param_dtype)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    expected_sizes(model, args.mode, rank, args.checkpoint)
+    expected_sizes(model, args.mode, rank, args.checkpoint, args.master_fp32)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator(device="cuda").manual_seed(args.seed * 1000 + rank)
@@ -286,7 +424,10 @@ def main():
         for micro in range(args.grad_accum):
             if args.grad_accum > 1:  # reduce-scatter the gradients on the last only
                 model.set_requires_gradient_sync(micro == args.grad_accum - 1)
-            loss = F.mse_loss(model(x), target) / args.grad_accum
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.master_fp32):
+                out = model(x)
+            loss = F.mse_loss(out.to(torch.bfloat16), target) / args.grad_accum
+            del out
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

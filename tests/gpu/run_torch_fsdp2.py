@@ -6,6 +6,7 @@ findings.
     E2E_CLI=build-gpu/tools/allocscope python3 tests/gpu/run_torch_fsdp2.py [--keep DIR]
         [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
         [--nproc N] [--checkpoint] [--grad-accum N] [--backend nccl|gloo|auto]
+        [--fp8-impl function|subclass] [--tokens T] [--no-provenance]
 
 Allocator settings: default (the native caching allocator: per-tensor blocks
 come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
@@ -13,15 +14,22 @@ backend:cudaMallocAsync: every tensor is a runtime-API call) and expandable
 (expandable_segments:True: segments through cuMemCreate/cuMemMap, blocks from
 the bridge).
 
+Every run is `allocscope run --provenance` (--no-provenance: without), the
+script's FP8 linear written as --fp8-impl says (function, subclass).
+
 Checks, on both ranks:
-  seed   a weight-copy-accumulation finding for each of layers.0..7 whose bytes
+  any    every weight-copy-accumulation or transpose-cache-retention warning
+         or error has basis "proven"; info findings (size-only matches) are
+         neither checked nor counted
+  seed   a weight-copy-accumulation error for each of layers.0..7 whose bytes
          are the layer's FP8 weight copies (+ at most 4 KiB: the scales), and
          a transpose-cache-retention finding for each whose bytes are its
          transposed FP8 copies (+ at most 4 KiB)
          whose evidence stacks (allocscope report --format json) hold a
          Python frame of the script (the line that allocated) after native
          frames (the C++ site)
-  fixed, bf16  neither plugin finds anything
+  fixed, bf16  neither plugin gives a warning or an error
+  --no-provenance: no mode gives either plugin's warning or error
 The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
 --nproc 1 runs one rank on one GPU (the same checks for rank 0).
 --checkpoint runs the script with activation checkpointing: seed then keeps
@@ -82,18 +90,20 @@ def check_machine(nproc, backend):
     return torch.__version__, backend
 
 
-def run_one(cli, out_dir, mode, allocator, steps, nproc, checkpoint, grad_accum, backend):
+def run_one(cli, out_dir, mode, allocator, args, backend):
     env = dict(os.environ)
-    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "ALLOCSCOPE_PROVENANCE"):
         env.pop(var, None)
     if ALLOCATORS[allocator]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[allocator]
     cmd = [
-        cli, "run", "--out", out_dir, "--force", "--",
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-        SCRIPT, "--mode", mode, "--steps", str(steps),
-    ] + (["--checkpoint"] if checkpoint else []) + ["--grad-accum", str(grad_accum),
-                                                    "--backend", backend]
+        cli, "run", "--out", out_dir, "--force"] + (["--provenance"] if args.provenance else []) + [
+        "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+        str(args.nproc), SCRIPT, "--mode", mode, "--steps", str(args.steps),
+        "--fp8-impl", args.fp8_impl,
+    ] + (["--checkpoint"] if args.checkpoint else []) + [
+        "--grad-accum", str(args.grad_accum), "--backend", backend
+    ] + (["--tokens", str(args.tokens)] if args.tokens else [])
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=600)
     return proc
@@ -135,12 +145,21 @@ def check_stacks(rank, plugin, finding, stacks, problems):
                        if finding.get("evidence") else "no evidence"))
 
 
-def check(mode, findings, expected, problems, nproc, stacks):
+def check(mode, findings, expected, problems, nproc, stacks, provenance):
     by = {}
     for f in findings.get("findings", []):
-        if f["plugin"] in ("weight-copy-accumulation", "transpose-cache-retention"):
-            by.setdefault((f["plugin"], f["rank"]), []).append(f)
-    if mode != "seed":
+        if f["plugin"] not in ("weight-copy-accumulation", "transpose-cache-retention"):
+            continue
+        # Info findings claim nothing (sizes that match a weight form, which
+        # only provenance could settle): never a failure, never a proof.
+        if f["severity"] == "info":
+            continue
+        if f.get("basis") != "proven":
+            problems.append("%s rank %d: a %s %s finding without proven provenance (basis %r): "
+                            "%s" % (mode, f["rank"], f["severity"], f["plugin"], f.get("basis"),
+                                    f["summary"]))
+        by.setdefault((f["plugin"], f["rank"]), []).append(f)
+    if mode != "seed" or not provenance:
         for (plugin, rank), fs in sorted(by.items()):
             for f in fs:
                 problems.append("%s rank %d: unexpected %s finding: %s %s %d B: %s"
@@ -202,6 +221,13 @@ def main():
     parser.add_argument("--checkpoint", action="store_true",
                         help="the script's activation checkpointing: no forward copy retained, "
                              "recomputations tagged backward/recompute")
+    parser.add_argument("--fp8-impl", choices=("function", "subclass"), default="function",
+                        help="the script's FP8 linear: an autograd.Function on plain tensors, or "
+                             "a __torch_dispatch__ tensor subclass")
+    parser.add_argument("--tokens", type=int, help="the script's tokens per rank (default its 64)")
+    parser.add_argument("--no-provenance", dest="provenance", action="store_false",
+                        help="run without `allocscope run --provenance`: then no mode may give "
+                             "a weight-copy or transpose error or warning (size matches are info)")
     parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="nccl",
                         help="the script's process group backend; gloo lets ranks share a GPU; "
                              "auto: nccl with a GPU per rank, else gloo")
@@ -220,8 +246,7 @@ def main():
             for mode in args.modes.split(","):
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 label = "%s / %s" % (mode, allocator)
-                proc = run_one(cli, out_dir, mode, allocator, args.steps, args.nproc,
-                               args.checkpoint, args.grad_accum, backend)
+                proc = run_one(cli, out_dir, mode, allocator, args, backend)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)
@@ -238,7 +263,8 @@ def main():
                     problems.append("no findings.json")
                 if not problems or findings:
                     stacks = stacks_by_rank(cli, out_dir, problems) if mode == "seed" else {}
-                    check(mode, findings, expectations(proc.stdout), problems, args.nproc, stacks)
+                    check(mode, findings, expectations(proc.stdout), problems, args.nproc, stacks,
+                          args.provenance)
                     if args.checkpoint:
                         check_recompute(cli, out_dir, problems, args.nproc)
                 status = "ok" if not problems else "FAILED"

@@ -36,7 +36,8 @@ namespace fs = std::filesystem;
 constexpr const char* kRunHelp =
     R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
-                     [--check] [--fail-on info|warning|error] [--nvtx] -- CMD [ARGS...]
+                     [--check] [--fail-on info|warning|error] [--nvtx] [--provenance]
+                     -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
@@ -73,6 +74,13 @@ options:
                      NVTX_INJECTION64_PATH already names another tool (NVTX
                      loads one per process)
   --no-python        leave Python processes alone (see Python below)
+  --provenance       PyTorch: follow each parameter through the ATen ops
+                     that read it and declare every allocation computed from
+                     it alone (a quantized copy, a transpose, a scale), so
+                     the weight detectors report proven copies, not size
+                     matches (sets ALLOCSCOPE_PROVENANCE=1; needs the PyTorch
+                     bridge; every op pays for it; see README.md, "PyTorch,
+                     unchanged")
 
 environment:
   ALLOCSCOPE_LIB     path of liballocscope.so to preload instead of the bundled one
@@ -340,6 +348,7 @@ int run_command(const std::vector<std::string>& args) {
     bool check = false;
     bool nvtx = false;
     bool python = true;
+    bool provenance = false;
     Severity threshold = Severity::error;
     size_t i = 0;
     for (; i < args.size(); ++i) {
@@ -380,6 +389,8 @@ int run_command(const std::vector<std::string>& args) {
             nvtx = true;
         } else if (a == "--no-python") {
             python = false;
+        } else if (a == "--provenance") {
+            provenance = true;
         } else if (a.rfind("--", 0) == 0) {
             return fail("unknown option '" + a + "' for run (see allocscope run --help)");
         } else {
@@ -448,6 +459,7 @@ int run_command(const std::vector<std::string>& args) {
     if (!plugin_options.empty()) setenv("ALLOCSCOPE_PLUGIN_OPTIONS", options_env.c_str(), 1);
     if (!plugin_dir.empty()) setenv("ALLOCSCOPE_PLUGIN_DIR", plugin_dir.c_str(), 1);
     if (nvtx) setenv("NVTX_INJECTION64_PATH", lib.c_str(), 1);
+    if (provenance) setenv("ALLOCSCOPE_PROVENANCE", "1", 1);
     if (python) set_up_python(lib, args[i]);
 
     std::vector<char*> argv;

@@ -89,6 +89,15 @@ tag through ctypes and Python tensor hooks even where the bridge is built.
 ALLOCSCOPE_LOG=debug: which of the two tags, and each Python hook's calls and
 average time, one line each at exit.
 
+Provenance (ALLOCSCOPE_PROVENANCE=1, `allocscope run --provenance`; off by
+default): enable() installs the bridge's ATen op observer
+(tools/torch_bridge/provenance.cpp) and every registered parameter is
+passed to it with its full shape; the observer declares each allocation
+computed from one parameter alone (allocscope_derived), with the chain of
+ops that made it. It needs the bridge (or, on CPU builds of torch, the tag
+hooks library) and the module hooks; without them it says so in one line
+and the run goes on without it.
+
 Where the bridge (tools/torch_bridge) is built, the hooks' tag calls are
 its builtins, not ctypes, and the backward wiring of _forward_post is C++:
 tensor hooks that call the interposer on autograd's threads without the GIL,
@@ -131,6 +140,7 @@ _primary_optimizer = None  # weakref
 _steps = 0
 
 _bridge_state = None  # None: not tried; True: attached or not needed; False: failed
+_provenance_param = None  # the bridge's allocscope_torch_provenance_param once installed
 _said = set()
 
 
@@ -304,6 +314,14 @@ def _register_params(root, prefix):
                 if dtensor is not None and isinstance(p, dtensor):
                     sharded = int(p.to_local().numel())
                 _allocscope.register_param(layer, pname, numel, _dtype_name(p.dtype), sharded)
+                if _provenance_param is not None:
+                    shape = [int(d) for d in p.shape]  # a DTensor's: the global shape
+                    _provenance_param(
+                        layer.encode("utf-8", "replace"),
+                        pname.encode("utf-8", "replace"),
+                        (ctypes.c_int64 * max(len(shape), 1))(*shape),
+                        len(shape),
+                    )
             except Exception as e:  # never break the training step
                 _say("param", "cannot register parameter %s.%s: %s" % (layer, pname, e))
 
@@ -784,6 +802,44 @@ def _maybe_attach_bridge():
         pass
 
 
+def _install_provenance():
+    """The bridge's op observer (ALLOCSCOPE_PROVENANCE=1): installed once,
+    never removed; says in one line why not when it cannot be."""
+    global _provenance_param
+    if _provenance_param is not None:
+        return True
+    if os.environ.get("ALLOCSCOPE_PYTHON_MODULES", "1") == "0":
+        _say("provenance", "provenance is off: it needs the module hooks (ALLOCSCOPE_PYTHON_MODULES=0)")
+        return False
+    path = _bridge_path()
+    if path is None:
+        _say(
+            "provenance",
+            "provenance is off: the PyTorch bridge is not built (looked for %s)"
+            % (", ".join(_bridge_candidates()) or "ALLOCSCOPE_TORCH_BRIDGE"),
+        )
+        return False
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path))
+        install = lib.allocscope_torch_provenance_install
+        install.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_size_t]
+        install.restype = ctypes.c_int
+        param = lib.allocscope_torch_provenance_param
+        param.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]
+        param.restype = None
+    except (OSError, AttributeError) as e:
+        _say("provenance", "provenance is off: the PyTorch bridge %s has no op observer (%s)" % (path, e))
+        return False
+    error = ctypes.create_string_buffer(512)
+    if install(_FORWARD, _BACKWARD, error, len(error)) < 0:
+        _say("provenance", "provenance is off: %s" % error.value.decode("utf-8", "replace"))
+        return False
+    _provenance_param = param
+    if os.environ.get("ALLOCSCOPE_LOG") == "debug":
+        _say("provenance on", "provenance: the op observer of %s is installed" % path)
+    return True
+
+
 # ---------------------------------------------------------------- cost (ALLOCSCOPE_LOG=debug)
 
 _hook_cost = {}  # hook name -> [calls, ns]
@@ -878,6 +934,11 @@ def enable(model=None, optimizer=None):
             _handles.append(post)
         else:
             _say("modules", "module hooks left out (ALLOCSCOPE_PYTHON_MODULES=0): no layer tags")
+        if os.environ.get("ALLOCSCOPE_PROVENANCE", "0") == "1":
+            try:
+                _install_provenance()
+            except Exception as e:  # never break the program
+                _say("provenance", "provenance is off: %s" % e)
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
         _backward_hooks = os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0"

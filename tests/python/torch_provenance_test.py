@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Provenance for PyTorch on the CPU (meson test python_torch_provenance;
+SKIP, exit 77, where no python3 imports torch or no library with the op
+observer is built): the bridge's ATen op observer
+(tools/torch_bridge/provenance.cpp) under `allocscope run --provenance`.
+
+An unchanged script trains two layers whose forward quantizes the weight to
+int8 (per-tensor scaling) through (a) an autograd.Function on plain tensors
+and (b) a __torch_dispatch__ tensor subclass holding _data and _scale, and
+either keeps the quantized copy for backward, where it builds the
+transposed copy and keeps it in a module-level cache until the next forward
+(seed), or keeps nothing and quantizes again in backward (fixed); the
+lifecycles of tests/gpu/fsdp2_fp8_train.py. The activations have the
+weights' shape (T == H == 16) and are quantized by the same code: only the
+seed rule (a leaf that requires grad, inside the module's tag) tells them
+apart. A third module multiplies its weight ten times (a chain long enough
+to be cut).
+
+The trace's derived events are read back with a test plugin
+(tests/python/derived_plugin.c: one finding per event) through `allocscope
+replay`. Checks, per run of STEPS steps:
+  * each layer's int8 weight copy is declared once per quantization (the
+    forward, and the backward in fixed mode) with the chain
+    "layers.N.weight -> mul -> round -> clamp -> _to_copy", tagged
+    (layers.N, forward) or (layers.N, backward): exactly that many, so an
+    activation's int8 copy (the same chain from the same shape) taken for
+    the weight's would show
+  * the transposed copy, "... -> _to_copy -> clone" (contiguous() inside
+    _to_copy's copy_ is named after clone), once per step and layer, in
+    (layers.N, backward)
+  * no declaration names a bias (every use of it adds an activation)
+  * a long chain is cut: the 9th and 10th multiplications are "chain.weight
+    -> mul -> mul -> mul -> mul -> … -> mul -> mul -> mul -> mul", the 8th
+    has its 8 ops
+  * 5 seeds in all (2 x weight, bias and chain.weight), however many steps:
+    a seed is its storage, found once
+With provenance off the trace holds no derived event.
+
+Environment (tests/meson.build): E2E_CLI, SIM_CUDART, ALLOCSCOPE_TORCH_BRIDGE
+(the library with the op observer), DERIVED_PLUGIN.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+try:
+    import torch  # noqa: F401
+except Exception as e:
+    print("SKIP: python3 cannot import torch (%s)" % e)
+    sys.exit(77)
+
+CLI = os.environ["E2E_CLI"]
+SIM_CUDART = os.environ["SIM_CUDART"]
+BRIDGE = os.environ.get("ALLOCSCOPE_TORCH_BRIDGE", "")
+PLUGIN = os.environ["DERIVED_PLUGIN"]
+if not BRIDGE:
+    print("SKIP: no bridge or tag hooks library built against this torch")
+    sys.exit(77)
+STEPS = 3
+LAYERS = 2
+
+SCRIPT = textwrap.dedent(
+    """
+    import ctypes, os
+    import torch
+    import torch.nn as nn
+
+    IMPL = os.environ["FP8_IMPL"]   # "function" or "subclass"
+    MODE = os.environ["FP8_MODE"]   # "seed" or "fixed"
+    H = 16
+    T = 16  # tokens: the activations have the weights' shape
+    aten = torch.ops.aten
+
+    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
+    _process = ctypes.CDLL(None)
+    _malloc, _free = _process.cudaMalloc, _process.cudaFree
+    _malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    _free.argtypes = [ctypes.c_void_p]
+
+    def device_alloc_free(size):
+        p = ctypes.c_void_p()
+        assert _malloc(ctypes.byref(p), size) == 0
+        _free(p)
+
+    def quantize(t):
+        # Per-tensor scaling to int8: (copy, scale_inv).
+        amax = t.detach().abs().amax().float().clamp(min=1e-12)
+        scale = 127.0 / amax
+        q = (t.detach().float() * scale).round().clamp(-127, 127).to(torch.int8)
+        return q, scale.reciprocal()
+
+    _TRANSPOSE_CACHE = {}
+
+    class FunctionLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, key):
+            xq, xs = quantize(x)
+            wq, ws = quantize(weight)
+            y = (xq.float() * xs).mm((wq.float() * ws).t())
+            if MODE == "seed":
+                ctx.save_for_backward(x, wq, ws)
+            else:
+                ctx.save_for_backward(x, weight)
+            ctx.key = key
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            if MODE == "seed":
+                x, wq, ws = ctx.saved_tensors
+            else:
+                x, weight = ctx.saved_tensors
+                wq, ws = quantize(weight)
+            wt = wq.t().contiguous()
+            dx = dy.mm((wt.float() * ws).t())
+            if MODE == "seed":
+                _TRANSPOSE_CACHE[ctx.key] = wt
+            return dx, dy.t().mm(x), None
+
+    class Int8Tensor(torch.Tensor):
+        # An int8 tensor with a scale, dequantized by its own matmul.
+        @staticmethod
+        def __new__(cls, data, scale):
+            return torch.Tensor._make_wrapper_subclass(
+                cls, data.shape, strides=data.stride(), dtype=torch.float32,
+                device=data.device, requires_grad=False)
+
+        def __init__(self, data, scale):
+            self._data = data
+            self._scale = scale
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def quantize(cls, t):
+            return cls(*quantize(t))
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is aten.t.default:
+                return Int8Tensor(args[0]._data.t(), args[0]._scale)
+            if func is aten.clone.default:
+                return Int8Tensor(args[0]._data.clone(**kwargs), args[0]._scale)
+            if func is aten.detach.default:
+                return Int8Tensor(args[0]._data.detach(), args[0]._scale)
+            if func is aten.mm.default:
+                a, b = (v._data.float() * v._scale if isinstance(v, Int8Tensor) else v
+                        for v in args)
+                return torch.mm(a, b)
+            raise NotImplementedError("Int8Tensor: %s" % func)
+
+    class SubclassLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, key):
+            wq = Int8Tensor.quantize(weight)
+            y = torch.mm(Int8Tensor.quantize(x), wq.t())
+            ctx.save_for_backward(x, weight)
+            ctx.wq = wq if MODE == "seed" else None
+            ctx.key = key
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, weight = ctx.saved_tensors
+            wq = ctx.wq if MODE == "seed" else Int8Tensor.quantize(weight)
+            ctx.wq = None
+            wt = wq.t().contiguous()
+            dx = torch.mm(dy, wt.t())
+            if MODE == "seed":
+                _TRANSPOSE_CACHE[ctx.key] = wt
+            return dx, dy.t().mm(x), None
+
+    LINEAR = FunctionLinear if IMPL == "function" else SubclassLinear
+
+    class QLinear(nn.Module):
+        def __init__(self, key):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(H, H) / 4)
+            self.bias = nn.Parameter(torch.zeros(H))
+            self.key = key
+
+        def forward(self, x):
+            device_alloc_free(8192)
+            _TRANSPOSE_CACHE.pop(self.key, None)
+            return LINEAR.apply(x, self.weight, self.key) + self.bias
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(H, H))
+
+        def forward(self, x):
+            v = self.weight
+            for _ in range(10):
+                v = v.mul(1.0)
+            return x + x.mm(v) * 0.0
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(QLinear(i) for i in range(LAYERS))
+            self.chain = Chain()
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return self.chain(x)
+
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(T, H)
+    for step in range(STEPS):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    print("done")
+    """
+).replace("LAYERS", str(LAYERS)).replace("STEPS", str(STEPS))
+
+
+def run(script, out, extra_env, provenance):
+    """`script` under `allocscope run [--provenance]`: (process, derived
+    declarations as dicts, events_by_kind of rank 0)."""
+    env = dict(os.environ, SIM_CUDART=SIM_CUDART, PYTHONDONTWRITEBYTECODE="1",
+               ALLOCSCOPE_LOG="debug", ALLOCSCOPE_TORCH_BRIDGE=BRIDGE)
+    for var in ("ALLOCSCOPE_PYTHON", "PYTHONPATH", "LD_PRELOAD", "ALLOCSCOPE_OUT",
+                "ALLOCSCOPE_PROVENANCE", "ALLOCSCOPE_PYTHON_MODULES"):
+        env.pop(var, None)
+    env.update(extra_env)
+    cmd = [CLI, "run", "--out", out, "--plugins", "none"]
+    if provenance:
+        cmd.append("--provenance")
+    p = subprocess.run(cmd + ["--", sys.executable, script], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    print(p.stderr)
+    r = subprocess.run([CLI, "replay", out, "--plugins", PLUGIN, "-o", "-"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                       timeout=120)
+    derived = []
+    if r.returncode != 0:
+        print("replay: %s" % r.stderr)
+        return p, None, None
+    for f in json.loads(r.stdout).get("findings", []):
+        m = re.match(r"derived (.*)\|(.*)\|(.*)\|0x([0-9a-f]+)$", f.get("summary", ""))
+        if m:
+            derived.append({"layer": m.group(1), "name": m.group(2), "how": m.group(3),
+                            "address": int(m.group(4), 16), "tag_layer": f.get("layer"),
+                            "tag_phase": f.get("phase")})
+    rep = subprocess.run([CLI, "report", out, "--format", "json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    kinds = None
+    if rep.returncode == 0:
+        kinds = json.loads(rep.stdout)["ranks"][0].get("events_by_kind", {})
+    return p, derived, kinds
+
+
+QUANTIZED = "layers.%d.weight -> mul -> round -> clamp -> _to_copy"
+TRANSPOSED = QUANTIZED + " -> clone"
+LONG_CHAIN = "chain.weight -> mul -> mul -> mul -> mul -> … -> mul -> mul -> mul -> mul"
+
+
+def main():
+    scratch = tempfile.mkdtemp(prefix="allocscope-provenance-")
+    failures = []
+
+    def check(cond, what):
+        if not cond:
+            failures.append(what)
+            print("FAILED: " + what)
+
+    try:
+        script = os.path.join(scratch, "train.py")
+        with open(script, "w") as f:
+            f.write(SCRIPT)
+        for impl in ("function", "subclass"):
+            for mode in ("seed", "fixed"):
+                label = "%s/%s" % (impl, mode)
+                p, derived, kinds = run(script, os.path.join(scratch, "out-%s-%s" % (impl, mode)),
+                                        {"FP8_IMPL": impl, "FP8_MODE": mode}, True)
+                check(p.returncode == 0 and "done" in p.stdout,
+                      "%s: exit status %d" % (label, p.returncode))
+                check("provenance is off" not in p.stderr, "%s: provenance not installed" % label)
+                m = re.search(r"provenance: \d+ ops observed, \d+ ns each; (\d+) seeds, (\d+) "
+                              r"derived storages, (\d+) declared", p.stderr)
+                check(m is not None and int(m.group(1)) == 2 * LAYERS + 1,
+                      "%s: seeds: %s" % (label, m.group(0) if m else "no debug line"))
+                if derived is None:
+                    check(False, "%s: no replay" % label)
+                    continue
+                check(kinds is not None and kinds.get("derived") == len(derived),
+                      "%s: %d declarations read back, report counts %r"
+                      % (label, len(derived), kinds))
+                print("%s: %d declarations, e.g. %s" % (label, len(derived),
+                                                         sorted({d["how"] for d in derived})))
+                check(all(d["address"] for d in derived), "%s: a declaration without address" % label)
+                check(not [d for d in derived if d["name"] != "weight"],
+                      "%s: declarations of %r" % (label, sorted({d["name"] for d in derived})))
+                per_step = 2 if mode == "fixed" else 1  # fixed quantizes again in backward
+                for i in range(LAYERS):
+                    layer = "layers.%d" % i
+                    copies = [d for d in derived if d["how"] == QUANTIZED % i]
+                    check(len(copies) == STEPS * per_step,
+                          "%s: %d int8 copies of %s.weight (want %d)"
+                          % (label, len(copies), layer, STEPS * per_step))
+                    check(all(d["layer"] == layer and d["tag_layer"] == layer for d in copies),
+                          "%s: %s copies named %r" % (label, layer,
+                                                      [(d["layer"], d["tag_layer"]) for d in copies]))
+                    forward = [d for d in copies if d["tag_phase"] == "forward"]
+                    check(len(forward) == STEPS, "%s: %s forward copies: %d" % (label, layer, len(forward)))
+                    transposes = [d for d in derived if d["how"] == TRANSPOSED % i]
+                    check(len(transposes) == STEPS
+                          and all(d["tag_layer"] == layer and d["tag_phase"] == "backward"
+                                  for d in transposes),
+                          "%s: %s transposes %r" % (label, layer, transposes))
+                # Multiplications 9 and 10 are cut (4 first, 4 last), 8 is not.
+                chain = [d for d in derived if d["layer"] == "chain"]
+                check(sum(1 for d in chain if d["how"] == LONG_CHAIN) == 2 * STEPS
+                      and sum(1 for d in chain if d["how"] == "chain.weight" + " -> mul" * 8) == STEPS,
+                      "%s: long chains %r" % (label, sorted({d["how"] for d in chain})))
+                check(len(chain) == 10 * STEPS, "%s: %d chain declarations" % (label, len(chain)))
+
+        p, derived, kinds = run(script, os.path.join(scratch, "out-off"),
+                                {"FP8_IMPL": "function", "FP8_MODE": "seed"}, False)
+        check(p.returncode == 0 and "done" in p.stdout, "off: exit status %d" % p.returncode)
+        check(derived == [] and kinds is not None and "derived" not in kinds,
+              "off: declarations %r, events %r" % (derived, kinds))
+        check("allocscope: provenance" not in p.stderr, "off: the observer spoke")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if failures:
+        print("%d check(s) failed" % len(failures))
+        return 1
+    print("all passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

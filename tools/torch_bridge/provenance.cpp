@@ -1,0 +1,559 @@
+// The PyTorch bridge, third part: provenance. An ATen op observer that
+// follows the bytes of each registered parameter through the ops that read
+// it and declares every allocation computed from it alone
+// (allocscope_derived), so that the weight detectors can tell a quantized
+// weight copy from an activation that happens to have its size.
+//
+// It is a global RecordFunction callback with inputs and outputs: it sees
+// every dispatcher call of every thread (nested calls included, autograd's
+// threads included), plain tensors only. A tensor subclass with
+// __torch_dispatch__ (an FP8 tensor holding _data and _scale) is followed
+// through the aten ops its Python code runs on the plain tensors inside it;
+// the subclass tensors themselves (and every tensor with Python dispatch:
+// reading their sizes could call into Python) count as not derived.
+//
+// Storages, not tensors, are the unit: a view shares its base's StorageImpl,
+// and an allocation is a storage's data. The observer keeps a map from
+// StorageImpl to what it knows (derived from which parameter, how), each
+// entry holding a weak_intrusive_ptr to its StorageImpl: while it is held
+// the StorageImpl's memory is not freed, so its address cannot be taken by
+// a new storage and confuse the map; its data is freed as usual when the
+// last tensor goes. Entries of dead storages go when the map has doubled
+// since the last sweep (amortized constant cost).
+//
+// Rules:
+//  * Seeds. A tensor input of an op that is a leaf requiring grad and not a
+//    view (a view made under no_grad of an activation that requires grad
+//    is a leaf that "requires grad" too), not yet in the map, seen while
+//    the thread is inside a module's forward or backward tag (the shim's
+//    keyed tag kinds), is the parameter `name` of the thread's current
+//    layer (allocscope_current_layer) or of the nearest enclosing layer
+//    that has registered parameters when its shape equals that parameter's
+//    (registered by the shim with its full, unsharded shape) and no other
+//    parameter of that layer has the same shape. The seed is its
+//    StorageImpl: FSDP2's unsharded parameter keeps one StorageImpl across
+//    all-gathers (the storage is resized), so one seed serves every step. A
+//    seed is the parameter itself: no event.
+//  * Propagation. When every tensor input of an op (tensors in lists
+//    included; undefined tensors and Python scalars wrapped as tensors
+//    ignored; at least one) is in the map, every output whose storage is
+//    not in the map is derived from the first input's parameter and
+//    declared, with `how` the chain of ops from the parameter
+//    ("layers.3.fc1.weight -> abs -> amax -> mul -> _to_copy"; the first
+//    and last kChainEnds op names with "…" between when longer). An
+//    activation times a weight is an activation: one input outside the map
+//    and nothing is derived.
+//  * copy_(self, src): self's storage is derived when src's is, self is not
+//    in the map and self covers its whole storage (the empty + copy_ inside
+//    _to_copy and clone; a copy into part of a larger buffer is not
+//    followed). It is named after the op it runs inside (_to_copy, clone),
+//    copy_ when called on its own.
+//  * Ops whose outputs carry no value of their inputs (empty_like,
+//    zeros_like, new_empty, ...) derive nothing.
+//
+// Callbacks run on any thread: one mutex guards the map and the parameter
+// table; allocscope_derived is called after it is released. They never
+// call into Python, never throw (everything is caught), and never change a
+// tensor. The observer is installed once and stays (RecordFunction
+// callbacks of the process cannot be removed safely while ops run).
+//
+// C API (loaded by allocscope/torch.py with ctypes, when
+// ALLOCSCOPE_PROVENANCE=1):
+//   int allocscope_torch_provenance_install(uint32_t forward_kind,
+//         uint32_t backward_kind, char* error, size_t error_size)
+//     0 installed, 1 already installed, -1 failed (the reason in `error`:
+//     the interposer's entry points are missing)
+//   void allocscope_torch_provenance_param(const char* layer,
+//         const char* name, const int64_t* shape, size_t ndim)
+//     a parameter of `layer` with its full shape
+// ALLOCSCOPE_LOG=debug: the ops observed, the callbacks' average time per
+// op, the seeds, the storages derived and the declarations, one line at
+// exit.
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+// RecordFunction has members that exist only without NDEBUG (inputs_valid_)
+// and inline accessors that read the members after them: compiled without
+// NDEBUG against a release libtorch, fn.inputs() would read the wrong
+// bytes. Every libtorch this is built against is a release build.
+#ifndef NDEBUG
+#define NDEBUG 1
+#endif
+#include <dlfcn.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/intrusive_ptr.h>
+
+#define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using Derived = void (*)(const void*, const char*, const char*, const char*);
+using CurrentLayer = size_t (*)(char*, size_t);
+using KindDepth = int (*)(uint32_t);
+
+constexpr size_t kChainEnds = 4;      // op names kept at each end of a chain
+constexpr size_t kFirstSweep = 4096;  // map entries before dead ones are swept
+constexpr int kOpenOps = 16;          // enclosing ops remembered per thread
+constexpr size_t kOpName = 48;        // bytes of an enclosing op's name kept
+
+struct Param {
+    std::string layer;
+    std::string name;
+    std::string full;  // "layer.name", or "name" for the root's
+    std::vector<int64_t> shape;
+};
+
+// How a storage was computed from its parameter: immutable once made,
+// shared by the entries it was extended for.
+struct Chain {
+    const Param* param = nullptr;
+    std::vector<std::string> head;  // the first kChainEnds ops
+    std::vector<std::string> tail;  // the last kChainEnds after those
+    bool elided = false;            // ops were dropped between head and tail
+};
+using ChainPtr = std::shared_ptr<const Chain>;
+
+ChainPtr extend(const ChainPtr& from, std::string_view op) {
+    auto next = std::make_shared<Chain>(*from);
+    if (next->head.size() < kChainEnds) {
+        next->head.emplace_back(op);
+    } else {
+        next->tail.emplace_back(op);
+        if (next->tail.size() > kChainEnds) {
+            next->tail.erase(next->tail.begin());
+            next->elided = true;
+        }
+    }
+    return next;
+}
+
+std::string chain_text(const Chain& c) {
+    std::string out = c.param->full;
+    for (const std::string& op : c.head)
+        out += " -> " + op;
+    if (c.elided) out += " -> …";
+    for (const std::string& op : c.tail)
+        out += " -> " + op;
+    return out;
+}
+
+struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    ChainPtr chain;
+};
+
+struct State {
+    std::mutex mu;
+    std::unordered_map<const c10::StorageImpl*, Entry> known;
+    size_t sweep_at = kFirstSweep;
+    std::deque<Param> params;  // never shrinks: chains point into it
+    std::unordered_map<std::string, std::vector<const Param*>> by_layer;
+
+    // Set once by install, read-only after.
+    Derived derived = nullptr;
+    CurrentLayer current_layer = nullptr;
+    KindDepth kind_depth = nullptr;
+    uint32_t forward = 0;
+    uint32_t backward = 0;
+    bool debug = false;
+
+    std::atomic<uint64_t> ops{0}, op_ns{0}, seeds{0}, marked{0}, declared{0};
+};
+
+// Never destroyed: callbacks may still run on other threads while the
+// process exits.
+State& state() {
+    static State* s = new State;
+    return *s;
+}
+
+std::atomic<bool> g_installed{false};
+
+uint64_t mono_ns() noexcept {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// ALLOCSCOPE_LOG=debug: one line at exit.
+struct Report {
+    ~Report() {
+        if (!g_installed.load() || !state().debug) return;
+        State& s = state();
+        const uint64_t ops = s.ops.load();
+        std::fprintf(stderr,
+                     "allocscope: provenance: %llu ops observed, %llu ns each; %llu seeds, %llu "
+                     "derived storages, %llu declared\n",
+                     static_cast<unsigned long long>(ops),
+                     static_cast<unsigned long long>(ops ? s.op_ns.load() / ops : 0),
+                     static_cast<unsigned long long>(s.seeds.load()),
+                     static_cast<unsigned long long>(s.marked.load()),
+                     static_cast<unsigned long long>(s.declared.load()));
+    }
+};
+Report g_report;
+
+enum class OpKind { plain, copy, no_values };
+
+// Ops whose outputs hold none of their inputs' values: the input is there
+// for its shape, dtype and device.
+bool carries_no_values(std::string_view op) {
+    static constexpr std::string_view kOps[] = {
+        "aten::empty_like",        "aten::zeros_like", "aten::ones_like",    "aten::full_like",
+        "aten::rand_like",         "aten::randn_like", "aten::randint_like", "aten::new_empty",
+        "aten::new_empty_strided", "aten::new_zeros",  "aten::new_ones",     "aten::new_full",
+        "aten::empty_strided",     "aten::empty",      "aten::zeros",        "aten::ones",
+    };
+    return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
+}
+
+OpKind classify(std::string_view op) {
+    if (op == "aten::copy_") return OpKind::copy;
+    if (carries_no_values(op)) return OpKind::no_values;
+    return OpKind::plain;
+}
+
+std::string_view short_name(std::string_view op) {
+    constexpr std::string_view kAten = "aten::";
+    if (op.substr(0, kAten.size()) == kAten) op.remove_prefix(kAten.size());
+    return op;
+}
+
+// The storage behind `t` (alive as long as `t` is), or nullptr for a tensor
+// the observer does not follow: undefined, without storage (sparse), or
+// with Python dispatch. unsafe_storage: storage() throws for some tensors.
+const c10::Storage* storage_of(const at::Tensor& t) {
+    if (!t.defined()) return nullptr;
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->is_python_dispatch() || !impl->has_storage()) return nullptr;
+    const c10::Storage& storage = impl->unsafe_storage();
+    return storage ? &storage : nullptr;
+}
+
+// Calls `f(tensor)` for each tensor in `v` (lists and tuples looked into).
+template <class F>
+void each_tensor(const c10::IValue& v, F&& f) {
+    if (v.isTensor()) {
+        f(v.toTensor());
+    } else if (v.isList()) {
+        for (const c10::IValue& item : v.toListRef())
+            if (item.isTensor()) f(item.toTensor());
+    } else if (v.isTuple()) {
+        for (const c10::IValue& item : v.toTupleRef().elements())
+            if (item.isTensor()) f(item.toTensor());
+    }
+}
+
+// Per thread: the propagating ops now running, innermost last, for the
+// name of a copy_ inside one of them.
+struct OpenOp {
+    const void* ctx;
+    char name[kOpName];
+};
+thread_local OpenOp t_open[kOpenOps];
+thread_local int t_depth = 0;
+
+struct Context : at::ObserverContext {
+    ChainPtr chain;
+    std::string label;         // the op's name in the chain
+    c10::Storage copy_target;  // copy_: self's storage
+    int slot = -1;             // index in t_open, -1 when not pushed
+};
+
+// The registered parameter `t` is (see the rules above), or nullptr. `s`'s
+// map lock is held.
+const Param* seed_param(State& s, const at::Tensor& t) {
+    if (s.by_layer.empty()) return nullptr;
+    if (s.kind_depth(s.forward) <= 0 && s.kind_depth(s.backward) <= 0) return nullptr;
+    char buf[256];
+    const size_t n = s.current_layer(buf, sizeof buf);
+    std::string layer;
+    if (n < sizeof buf) {
+        layer.assign(buf, n);
+    } else {
+        layer.resize(n + 1);
+        layer.resize(std::min(s.current_layer(layer.data(), layer.size()), n));
+    }
+    const c10::IntArrayRef shape = t.sizes();
+    for (;;) {
+        auto it = s.by_layer.find(layer);
+        if (it != s.by_layer.end() && !it->second.empty()) {
+            const Param* found = nullptr;
+            for (const Param* p : it->second) {
+                if (!std::equal(p->shape.begin(), p->shape.end(), shape.begin(), shape.end()))
+                    continue;
+                if (found) return nullptr;  // two parameters of that shape
+                found = p;
+            }
+            return found;
+        }
+        if (layer.empty()) return nullptr;
+        const size_t dot = layer.rfind('.');
+        layer.resize(dot == std::string::npos ? 0 : dot);
+    }
+}
+
+// Drops the entries of dead storages when the map has doubled since the
+// last sweep. `s`'s map lock is held.
+void sweep_if_due(State& s) {
+    if (s.known.size() < s.sweep_at) return;
+    for (auto it = s.known.begin(); it != s.known.end();) {
+        if (it->second.storage.expired()) {
+            it = s.known.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    s.sweep_at = std::max(kFirstSweep, 2 * s.known.size());
+}
+
+std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
+    State& s = state();
+    const c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+    if (inputs.empty()) return nullptr;
+    const std::string_view name = fn.name();
+    const OpKind kind = classify(name);
+
+    size_t tensors = 0;
+    bool all_known = true;
+    ChainPtr first;
+    ChainPtr copy_src;
+    c10::Storage copy_target;
+    {
+        std::lock_guard lock(s.mu);
+        size_t index = 0;
+        for (const c10::IValue& v : inputs) {
+            const size_t arg = index++;
+            each_tensor(v, [&](const at::Tensor& t) {
+                if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+                ++tensors;
+                const c10::Storage* storage = storage_of(t);
+                const Entry* entry = nullptr;
+                if (storage) {
+                    auto it = s.known.find(storage->unsafeGetStorageImpl());
+                    if (it != s.known.end()) {
+                        entry = &it->second;
+                    } else if (t.requires_grad() && t.is_leaf() && !t.is_view()) {
+                        if (const Param* p = seed_param(s, t)) {
+                            auto chain = std::make_shared<Chain>();
+                            chain->param = p;
+                            entry = &s.known
+                                         .emplace(
+                                             storage->unsafeGetStorageImpl(),
+                                             Entry{storage->getWeakStorageImpl(), std::move(chain)})
+                                         .first->second;
+                            s.seeds.fetch_add(1, std::memory_order_relaxed);
+                        }
+                    }
+                }
+                if (kind == OpKind::copy) {
+                    if (arg == 0 && !entry && storage) {
+                        // self must be a whole storage, filled by this copy.
+                        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+                        if (impl->storage_offset() == 0 && impl->is_non_overlapping_and_dense() &&
+                            static_cast<size_t>(impl->numel()) * impl->itemsize() ==
+                                storage->nbytes())
+                            copy_target = *storage;
+                    } else if (arg == 1 && entry) {
+                        copy_src = entry->chain;
+                    }
+                }
+                if (!entry) {
+                    all_known = false;
+                } else if (tensors == 1) {
+                    first = entry->chain;
+                }
+            });
+        }
+    }
+
+    if (kind == OpKind::copy) {
+        if (!copy_src || !copy_target) return nullptr;
+        auto ctx = std::make_unique<Context>();
+        ctx->chain = std::move(copy_src);
+        ctx->copy_target = std::move(copy_target);
+        ctx->label = t_depth > 0 && t_depth <= kOpenOps ? t_open[t_depth - 1].name : "copy_";
+        return ctx;
+    }
+    if (kind != OpKind::plain || tensors == 0 || !all_known) return nullptr;
+    auto ctx = std::make_unique<Context>();
+    ctx->chain = std::move(first);
+    ctx->label = short_name(name);
+    ctx->slot = t_depth;
+    if (t_depth < kOpenOps) {
+        OpenOp& open = t_open[t_depth];
+        open.ctx = ctx.get();
+        const size_t n = std::min(ctx->label.size(), kOpName - 1);
+        std::memcpy(open.name, ctx->label.data(), n);
+        open.name[n] = '\0';
+    }
+    ++t_depth;
+    return ctx;
+}
+
+struct Declaration {
+    const void* ptr;
+    const Param* param;
+    std::string how;
+};
+
+void mark(State& s, const c10::Storage& storage, const ChainPtr& chain,
+          c10::SmallVector<Declaration, 2>& out) {
+    s.known.emplace(storage.unsafeGetStorageImpl(), Entry{storage.getWeakStorageImpl(), chain});
+    s.marked.fetch_add(1, std::memory_order_relaxed);
+    const void* ptr = storage.unsafeGetStorageImpl()->data_ptr().get();
+    if (ptr) out.push_back({ptr, chain->param, chain_text(*chain)});
+}
+
+void end(const at::RecordFunction& fn, Context& ctx) {
+    State& s = state();
+    if (ctx.slot >= 0) {
+        // Back to the depth before this op; an op that ended on another
+        // thread (async) leaves the entries that a later end truncates.
+        if (t_depth > ctx.slot && (ctx.slot >= kOpenOps || t_open[ctx.slot].ctx == &ctx))
+            t_depth = ctx.slot;
+    }
+    c10::SmallVector<Declaration, 2> declare;
+    {
+        std::lock_guard lock(s.mu);
+        sweep_if_due(s);
+        ChainPtr chain;
+        auto derive = [&](const c10::Storage* storage) {
+            if (!storage || s.known.count(storage->unsafeGetStorageImpl())) return;
+            if (!chain) chain = extend(ctx.chain, ctx.label);
+            mark(s, *storage, chain, declare);
+        };
+        if (ctx.copy_target) {
+            derive(&ctx.copy_target);
+        } else {
+            for (const c10::IValue& v : fn.outputs())
+                each_tensor(v, [&](const at::Tensor& t) {
+                    if (t.defined() && t.numel() > 0) derive(storage_of(t));
+                });
+        }
+    }
+    for (const Declaration& d : declare)
+        s.derived(d.ptr, d.param->layer.c_str(), d.param->name.c_str(), d.how.c_str());
+    s.declared.fetch_add(declare.size(), std::memory_order_relaxed);
+}
+
+// Adds the time since `t0` to the callbacks' total (debug only).
+void count_time(State& s, uint64_t t0) {
+    if (s.debug) s.op_ns.fetch_add(mono_ns() - t0, std::memory_order_relaxed);
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    State& s = state();
+    uint64_t t0 = 0;
+    if (s.debug) {
+        t0 = mono_ns();
+        s.ops.fetch_add(1, std::memory_order_relaxed);
+    }
+    std::unique_ptr<at::ObserverContext> ctx;
+    try {
+        ctx = start(fn);
+    } catch (...) {  // out of memory, a tensor whose sizes cannot be read
+    }
+    count_time(s, t0);
+    return ctx;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+    if (!ctx) return;
+    State& s = state();
+    const uint64_t t0 = s.debug ? mono_ns() : 0;
+    try {
+        end(fn, *static_cast<Context*>(ctx));
+    } catch (...) {
+    }
+    count_time(s, t0);
+}
+
+void copy_error(const char* text, char* error, size_t error_size) {
+    if (!error || error_size == 0) return;
+    std::snprintf(error, error_size, "%s", text);
+}
+
+template <class F>
+bool resolve(F& out, const char* name) {
+    out = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+    return out != nullptr;
+}
+
+}  // namespace
+
+ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forward_kind,
+                                                                 uint32_t backward_kind,
+                                                                 char* error, size_t error_size) {
+    copy_error("", error, error_size);
+    static std::mutex install_mu;
+    std::lock_guard lock(install_mu);
+    if (g_installed.load()) return 1;
+    State& s = state();
+    if (!resolve(s.derived, "allocscope_derived") ||
+        !resolve(s.current_layer, "allocscope_current_layer") ||
+        !resolve(s.kind_depth, "allocscope_keyed_kind_depth")) {
+        copy_error(
+            "liballocscope.so in this process has no allocscope_derived (too old, or not "
+            "loaded)",
+            error, error_size);
+        return -1;
+    }
+    s.forward = forward_kind;
+    s.backward = backward_kind;
+    const char* log = std::getenv("ALLOCSCOPE_LOG");
+    s.debug = log && std::strcmp(log, "debug") == 0;
+    try {
+        at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                  .needsInputs(true)
+                                  .needsOutputs(true)
+                                  .scopes({at::RecordScope::FUNCTION}));
+    } catch (const std::exception& e) {
+        std::string what = e.what();
+        if (const size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+        copy_error(("addGlobalCallback failed: " + what).c_str(), error, error_size);
+        return -1;
+    }
+    g_installed.store(true);
+    return 0;
+}
+
+ALLOCSCOPE_BRIDGE_EXPORT void allocscope_torch_provenance_param(const char* layer, const char* name,
+                                                                const int64_t* shape, size_t ndim) {
+    if (!layer || !name || (ndim && !shape)) return;
+    State& s = state();
+    try {
+        std::lock_guard lock(s.mu);
+        Param p;
+        p.layer = layer;
+        p.name = name;
+        p.full = p.layer.empty() ? p.name : p.layer + "." + p.name;
+        p.shape.assign(shape, shape + ndim);
+        std::vector<const Param*>& of_layer = s.by_layer[p.layer];
+        for (const Param* q : of_layer)
+            if (q->name == p.name) return;  // registered already (a second root of it)
+        s.params.push_back(std::move(p));
+        of_layer.push_back(&s.params.back());
+    } catch (...) {
+    }
+}
