@@ -14,6 +14,7 @@ for each configuration:
   plain               no recording
   allocscope/nostack  allocscope run --stack-depth 0 (tags, blocks, plugins live)
   allocscope          allocscope run (24 native frames + Python frames)
+  allocscope/provenance  the same with the bridge's op observer (--provenance)
   allocscope/depth16  allocscope run --stack-depth 16
   allocscope/ctypes-hooks  the same, ALLOCSCOPE_BRIDGE_HOOKS=0
   torch/python        _record_memory_history(stacks="python")
@@ -374,6 +375,8 @@ def main():
         ("plain/control", {}, []),
         ("allocscope/nostack", {}, under("a0", "--stack-depth", "0")),
         ("allocscope", {}, under("a1")),
+        # + the bridge's op observer: provenance of weight-derived tensors
+        ("allocscope/provenance", {"ALLOCSCOPE_PROVENANCE": "1"}, under("ap")),
         # 16 native frames instead of 24 (the Python frames follow either way)
         ("allocscope/depth16", {}, under("a16", "--stack-depth", "16")),
         # the module hooks through ctypes and Python tensor hooks, not the bridge's
