@@ -22,7 +22,11 @@
 //   next step it runs (s+1): by then the same layer has run the same phase
 //   again and had every chance to release or replace it. That is the
 //   retention of step s, measured at the end of each scope of the key in
-//   step s+1 (the last one decides). One retaining step is expected (state
+//   step s+1 (the last one decides), less what is freed before step s+1
+//   ends (known when the key runs in a later step): a step's output that a
+//   variable holds until the next step's replaces it is alive at the end
+//   of the next forward, but not after the next step. One retaining step is
+//   expected (state
 //   created lazily on first use: optimizer moments, caches); the key is
 //   reported when `repeat` (default 2) steps each retained more than
 //   `budget` (default 0) bytes: retention that recurs accumulates. Needs
@@ -187,7 +191,7 @@ class PhaseRetention {
 
     void finish() {
         for (auto& key : run_.keys) {
-            if (key) commit(*key, false);
+            if (key) commit(*key, false, false);
         }
         const int li = run_.saw_block ? 0 : 1;
         // Keys in id order: findings come out in the order the keys were
@@ -209,7 +213,7 @@ class PhaseRetention {
                 f.count = p.count;
                 f.summary = where + ": what " + std::to_string(p.times) + " of " +
                             std::to_string(k.evaluated) + " steps allocated in its scopes was " +
-                            "still alive at the end of the next step's (up to " +
+                            "still alive after the next step's scopes and that step's end (up to " +
                             format_bytes(p.largest) + " per step, allowed " +
                             format_bytes(p.threshold) + "); " + format_bytes(p.bytes) + " in " +
                             std::to_string(p.count) + " allocations retained at step " +
@@ -278,7 +282,7 @@ class PhaseRetention {
         KeyState& k = key_state(s, id);
         k.id = id;
         if (!k.ran || k.step != e.step) {
-            commit(k, baseline);
+            commit(k, baseline, true);
             if (k.ran) {
                 k.has_previous = true;
                 k.previous = k.step;
@@ -391,14 +395,26 @@ class PhaseRetention {
     }
 
     // Commits the key's evaluation of its last step: the retention measured
-    // at the end of its last scope of that step.
-    void commit(KeyState& k, bool baseline) {
+    // at the end of its last scope of that step, less what was freed since
+    // when `step_over` (the key runs in a later step: that step has ended).
+    // What the program replaces during the next step, after the key's
+    // scopes (the step's output a variable holds until the next step's is
+    // assigned), is not retained. At the end of the stream the step is not
+    // known to be over (the frees there are the program's teardown), so
+    // the measurement stands.
+    void commit(KeyState& k, bool baseline, bool step_over) {
         if (!k.ran || !k.has_previous) return;
         ++k.evaluated;
         for (int li = 0; li < 2; ++li) {
             LevelState& l = k.levels[li];
             Candidate c = std::move(l.candidate);
             l.candidate = {};
+            if (step_over && (c.set || baseline)) {
+                auto prev = l.by_step.find(c.previous);
+                c.retained = std::min(c.retained, prev == l.by_step.end() ? 0 : prev->second.bytes);
+                if (!baseline && c.retained <= c.allowed) c.set = false;
+            }
+            if (step_over && c.set && !baseline) accumulated(l, c.step, &c.bytes, &c.count);
             if (baseline) {
                 if (k.evaluated > 1) l.steady_retention = std::max(l.steady_retention, c.retained);
                 watch_.release(c.evidence);
@@ -422,6 +438,17 @@ class PhaseRetention {
         }
     }
 
+    // Everything of the key's steps before `step` still alive: the
+    // accumulated retention.
+    static void accumulated(const LevelState& l, uint64_t step, uint64_t* bytes, uint64_t* count) {
+        *bytes = l.live_bytes;
+        *count = l.live_count;
+        for (auto it = l.by_step.lower_bound(step); it != l.by_step.end(); ++it) {
+            *bytes -= it->second.bytes;
+            *count -= it->second.seqs.size();
+        }
+    }
+
     void end_scope(Stream& s, const Scope& scope, bool baseline) {
         KeyState& k = *s.keys[scope.key];
         for (int li = 0; li < 2; ++li) {
@@ -435,17 +462,10 @@ class PhaseRetention {
                 const uint64_t allowed = budget_ + (base ? base->steady_retention : 0);
                 c.allowed = allowed;
                 c.set = baseline || c.retained > allowed;
+                c.previous = k.previous;
+                c.step = k.step;
                 if (c.set && !baseline) {
-                    // Everything of earlier steps still alive: the
-                    // accumulated retention.
-                    c.bytes = l.live_bytes;
-                    c.count = l.live_count;
-                    for (auto it = l.by_step.lower_bound(k.step); it != l.by_step.end(); ++it) {
-                        c.bytes -= it->second.bytes;
-                        c.count -= it->second.seqs.size();
-                    }
-                    c.previous = k.previous;
-                    c.step = k.step;
+                    accumulated(l, k.step, &c.bytes, &c.count);
                     c.evidence = evidence_of(s, prev->second);
                     watch_.hold(c.evidence);
                 }

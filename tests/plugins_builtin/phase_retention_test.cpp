@@ -548,3 +548,54 @@ TEST_CASE("an invalid option disables the plugin with one message naming it") {
               0);
     }
 }
+
+namespace {
+
+// A training loop whose script keeps each step's output: in a variable that
+// the next step's output replaces (`out = model(x)`: the old output is freed
+// once the new one is assigned, after the next forward), or in a list that
+// only grows (`outputs.append(out)`).
+Stream kept_outputs(bool accumulate, int steps) {
+    Stream s;
+    uint64_t previous = 0;
+    std::vector<uint64_t> kept;
+    uint64_t address = 0x100000;
+    for (int k = 0; k < steps; ++k) {
+        s.step(uint64_t(k));
+        s.push("layers.0", "forward");
+        const uint64_t activation = address += 0x40000;
+        s.alloc(activation, kAct);
+        s.pop();
+        s.push("layers.1", "forward");
+        const uint64_t out = address += 0x40000;
+        s.alloc(out, kAct);  // the model's output, made in the last layer's forward
+        s.pop();
+        s.push("layers.1", "backward");
+        s.pop();
+        s.push("layers.0", "backward");
+        s.free(activation);
+        s.pop();
+        if (accumulate) {
+            kept.push_back(out);
+        } else if (previous) {
+            s.free(previous);  // the variable now holds this step's output
+        }
+        previous = out;
+    }
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("the step's output held in a variable until the next step replaces it is not retention") {
+    const Outcome kept = drive(kept_outputs(false, 6));
+    CHECK(kept.failed_call.empty());
+    CHECK(kept.findings.empty());
+    // The same output appended to a list every step is.
+    const Outcome grown = drive(kept_outputs(true, 6));
+    REQUIRE(grown.findings.size() == 1);
+    CHECK(grown.findings[0].layer == "layers.1");
+    CHECK(grown.findings[0].phase == "forward");
+    CHECK(grown.findings[0].severity == ALLOCSCOPE_SEVERITY_WARNING);
+    CHECK(grown.findings[0].summary.find("what 5 of 5 steps") != std::string::npos);
+}
