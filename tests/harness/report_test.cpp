@@ -277,3 +277,33 @@ TEST_CASE("diff: backward tagged on autograd's thread still gives the backward h
     CHECK(*d.backward_excess == doctest::Approx(600 * 1024.0 - 2 * 65536.0));
     CHECK(d.backward_exceeded);
 }
+
+TEST_CASE("diff on real PyTorch FSDP2 runs measures both halves of the reference test") {
+    // Traces recorded on an H200 (tests/corpus/, labels.json has each
+    // command): backward runs on autograd's threads there.
+    const std::string cli = env("E2E_CLI");
+    const std::string corpus = env("CORPUS_DIR");
+    TempDir t;
+    auto diff = [&](const std::string& base, const std::string& cand) {
+        const fs::path json = t.dir / (cand + ".json");
+        const int status = sh(cli + " diff " + corpus + "/" + base + " " + corpus + "/" + cand +
+                              " --format json -o " + json.string());
+        return std::make_pair(status, slurp(json));
+    };
+    // fp32 master weights under bf16 autocast: every layer's bf16 weight
+    // casts are alive after its forward (problem 1's pattern).
+    auto [autocast, autocast_json] = diff("bf16-t256", "bf16-autocast-fp32-master-t256");
+    CHECK(autocast == 3);
+    CHECK(contains(autocast_json, "\"forward_exceeded\": true"));
+    // FP8 seed with checkpointing keeps only the transposes after backward
+    // (problem 2): the backward half, measured.
+    auto [transposes, transposes_json] = diff("bf16-t64", "function-seed-checkpoint");
+    CHECK(transposes == 3);
+    CHECK(contains(transposes_json, "\"backward_exceeded\": true"));
+    CHECK_FALSE(contains(transposes_json, "\"backward_excess\": null"));
+    // The fixed FP8 run is within both thresholds, both halves measured.
+    auto [fixed, fixed_json] = diff("bf16-t64", "function-fixed-t64");
+    CHECK(fixed == 0);
+    CHECK_FALSE(contains(fixed_json, "\"backward_excess\": null"));
+    CHECK_FALSE(contains(fixed_json, "\"forward_excess\": null"));
+}
