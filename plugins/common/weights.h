@@ -35,9 +35,17 @@ struct WeightHeld : HeldAlloc {
 inline constexpr const char* kProven = "proven";
 inline constexpr const char* kSizeOnly = "size-only";
 inline constexpr const char* kBaseline = "baseline";
-inline constexpr const char* kHowToSettle =
-    "compare against a baseline (allocscope diff BASE CAND) or enable provenance (allocscope run "
-    "--provenance for PyTorch; allocscope_derived() declarations in C/C++)";
+// How to settle a size-only match, for a stream with provenance (some
+// DERIVED event came: it named no parameter for these allocations) or
+// without (it was off, or the program declares nothing).
+inline std::string how_to_settle(bool provenance_on) {
+    return provenance_on
+               ? "provenance was on in this run and named no parameter for them; compare against "
+                 "a baseline (allocscope diff BASE CAND)"
+               : "provenance was off in this run (no derived events): enable it (allocscope run "
+                 "--provenance for PyTorch; allocscope_derived() declarations in C/C++) or "
+                 "compare against a baseline (allocscope diff BASE CAND)";
+}
 
 // Per layer, the window (one forward or backward of it) that retained the
 // most bytes, with its evidence held in an EvidenceWatch; layers in the
@@ -364,6 +372,9 @@ class WeightDetector {
                               "; reporting weight-derived allocations without the baseline")
                                  .c_str());
     }
+
+    // How to settle this stream's size-only matches.
+    std::string how_to_settle() const { return plugins::how_to_settle(saw_derived_); }
 
     // At finish: a stream of forward or backward passes that registered no
     // parameter and declared no provenance gave these detectors nothing to

@@ -320,7 +320,7 @@ class TransposeCacheRetention final : public WeightDetector {
                 std::to_string(e.step) + "; " + retained_after(e) +
                 "); size alone does not show they are weight-derived (a sharded bf16 "
                 "gradient has an FP8 transpose's size): " +
-                kHowToSettle;
+                how_to_settle();
             emit(host_, f);
         }
     }

@@ -451,7 +451,7 @@ class WeightCopyAccumulation final : public WeightDetector {
                 std::to_string(modules.size()) + (modules.size() == 1 ? " module" : " modules") +
                 ") whose sizes match weight-derived forms of " + layer + " outlive " + layer +
                 "'s forward (step " + std::to_string(e.step) + "; " + retained_in(e) +
-                "); size alone does not show they are weight copies: " + kHowToSettle;
+                "); size alone does not show they are weight copies: " + how_to_settle();
             emit(host_, f);
         }
         emit_total(totals_[0], true);
@@ -481,12 +481,12 @@ class WeightCopyAccumulation final : public WeightDetector {
         const std::string when = " alive together at the end of forward (step " +
                                  std::to_string(t.step) + ", " + std::to_string(f.count) +
                                  " allocations)";
-        f.summary = proven
-                        ? format_bytes(t.bytes) + " of weight-derived copies of " + layers + when
-                        : format_bytes(t.bytes) +
-                              " of allocations whose sizes match weight-derived forms of " +
-                              layers + when +
-                              "; size alone does not show they are weight copies: " + kHowToSettle;
+        f.summary =
+            proven
+                ? format_bytes(t.bytes) + " of weight-derived copies of " + layers + when
+                : format_bytes(t.bytes) +
+                      " of allocations whose sizes match weight-derived forms of " + layers + when +
+                      "; size alone does not show they are weight copies: " + how_to_settle();
         emit(host_, f);
     }
 

@@ -826,6 +826,7 @@ TEST_CASE(
         CHECK(f.summary.find("allocscope diff BASE CAND") != std::string::npos);
         CHECK(f.summary.find("--provenance") != std::string::npos);
         CHECK(f.summary.find("allocscope_derived()") != std::string::npos);
+        CHECK(f.summary.find("provenance was off in this run") != std::string::npos);
         REQUIRE(f.evidence.size() == 12);
         // qkv's scale_inv, its FP8 data, its transpose: which form each size is.
         CHECK(f.evidence[0].note == "size of " + run.layer(i) +
@@ -1016,6 +1017,10 @@ TEST_CASE("a layer with proven and size-only copies: an error and an info, no al
     CHECK(layers[1]->bytes == 65536);
     REQUIRE(layers[1]->evidence.size() == 1);
     CHECK(layers[1]->evidence[0].alloc_seq == sized);
+    // Provenance was on: it named nothing for this one, which a baseline
+    // settles.
+    CHECK(layers[1]->summary.find("provenance was on in this run") != std::string::npos);
+    CHECK(layers[1]->summary.find("provenance was off") == std::string::npos);
     // The totals at the end of forward split the same way.
     std::vector<const CollectedFinding*> totals;
     for (const CollectedFinding& f : d.findings) {
