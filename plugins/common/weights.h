@@ -311,6 +311,18 @@ class WeightDetector {
         }
     }
 
+    // The layers with retained evidence of either kind, each once, sorted.
+    std::vector<uint32_t> retained_layers() const {
+        std::vector<uint32_t> layers;
+        for (const RetentionByLayer* table : {&proven_, &sized_}) {
+            for (const RetentionByLayer::Entry& e : table->entries())
+                layers.push_back(e.layer);
+        }
+        std::sort(layers.begin(), layers.end());
+        layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+        return layers;
+    }
+
     std::string common_layer(const std::vector<uint32_t>& layers) const {
         if (layers.empty()) return {};
         std::string_view common = text(layers.front());

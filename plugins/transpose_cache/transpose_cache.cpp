@@ -276,13 +276,7 @@ class TransposeCacheRetention final : public WeightDetector {
         if (!(excess > double(threshold_))) return true;
         Finding f = baseline_finding("backward", excess,
                                      [](uint32_t) { return std::string("alive after backward"); });
-        std::vector<uint32_t> layers;
-        for (const RetentionByLayer* table : {&proven_, &sized_}) {
-            for (const RetentionByLayer::Entry& e : table->entries())
-                layers.push_back(e.layer);
-        }
-        std::sort(layers.begin(), layers.end());
-        layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+        const std::vector<uint32_t> layers = retained_layers();
         f.layer = common_layer(layers);
         auto describe = [](const Mean& m, const char* what) {
             return format_signed_bytes(m.bytes) + " (" + what + ", " +

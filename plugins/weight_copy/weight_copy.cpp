@@ -407,13 +407,7 @@ class WeightCopyAccumulation final : public WeightDetector {
                     " against " + describe(*b, "baseline") + ": " + format_signed_bytes(excess) +
                     " per layer, over the threshold of " + format_bytes(threshold_);
         if (f.count > 0) {
-            std::vector<uint32_t> layers;
-            for (const RetentionByLayer* table : {&proven_, &sized_}) {
-                for (const RetentionByLayer::Entry& e : table->entries())
-                    layers.push_back(e.layer);
-            }
-            std::sort(layers.begin(), layers.end());
-            layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+            const std::vector<uint32_t> layers = retained_layers();
             f.summary += "; weight-derived allocations alive after their layer's forward: " +
                          std::to_string(f.count) + " in " + std::to_string(layers.size()) +
                          " layers";
