@@ -61,8 +61,11 @@ class TransposeCacheRetention final : public WeightDetector {
     }
 
     void finish() {
-        // A backward the stream ends in is not judged: nothing shows that
-        // it was over.
+        // The stream's last backward, when every backward scope was left
+        // (the run ended after it, with no optimizer step or forward to
+        // end it). A backward scope still open (a process killed in
+        // backward) shows nothing was over: not judged.
+        if (source_ == ALLOCSCOPE_SOURCE_RUN && !backward_open()) end_backward();
         log_if_no_params();
         if (host_.has_baseline && emit_baseline_comparison()) return;
         emit_per_layer();
@@ -180,6 +183,14 @@ class TransposeCacheRetention final : public WeightDetector {
         if (it == threads_.end() || it->second.frames.empty()) return;
         it->second.open_backward -= it->second.frames.back().backward;
         it->second.frames.pop_back();
+    }
+
+    // Whether any thread is inside a backward scope.
+    bool backward_open() const {
+        for (const auto& [tid, t] : threads_) {
+            if (t.open_backward > 0) return true;
+        }
+        return false;
     }
 
     // The layer whose backward made an allocation derived from a parameter

@@ -409,8 +409,18 @@ TEST_CASE("where backward ends") {
         REQUIRE(d.findings.size() == 1);
         CHECK(d.findings[0].bytes == 196608 + 512);
     }
-    SUBCASE("a stream that ends inside backward is not judged") {
+    SUBCASE("at the end of the stream when every backward scope was left") {
+        // The run's last backward (no optimizer step or forward after it,
+        // as at the end of a run with gradient accumulation).
         const Outcome d = drive(stream([](Stream&) {}));
+        REQUIRE(d.findings.size() == 1);
+        CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_ERROR);
+        CHECK(d.findings[0].bytes == 196608 + 512);
+    }
+    SUBCASE("a stream that ends inside a backward scope is not judged") {
+        // Killed mid-backward (another thread's scope still open): nothing
+        // shows that backward was over.
+        const Outcome d = drive(stream([](Stream& s) { s.push("layers.1", "backward", 2); }));
         CHECK(d.findings.empty());
     }
 }
