@@ -1271,6 +1271,26 @@ void set_step(uint64_t step) noexcept {
     EventRing::publish(slot);
 }
 
+namespace {
+
+// A new param record (under defs_mutex); the latest index of (layer, name)
+// is what allocscope_derived names.
+uint32_t add_param_locked(uint32_t layer, uint32_t name, uint32_t dtype, uint64_t numel,
+                          uint64_t sharded_numel) {
+    ParamRecord p;
+    p.index = g->params++;
+    p.layer = layer;
+    p.name = name;
+    p.dtype = dtype;
+    p.numel = numel;
+    p.sharded_numel = sharded_numel;
+    g->pending_defs.push_back({RecordType::param, p.index, {}, {}, p});
+    g->param_index[{layer, name}] = p.index;
+    return p.index;
+}
+
+}  // namespace
+
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept {
     ApiScope scope;
@@ -1278,15 +1298,8 @@ void register_param(const char* layer, const char* name, uint64_t numel, const c
     uint32_t index = 0;
     try {
         std::lock_guard lock(g->defs_mutex);
-        ParamRecord p;
-        p.index = index = g->params++;
-        p.layer = intern_locked(layer);
-        p.name = intern_locked(name);
-        p.dtype = intern_locked(dtype);
-        p.numel = numel;
-        p.sharded_numel = sharded_numel;
-        g->pending_defs.push_back({RecordType::param, index, {}, {}, p});
-        g->param_index[{p.layer, p.name}] = index;
+        index = add_param_locked(intern_locked(layer), intern_locked(name), intern_locked(dtype),
+                                 numel, sharded_numel);
     } catch (...) {
         return;
     }
@@ -1304,22 +1317,12 @@ void derived(const void* ptr, const char* layer, const char* name, const char* h
         std::lock_guard lock(g->defs_mutex);
         const uint32_t layer_id = intern_locked(layer);
         const uint32_t name_id = intern_locked(name);
-        how_id = how && *how ? intern_locked(how) : 0;
+        how_id = intern_locked(how);
         auto it = g->param_index.find({layer_id, name_id});
-        if (it != g->param_index.end()) {
-            index = it->second;
-        } else {
-            // Never registered: registered here without sizes, so the
-            // declaration still names its parameter.
-            ParamRecord p;
-            p.index = index = g->params++;
-            p.layer = layer_id;
-            p.name = name_id;
-            p.dtype = intern_locked("");
-            g->pending_defs.push_back({RecordType::param, index, {}, {}, p});
-            g->param_index[{layer_id, name_id}] = index;
-            registered = true;
-        }
+        registered = it == g->param_index.end();
+        // Never registered: registered here without sizes, so the
+        // declaration still names its parameter.
+        index = registered ? add_param_locked(layer_id, name_id, 0, 0, 0) : it->second;
     } catch (...) {
         return;
     }
