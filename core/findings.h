@@ -1,8 +1,8 @@
 // Findings: what detection plugins report, and the findings JSON files
 // (docs/FINDINGS.md is the schema). The writer escapes every string so a
 // layer name taken from the traced program can never break the JSON or an
-// HTML page that embeds it; the reader is a strict parser for this schema
-// that reports the first problem with file, line and column.
+// HTML page that embeds it. The reader is offline code:
+// analyze/findings_reader.h.
 #pragma once
 
 #include <cstdint>
@@ -89,11 +89,6 @@ class FindingsError : public std::runtime_error {
   public:
     using std::runtime_error::runtime_error;
 };
-
-// Parses a findings document. `origin` names it in error messages
-// ("<origin>: line L, column C: <problem>"). Throws FindingsError.
-FindingsFile parse_findings(std::string_view text, const std::string& origin);
-FindingsFile read_findings_file(const std::string& path);  // throws FindingsError
 
 // Writes `path` through a temporary file in the same directory and a rename,
 // so a reader never sees half a file; mode 0600. Throws FindingsError naming

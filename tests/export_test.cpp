@@ -1,8 +1,8 @@
-// allocscope export (core/export.h, tools/allocscope/cmd_export.cpp): the
+// allocscope export (analyze/export.h, tools/allocscope/cmd_export.cpp): the
 // Perfetto JSON, the collapsed stacks and the PyTorch memory snapshot of
 // small constructed traces, where every number is known, and of the sim
 // harness's traces, checked against the trace itself and the report
-// analysis (core/analysis.h). The snapshot pickle is loaded by python3.
+// analysis (analyze/analysis.h). The snapshot pickle is loaded by python3.
 // Environment (tests/meson.build): E2E_CLI, HARNESS.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
@@ -21,6 +21,7 @@
 #include "analysis.h"
 #include "export.h"
 #include "findings.h"
+#include "findings_reader.h"
 #include "json.h"
 #include "replay.h"
 #include "support.h"

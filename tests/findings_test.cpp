@@ -1,4 +1,4 @@
-// Findings files (core/findings.h): escaping, the strict reader, merging,
+// Findings files (core/findings.h, analyze/findings_reader.h): escaping, the strict reader, merging,
 // and the plugin settings of core/config.h.
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "findings.h"
+#include "findings_reader.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "findings.h"
+#include "findings_reader.h"
 #include "plugin_host.h"
 #include "support.h"
 #include "trace_reader.h"

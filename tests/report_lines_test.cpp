@@ -1,4 +1,4 @@
-// The text report's stack lines (core/report.h, stack_lines): which native
+// The text report's stack lines (analyze/report.h, stack_lines): which native
 // and Python frames a stack shows, and how PyTorch's caching allocator's
 // leading frames are folded into one line.
 #include <doctest/doctest.h>

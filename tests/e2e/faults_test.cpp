@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "findings.h"
+#include "findings_reader.h"
 #include "support.h"
 #include "trace_reader.h"
 

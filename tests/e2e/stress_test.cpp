@@ -25,6 +25,7 @@
 #include <string>
 
 #include "findings.h"
+#include "findings_reader.h"
 #include "replay.h"
 #include "support.h"
 #include "trace_reader.h"

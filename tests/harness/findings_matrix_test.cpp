@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "findings.h"
+#include "findings_reader.h"
 #include "fp8/layout.h"
 #include "support.h"
 #include "weight_sizes.h"

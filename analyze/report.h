@@ -1,4 +1,4 @@
-// Attribution reports: one or more ranks' analyses (core/analysis.h), the
+// Attribution reports: one or more ranks' analyses (analyze/analysis.h), the
 // findings of the run, and the symbolized stacks both refer to, rendered as
 // text, JSON (schema in docs/REPORT.md) or one self-contained HTML file.
 #pragma once

@@ -2,7 +2,7 @@
 //
 //   * Perfetto / Chrome trace-event JSON: per rank a process ("rank R") with
 //     counter tracks of live bytes per pool and per layer group (of the
-//     owner pool, see core/analysis.h), the tag scopes of every thread as
+//     owner pool, see analyze/analysis.h), the tag scopes of every thread as
 //     nested slices, step markers, and the findings as instant events;
 //   * collapsed stacks (flamegraph.pl, speedscope): the owner pool's live
 //     allocations at its peak, "layer;phase;outermost;...;innermost BYTES";

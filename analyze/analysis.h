@@ -2,7 +2,7 @@
 // (plus a short second one up to the peak): per (layer, phase) accounting,
 // the memory timeline with phase bands and step markers, the pools' peaks,
 // and the allocation sites that hold memory at the peak and at exit. The
-// renderers (core/report.h) turn it into text, JSON and HTML; the CLI's
+// renderers (analyze/report.h) turn it into text, JSON and HTML; the CLI's
 // `report` and `run` use them.
 //
 // The "owner" pool is where tensors are: the caching allocator's blocks
