@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "findings.h"
+#include "findings_reader.h"
 #include "report.h"
 
 namespace allocscope::cli {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "cli.h"
 
 namespace allocscope::cli {
@@ -27,28 +28,17 @@ example:
 }  // namespace
 
 int check_command(const std::vector<std::string>& args) {
-    std::string path;
     Severity threshold = Severity::error;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kCheckHelp, stdout);
-            return 0;
-        }
-        if (a == "--fail-on") {
-            if (i + 1 >= args.size())
-                return fail("--fail-on needs a value: info, warning or error");
-            if (!parse_fail_on(args[++i], threshold)) {
-                return fail("--fail-on expects info, warning or error, got '" + args[i] + "'");
-            }
-        } else if (a.rfind("--", 0) == 0) {
-            return fail("unknown option '" + a + "' for check (see allocscope check --help)");
-        } else if (path.empty()) {
-            path = a;
-        } else {
-            return fail("check takes one PATH (see allocscope check --help)");
-        }
-    }
+    Args parser("check", kCheckHelp);
+    parser.value({"--fail-on"}, [&threshold](const std::string& v) {
+        return parse_fail_on(v, threshold)
+                   ? std::string()
+                   : "--fail-on expects info, warning or error, got '" + v + "'";
+    });
+    if (const auto status = parser.parse(args)) return *status;
+    if (parser.positionals().size() > 1)
+        return fail("check takes one PATH (" + parser.see_help() + ")");
+    std::string path = parser.positionals().empty() ? std::string() : parser.positionals()[0];
     if (path.empty()) return fail("check needs a PATH (see allocscope check --help)");
     std::error_code ec;
     if (fs::is_directory(path, ec)) {

@@ -1,10 +1,11 @@
-// allocscope diff: the reference test's comparison of two runs (core/diff.h).
+// allocscope diff: the reference test's comparison of two runs (analyze/diff.h).
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "cli.h"
 #include "diff.h"
 #include "progress.h"
@@ -85,36 +86,23 @@ std::vector<std::string> traces_of(const std::string& path) {
 }  // namespace
 
 int diff_command(const std::vector<std::string>& args) {
-    std::vector<std::string> paths;
     DiffThresholds thresholds;
     std::string format = "text", output;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kDiffHelp, stdout);
-            return 0;
-        }
-        if (a == "--forward-threshold" || a == "--backward-threshold" || a == "--format" ||
-            a == "-o") {
-            if (i + 1 >= args.size()) return fail(a + " needs a value");
-            const std::string& v = args[++i];
-            if (a == "--format") {
-                if (v != "text" && v != "json")
-                    return fail("--format expects text or json, got '" + v + "'");
-                format = v;
-            } else if (a == "-o") {
-                output = v;
-            } else if (!parse_bytes(v, a == "--forward-threshold" ? thresholds.forward
-                                                                  : thresholds.backward)) {
-                return fail(a + " expects bytes such as 51200, 50KiB or 1MiB, got '" + v + "'");
-            }
-        } else if (a.rfind("--", 0) == 0) {
-            return fail("unknown option '" + a + "' for diff (see allocscope diff --help)");
-        } else {
-            paths.push_back(a);
-        }
-    }
-    if (paths.size() != 2) return fail("diff needs BASE and CAND (see allocscope diff --help)");
+    auto bytes = [](const std::string& name, uint64_t& out) {
+        return [name, &out](const std::string& v) {
+            return parse_bytes(v, out)
+                       ? std::string()
+                       : name + " expects bytes such as 51200, 50KiB or 1MiB, got '" + v + "'";
+        };
+    };
+    Args parser("diff", kDiffHelp);
+    parser.value({"--forward-threshold"}, bytes("--forward-threshold", thresholds.forward))
+        .value({"--backward-threshold"}, bytes("--backward-threshold", thresholds.backward))
+        .value({"--format"}, one_of("--format", {"text", "json"}, format))
+        .value({"-o"}, output);
+    if (const auto status = parser.parse(args)) return *status;
+    const std::vector<std::string>& paths = parser.positionals();
+    if (paths.size() != 2) return fail("diff needs BASE and CAND (" + parser.see_help() + ")");
     const std::vector<std::string> base_files = traces_of(paths[0]);
     const std::vector<std::string> cand_files = traces_of(paths[1]);
 

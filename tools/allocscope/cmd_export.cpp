@@ -1,4 +1,4 @@
-// allocscope export: traces in other tools' formats (core/export.h):
+// allocscope export: traces in other tools' formats (analyze/export.h):
 // Perfetto / Chrome trace JSON, collapsed stacks for flame graphs, PyTorch
 // memory snapshots.
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "cli.h"
 #include "export.h"
 #include "output_file.h"
@@ -102,42 +103,19 @@ std::string rank_name(const TraceHeader& h) {
 }  // namespace
 
 int export_command(const std::vector<std::string>& args) {
-    std::vector<std::string> paths;
     long rank = -1;
     std::string format, output;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kExportHelp, stdout);
-            return 0;
-        }
-        if (a == "--rank" || a == "--format" || a == "-o") {
-            if (i + 1 >= args.size()) return fail(a + " needs a value");
-            const std::string& v = args[++i];
-            if (a == "--format") {
-                if (v != "perfetto" && v != "collapsed" && v != "memory-viz")
-                    return fail("--format expects perfetto, collapsed or memory-viz, got '" + v +
-                                "'");
-                format = v;
-            } else if (a == "-o") {
-                if (v.empty()) return fail("-o needs a file name");
-                output = v;
-            } else {
-                char* end = nullptr;
-                errno = 0;
-                const long n = std::strtol(v.c_str(), &end, 10);
-                if (v.empty() || *end != '\0' || n < 0 || errno == ERANGE ||
-                    n > std::numeric_limits<int32_t>::max())
-                    return fail("--rank expects a non-negative integer, got '" + v + "'");
-                rank = n;
-            }
-        } else if (a.rfind("-", 0) == 0 && a != "-") {
-            return fail("unknown option '" + a + "' for export (see allocscope export --help)");
-        } else {
-            paths.push_back(a);
-        }
-    }
-    if (paths.empty()) return fail("export needs a trace file or directory (see --help)");
+    Args parser("export", kExportHelp);
+    parser.value({"--rank"}, non_negative("--rank", rank, std::numeric_limits<int32_t>::max()))
+        .value({"--format"}, one_of("--format", {"perfetto", "collapsed", "memory-viz"}, format))
+        .value({"-o"}, [&output](const std::string& v) {
+            output = v;
+            return v.empty() ? std::string("-o needs a file name") : std::string();
+        });
+    if (const auto status = parser.parse(args)) return *status;
+    const std::vector<std::string>& paths = parser.positionals();
+    if (paths.empty())
+        return fail("export needs a trace file or directory (" + parser.see_help() + ")");
     if (format.empty())
         return fail("export needs --format perfetto, collapsed or memory-viz (see --help)");
 

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "args.h"
 #include "cli.h"
 #include "config.h"
 #include "plugin_host.h"
@@ -94,51 +95,40 @@ Trace load_for_replay(const std::string& path) {
 }  // namespace
 
 int replay_command(const std::vector<std::string>& args) {
-    std::vector<std::string> paths;
     std::vector<std::string> baseline_paths;
     std::vector<std::string> plugins;
     bool plugins_off = false;
     std::string plugin_dir;
     PluginOptions options;
     std::string output;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kReplayHelp, stdout);
-            return 0;
-        }
-        if (a == "--plugins" || a == "--plugin-dir" || a == "--plugin-option" ||
-            a == "--baseline" || a == "-o") {
-            if (i + 1 >= args.size()) {
-                return fail(a + " needs a value (see allocscope replay --help)");
-            }
-            const std::string& v = args[++i];
-            if (a == "--plugins") {
-                std::string problem;
-                if (!parse_plugin_list(v, plugins, plugins_off, problem)) {
-                    return fail("--plugins '" + v + "': " + problem);
-                }
-            } else if (a == "--plugin-dir") {
-                plugin_dir = v;
-            } else if (a == "--plugin-option") {
-                std::string key, value, problem;
-                if (!parse_plugin_option(v, key, value, problem)) {
-                    return fail("--plugin-option " + problem);
-                }
-                options[key] = value;
-            } else if (a == "--baseline") {
-                baseline_paths.push_back(v);
-            } else {
-                output = v;
-            }
-        } else if (a.rfind("-", 0) == 0 && a != "-") {
-            return fail("unknown option '" + a + "' for replay (see allocscope replay --help)");
-        } else {
-            paths.push_back(a);
-        }
-    }
+    Args parser("replay", kReplayHelp);
+    parser
+        .value({"--plugins"},
+               [&](const std::string& v) {
+                   std::string problem;
+                   return parse_plugin_list(v, plugins, plugins_off, problem)
+                              ? std::string()
+                              : "--plugins '" + v + "': " + problem;
+               })
+        .value({"--plugin-dir"}, plugin_dir)
+        .value({"--plugin-option"},
+               [&options](const std::string& v) {
+                   std::string key, value, problem;
+                   if (!parse_plugin_option(v, key, value, problem))
+                       return "--plugin-option " + problem;
+                   options[key] = value;
+                   return std::string();
+               })
+        .value({"--baseline"},
+               [&baseline_paths](const std::string& v) {
+                   baseline_paths.push_back(v);
+                   return std::string();
+               })
+        .value({"-o"}, output);
+    if (const auto status = parser.parse(args)) return *status;
+    const std::vector<std::string>& paths = parser.positionals();
     if (paths.empty())
-        return fail("replay needs a trace file or directory (see allocscope replay --help)");
+        return fail("replay needs a trace file or directory (" + parser.see_help() + ")");
     if (!plugin_dir.empty()) {
         std::error_code ec;
         if (!fs::is_directory(plugin_dir, ec)) {

@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "analysis.h"
+#include "args.h"
 #include "cli.h"
 #include "output_file.h"
 #include "progress.h"
@@ -137,46 +139,18 @@ void write_text_file(const std::string& path, const std::string& text) {
 }
 
 int report_command(const std::vector<std::string>& args) {
-    std::vector<std::string> paths;
     long rank = -1;
     size_t top = 10;
     std::string format = "text", output;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kReportHelp, stdout);
-            return 0;
-        }
-        if (a == "--rank" || a == "--top" || a == "--format" || a == "-o") {
-            if (i + 1 >= args.size()) return fail(a + " needs a value");
-            const std::string& v = args[++i];
-            if (a == "--format") {
-                if (v != "text" && v != "json" && v != "html")
-                    return fail("--format expects text, json or html, got '" + v + "'");
-                format = v;
-                continue;
-            }
-            if (a == "-o") {
-                output = v;
-                continue;
-            }
-            char* end = nullptr;
-            long n = std::strtol(v.c_str(), &end, 10);
-            if (v.empty() || *end != '\0' || n < 0) {
-                return fail(a + " expects a non-negative integer, got '" + v + "'");
-            }
-            if (a == "--rank") {
-                rank = n;
-            } else {
-                top = static_cast<size_t>(n);
-            }
-        } else if (a.rfind("--", 0) == 0) {
-            return fail("unknown option '" + a + "' for report (see allocscope report --help)");
-        } else {
-            paths.push_back(a);
-        }
-    }
-    if (paths.empty()) return fail("report needs a trace file or directory (see --help)");
+    Args parser("report", kReportHelp);
+    parser.value({"--rank"}, non_negative("--rank", rank, std::numeric_limits<int32_t>::max()))
+        .value({"--top"}, non_negative("--top", top))
+        .value({"--format"}, one_of("--format", {"text", "json", "html"}, format))
+        .value({"-o"}, output);
+    if (const auto status = parser.parse(args)) return *status;
+    const std::vector<std::string>& paths = parser.positionals();
+    if (paths.empty())
+        return fail("report needs a trace file or directory (" + parser.see_help() + ")");
     const Report report = build_report(paths, rank, top);
     const std::string text = format == "json"   ? render_json(report)
                              : format == "html" ? render_html(report)

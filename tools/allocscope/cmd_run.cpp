@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "cli.h"
 #include "config.h"
 #include "output_file.h"
@@ -350,54 +351,33 @@ int run_command(const std::vector<std::string>& args) {
     bool python = true;
     bool provenance = false;
     Severity threshold = Severity::error;
-    size_t i = 0;
-    for (; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kRunHelp, stdout);
-            return 0;
-        }
-        if (a == "--") {
-            ++i;
-            break;
-        }
-        if (a == "--out" || a == "--stack-depth" || a == "--plugins" || a == "--plugin-dir" ||
-            a == "--plugin-option" || a == "--fail-on") {
-            if (i + 1 >= args.size()) return fail(a + " needs a value (see allocscope run --help)");
-            const std::string& v = args[++i];
-            if (a == "--out") {
-                out = v;
-            } else if (a == "--stack-depth") {
-                stack_depth = v;
-            } else if (a == "--plugins") {
-                plugins = v;
-            } else if (a == "--plugin-dir") {
-                plugin_dir = v;
-            } else if (a == "--plugin-option") {
-                plugin_options.push_back(v);
-            } else {
-                if (!parse_fail_on(v, threshold)) {
-                    return fail("--fail-on expects info, warning or error, got '" + v + "'");
-                }
-                check = true;
-            }
-        } else if (a == "--force") {
-            force = true;
-        } else if (a == "--check") {
-            check = true;
-        } else if (a == "--nvtx") {
-            nvtx = true;
-        } else if (a == "--no-python") {
-            python = false;
-        } else if (a == "--provenance") {
-            provenance = true;
-        } else if (a.rfind("--", 0) == 0) {
-            return fail("unknown option '" + a + "' for run (see allocscope run --help)");
-        } else {
-            break;  // the command starts here
-        }
-    }
-    if (i >= args.size()) return fail("run needs a command to run (see allocscope run --help)");
+    Args parser("run", kRunHelp);
+    parser.value({"--out"}, out)
+        .value({"--stack-depth"}, stack_depth)
+        .value({"--plugins"}, plugins)
+        .value({"--plugin-dir"}, plugin_dir)
+        .value({"--plugin-option"},
+               [&plugin_options](const std::string& v) {
+                   plugin_options.push_back(v);
+                   return std::string();
+               })
+        .value({"--fail-on"},
+               [&threshold, &check](const std::string& v) {
+                   if (!parse_fail_on(v, threshold))
+                       return "--fail-on expects info, warning or error, got '" + v + "'";
+                   check = true;
+                   return std::string();
+               })
+        .flag({"--force"}, force)
+        .flag({"--check"}, check)
+        .flag({"--nvtx"}, nvtx)
+        .flag({"--no-python"}, python, false)
+        .flag({"--provenance"}, provenance)
+        .stop_at_first_positional();
+    if (const auto status = parser.parse(args)) return *status;
+    const std::vector<std::string>& command = parser.positionals();
+    if (command.empty())
+        return fail("run needs a command to run (" + parser.see_help() + ")");
     if (!stack_depth.empty()) {
         char* end = nullptr;
         long v = std::strtol(stack_depth.c_str(), &end, 10);
@@ -460,11 +440,11 @@ int run_command(const std::vector<std::string>& args) {
     if (!plugin_dir.empty()) setenv("ALLOCSCOPE_PLUGIN_DIR", plugin_dir.c_str(), 1);
     if (nvtx) setenv("NVTX_INJECTION64_PATH", lib.c_str(), 1);
     if (provenance) setenv("ALLOCSCOPE_PROVENANCE", "1", 1);
-    if (python) set_up_python(lib, args[i]);
+    if (python) set_up_python(lib, command[0]);
 
     std::vector<char*> argv;
-    for (size_t k = i; k < args.size(); ++k)
-        argv.push_back(const_cast<char*>(args[k].c_str()));
+    for (const std::string& word : command)
+        argv.push_back(const_cast<char*>(word.c_str()));
     argv.push_back(nullptr);
 
     std::fflush(nullptr);
