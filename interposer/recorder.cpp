@@ -1418,7 +1418,7 @@ bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept {
 }
 
 // cudaGetDevice costs over a microsecond in the real runtime (measured on
-// the H200 host, docs/RESULTS.md), so the device is cached per thread, keyed
+// the H200 host, docs/PERFORMANCE.md), so the device is cached per thread, keyed
 // by the driver's current context: the runtime's current device is the
 // device of the current context, and a context never changes device.
 int32_t current_device() noexcept {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs a Python script under cProfile and writes where its main thread's
 time went, one file per rank (for the overhead investigations of
-docs/RESULTS.md; usable under torchrun and under `allocscope run`).
+docs/journal/RESULTS-2026.md; usable under torchrun and under `allocscope run`).
 
     torchrun --nproc_per_node 2 tests/bench/pyprofile.py OUTDIR SCRIPT [ARGS...]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Step-time overhead of allocscope on the PyTorch FSDP2 FP8 run, against
 PyTorch's own memory history recording (the benchmark behind the overhead
-table in docs/RESULTS.md). Needs torch and 2 GPUs (--nproc 1: one).
+table in docs/PERFORMANCE.md). Needs torch and 2 GPUs (--nproc 1: one).
 
     python3 tests/bench/torch_overhead.py --cli build-gpu/tools/allocscope \
         [--harness build-gpu/harness/allocscope-harness] [--steps 60] [--skip 10] [--repeat 2]

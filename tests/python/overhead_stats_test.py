@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The statistics of tests/bench/torch_overhead.py, which the overhead
-tables in docs/RESULTS.md rest on, on step times whose answer is known:
+tables in docs/PERFORMANCE.md rest on, on step times whose answer is known:
 
     python3 tests/python/overhead_stats_test.py
 
