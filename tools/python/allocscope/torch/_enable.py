@@ -70,7 +70,7 @@ def enable(model=None, optimizer=None):
                 post = nn_module.register_module_forward_hook(
                     timed(_hooks._forward_post), always_call=True
                 )
-            except TypeError:  # torch < 2.0: no always_call (see the module's docstring)
+            except TypeError:  # torch < 2.0: no always_call (see the package's docstring)
                 post = nn_module.register_module_forward_hook(timed(_hooks._forward_post))
             _handles.append(post)
         else:
