@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """The PyTorch bridge's Python frame walk (tools/torch_bridge/python_frames.h)
-against what the interpreter itself says, without torch:
+against what the interpreter itself says, without torch (meson tests
+python_frames_<version>):
 
-    python3.12 tests/python/python_frames_test.py LIB [--bench]
+    PYTHON_FRAMES_PROBE=LIB python3.12 tests/python/run_pytest.py tests/python/python_frames_test.py
+    python3.12 tests/python/python_frames_test.py LIB --bench
 
 LIB is tests/python/python_frames_probe.cpp built against this interpreter's
 headers. Calls through ctypes.CDLL run without the GIL, as the bridge's walk
-does under an operator that released it; ctypes.PyDLL calls hold it. Exits
-77 (skipped) before Python 3.12, where the bridge reads no frames. With
+does under an operator that released it; ctypes.PyDLL calls hold it. Skipped
+(exit 77) before Python 3.12, where the bridge reads no frames. With
 --bench, prints the walk's cost instead of testing.
 """
 
 import ctypes
 import gc
+import os
 import sys
 import threading
 
@@ -62,17 +65,17 @@ def walk(kind="nogil"):
     return ids, names, want
 
 
-FAILURES = []
+def assert_names(got, want, what):
+    assert got == want, "%s:\n  got  %s\n  want %s" % (what, got, want)
 
 
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what, flush=True)
+if __name__ != "__main__":  # under pytest (--bench needs none)
+    import pytest
 
-
-def check_names(got, want, what):
-    check(got == want, "%s:\n  got  %s\n  want %s" % (what, got, want))
+    if sys.version_info < (3, 12):
+        pytest.skip("Python %d.%d reads no frames (3.12 and later)" % sys.version_info[:2],
+                    allow_module_level=True)
+    LIBS = load(os.environ["PYTHON_FRAMES_PROBE"])
 
 
 # ---------------------------------------------------------------- cases
@@ -90,27 +93,29 @@ def c(kind):
     return walk(kind)
 
 
-def case_nested_calls():
+def test_nested_calls_are_walked_innermost_first():
     for kind in ("nogil", "gil"):
         _, got, want = a(kind)
-        check_names(got, want, "nested calls (%s)" % kind)
-        check([n.split(" ")[0] for n in got[:4]] == ["walk", "c", "b", "a"],
-              "innermost first (%s): %s" % (kind, got[:4]))
+        assert_names(got, want, "nested calls (%s)" % kind)
+        assert [n.split(" ")[0] for n in got[:4]] == ["walk", "c", "b", "a"], (
+            "innermost first (%s): %s" % (kind, got[:4])
+        )
 
 
-def case_same_stack_reuses_names():
+def test_the_same_stack_again_reuses_its_ids_and_names():
     for kind in ("nogil", "gil"):
         ids = []
         for i in range(3):
             ids.append(a(kind)[0])
             if i == 0:
                 before = LIBS[kind].probe_names_made()
-        check(ids[0] == ids[1] == ids[2], "the same stack thrice gives the same ids (%s)" % kind)
-        check(LIBS[kind].probe_names_made() == before,
-              "no new names for a stack seen before (%s)" % kind)
+        assert ids[0] == ids[1] == ids[2], "the same stack thrice gives the same ids (%s)" % kind
+        assert LIBS[kind].probe_names_made() == before, (
+            "no new names for a stack seen before (%s)" % kind
+        )
 
 
-def case_lines_follow_the_call_site():
+def test_lines_follow_the_call_site():
     seen = []
     for i in range(4):
         if i % 2:
@@ -118,22 +123,22 @@ def case_lines_follow_the_call_site():
         else:
             seen.append(walk())
     for _, got, want in seen:
-        check_names(got, want, "each call site's line")
-    check(seen[0][1][1] != seen[1][1][1], "two call sites in one function: two lines")
-    check(seen[0][1] == seen[2][1], "the same call site again: the same names")
+        assert_names(got, want, "each call site's line")
+    assert seen[0][1][1] != seen[1][1][1], "two call sites in one function: two lines"
+    assert seen[0][1] == seen[2][1], "the same call site again: the same names"
 
 
 def gen():
     yield walk()
 
 
-def case_generator_frame():
+def test_a_generators_frame_is_walked():
     _, got, want = next(gen())
-    check_names(got, want, "a generator's frame")
-    check(got[1].startswith("gen ("), "the generator is the walk's caller")
+    assert_names(got, want, "a generator's frame")
+    assert got[1].startswith("gen ("), "the generator is the walk's caller"
 
 
-def case_other_thread():
+def test_a_thread_walks_only_its_own_frames():
     result = {}
 
     def body():
@@ -143,9 +148,10 @@ def case_other_thread():
     t.start()
     t.join()
     _, got, want = result["walk"]
-    check_names(got, want, "a thread's own frames")
-    check(not any(n.startswith("case_other_thread (") for n in got),
-          "another thread's walk has none of the main thread's frames")
+    assert_names(got, want, "a thread's own frames")
+    assert not any(n.startswith("test_a_thread_walks_only_its_own_frames (") for n in got), (
+        "another thread's walk has none of the main thread's frames"
+    )
 
 
 def deep(n):
@@ -154,13 +160,13 @@ def deep(n):
     return deep(n - 1)
 
 
-def case_deep_stack_keeps_innermost():
+def test_a_deep_stack_keeps_its_innermost_frames():
     _, got, want = deep(30)
-    check(len(got) == MAX, "a deep stack gives %d frames (got %d)" % (MAX, len(got)))
-    check_names(got, want, "a deep stack's innermost frames")
+    assert len(got) == MAX, "a deep stack gives %d frames (got %d)" % (MAX, len(got))
+    assert_names(got, want, "a deep stack's innermost frames")
 
 
-def case_new_code_objects_are_named_anew():
+def test_new_code_objects_are_named_anew():
     # Code objects made and freed one after another: a new one may take a
     # freed one's address; a name cached without the GIL must not be reused
     # for it.
@@ -168,11 +174,9 @@ def case_new_code_objects_are_named_anew():
         scope = {"walk": walk}
         exec(compile("def f_%d():\n    return walk()\n" % i, "<gen %d>" % i, "exec"), scope)
         _, got, want = scope["f_%d" % i]()
-        check_names(got[:2], want[:2], "a fresh function's frame (%d)" % i)
+        assert_names(got[:2], want[:2], "a fresh function's frame (%d)" % i)
         del scope
         gc.collect()
-        if FAILURES:
-            break
 
 
 def bench():
@@ -188,19 +192,17 @@ def bench():
 
 
 def main():
+    """--bench: the walk's cost (the tests run under pytest)."""
     global LIBS
     if sys.version_info < (3, 12):
         print("skipped: Python %d.%d reads no frames (3.12 and later)" % sys.version_info[:2])
         return 77
+    if len(sys.argv) < 3 or sys.argv[2] != "--bench":
+        print("usage: %s LIB --bench (the tests: tests/python/run_pytest.py)" % sys.argv[0])
+        return 2
     LIBS = load(sys.argv[1])
-    if "--bench" in sys.argv:
-        bench()
-        return 0
-    cases = [v for k, v in sorted(globals().items()) if k.startswith("case_")]
-    for case in cases:
-        case()
-    print("%d cases, %d failures (Python %s)" % (len(cases), len(FAILURES), sys.version.split()[0]))
-    return 1 if FAILURES else 0
+    bench()
+    return 0
 
 
 if __name__ == "__main__":

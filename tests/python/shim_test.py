@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The Python shim without torch and without a GPU (meson test python_shim).
+"""The Python shim without torch and without a GPU (meson test python_shim,
+pytest through tests/python/run_pytest.py).
 
 * the allocscope package, preloaded interposer, host-memory CUDA runtime
   (harness/sim_cudart): tags, steps, params and notes reach the trace, and
@@ -24,20 +25,13 @@ import sys
 import tempfile
 import textwrap
 
+import pytest
+
 CLI = os.environ["E2E_CLI"]
 SIM_CUDART = os.environ["SIM_CUDART"]
 PYDIR = os.environ["ALLOCSCOPE_PYTHON_DIR"]
 HAVE_BRIDGE = os.environ.get("HAVE_TORCH_BRIDGE") == "1"
 PY = sys.executable
-
-failures = []
-current = [""]
-
-
-def check(cond, what):
-    if not cond:
-        failures.append("%s: %s" % (current[0], what))
-        print("    FAILED: " + what)
 
 
 def clean_env(**extra):
@@ -58,27 +52,22 @@ def run(cmd, env, cwd=None):
 
 
 def report_rank(out):
-    """Rank 0 of `allocscope report OUT --format json`, or None (checked
-    as a failure) when the report fails or holds no rank."""
+    """Rank 0 of `allocscope report OUT --format json`; fails the test when
+    the report fails or holds no rank."""
     r = run([CLI, "report", out, "--format", "json"], clean_env())
-    check(r.returncode == 0, "report failed: %s" % r.stderr)
+    assert r.returncode == 0, "report failed: %s" % r.stderr
     try:
         return json.loads(r.stdout)["ranks"][0]
     except (ValueError, KeyError, IndexError) as e:
-        check(False, "no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
-        return None
+        pytest.fail("no rank in the JSON report (%s): %r" % (e, r.stdout[:500]))
 
 
-def test(fn):
-    current[0] = fn.__name__
-    print("test " + fn.__name__)
-    scratch = tempfile.mkdtemp(prefix="allocscope-pyshim-")
-    try:
-        fn(scratch)
-    except Exception as e:  # a broken test is a failure, not a crash
-        check(False, "raised %s: %s" % (type(e).__name__, e))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+@pytest.fixture
+def scratch():
+    """A fresh directory, removed after the test."""
+    path = tempfile.mkdtemp(prefix="allocscope-pyshim-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ the package
@@ -114,32 +103,30 @@ TAGGED_PROGRAM = textwrap.dedent(
 )
 
 
-@test
-def package_tags_reach_the_trace(scratch):
+def test_package_tags_reach_the_trace(scratch):
     out = os.path.join(scratch, "out")
     env = clean_env(SIM_CUDART=SIM_CUDART)
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c", TAGGED_PROGRAM], env)
-    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
-    check("liballocscope.so" in p.stdout, "library_path() did not find liballocscope.so: %r" % p.stdout)
+    assert p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
+    assert "liballocscope.so" in p.stdout, (
+        "library_path() did not find liballocscope.so: %r" % p.stdout
+    )
     traces = [f for f in os.listdir(out) if f.endswith(".trace")] if os.path.isdir(out) else []
-    check(len(traces) == 1, "one trace expected, found %s" % traces)
-    if not traces:
-        return
+    assert len(traces) == 1, "one trace expected, found %s" % traces
     rank = report_rank(out)
-    if rank is None:
-        return
     kinds = rank.get("events_by_kind", {})
-    check(kinds.get("param") == 1, "param events: %r" % kinds)
-    check(kinds.get("mark") == 2, "mark events: %r" % kinds)
-    check(kinds.get("tag_push") == 6 and kinds.get("tag_pop") == 6, "tag events: %r" % kinds)
+    assert kinds.get("param") == 1, "param events: %r" % kinds
+    assert kinds.get("mark") == 2, "mark events: %r" % kinds
+    assert kinds.get("tag_push") == 6 and kinds.get("tag_pop") == 6, "tag events: %r" % kinds
     tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
     fc1 = tags.get(("layers.1.fc1", "forward"))
-    check(fc1 is not None and fc1["allocations"] == 2 and fc1["allocated_bytes"] == 2 * 262144,
-          "layers.1.fc1 forward: %r (tags %r)" % (fc1, sorted(tags)))
+    assert fc1 is not None and fc1["allocations"] == 2 and fc1["allocated_bytes"] == 2 * 262144, (
+        "layers.1.fc1 forward: %r (tags %r)" % (fc1, sorted(tags))
+    )
     bwd = [t for (layer, phase), t in tags.items() if phase == "backward"]
-    check(len(bwd) == 1 and bwd[0]["allocations"] == 2, "backward tag: %r" % sorted(tags))
+    assert len(bwd) == 1 and bwd[0]["allocations"] == 2, "backward tag: %r" % sorted(tags)
     steps = [s["step"] for s in rank.get("timeline", {}).get("steps", [])]
-    check(1 in steps, "steps %r" % steps)
+    assert 1 in steps, "steps %r" % steps
 
 
 KEYED_PROGRAM = textwrap.dedent(
@@ -182,22 +169,20 @@ KEYED_PROGRAM = textwrap.dedent(
 )
 
 
-@test
-def keyed_tags_through_the_package(scratch):
+def test_keyed_tags_through_the_package(scratch):
     out = os.path.join(scratch, "out")
     env = clean_env(SIM_CUDART=SIM_CUDART)
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c", KEYED_PROGRAM], env)
-    check(p.returncode == 0 and "keyed ok" in p.stdout,
-          "exit status %d; stdout %r; stderr:\n%s" % (p.returncode, p.stdout, p.stderr))
+    assert p.returncode == 0 and "keyed ok" in p.stdout, (
+        "exit status %d; stdout %r; stderr:\n%s" % (p.returncode, p.stdout, p.stderr)
+    )
     rank = report_rank(out)
-    if rank is None:
-        return
     tags = {(t["layer"], t["phase"]): t["allocations"] for t in rank.get("tags", [])}
-    check(tags.get(("layers.0", "forward")) == 1, "layers.0 forward: %r" % tags)
-    check(tags.get(("layers.1", "backward")) == 1, "layers.1 backward: %r" % tags)
-    check(tags.get(("layers.0", "backward"), 0) == 0, "layers.0's backward was over: %r" % tags)
+    assert tags.get(("layers.0", "forward")) == 1, "layers.0 forward: %r" % tags
+    assert tags.get(("layers.1", "backward")) == 1, "layers.1 backward: %r" % tags
+    assert tags.get(("layers.0", "backward"), 0) == 0, "layers.0's backward was over: %r" % tags
     kinds = rank.get("events_by_kind", {})
-    check(kinds.get("tag_push") == kinds.get("tag_pop") == 4, "tag events: %r" % kinds)
+    assert kinds.get("tag_push") == kinds.get("tag_pop") == 4, "tag events: %r" % kinds
 
 
 # The C API's frame naming and block allocation with frames, through ctypes.
@@ -261,23 +246,22 @@ PROVIDER_PROGRAM = textwrap.dedent(
 )
 
 
-@test
-def a_registered_provider_appends_python_frames_to_runtime_allocations(scratch):
+def test_a_registered_provider_appends_python_frames_to_runtime_allocations(scratch):
     out = os.path.join(scratch, "out")
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
              PROVIDER_PROGRAM], clean_env(SIM_CUDART=SIM_CUDART))
-    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    assert p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
     rank = report_rank(out)
-    if rank is None:
-        return
     sites = {s["bytes"]: s["frames"] for s in rank.get("sites_at_exit", [])}
-    check(set(sites) >= {3 << 20, 5 << 20}, "the 3 MiB and 5 MiB segments at exit: %r" % sites)
+    assert set(sites) >= {3 << 20, 5 << 20}, "the 3 MiB and 5 MiB segments at exit: %r" % sites
     with_provider = sites.get(3 << 20, [])
-    check(with_provider[-2:] == ["Model.forward (/src/model.py:11)", "main (/src/train.py:3)"]
-          and len(with_provider) > 2,
-          "native frames, then the provider's, innermost first: %r" % with_provider)
-    check(not any(".py:" in f for f in sites.get(5 << 20, [])),
-          "no Python frames once unregistered: %r" % sites.get(5 << 20))
+    assert (with_provider[-2:] == ["Model.forward (/src/model.py:11)", "main (/src/train.py:3)"]
+            and len(with_provider) > 2), (
+        "native frames, then the provider's, innermost first: %r" % with_provider
+    )
+    assert not any(".py:" in f for f in sites.get(5 << 20, [])), (
+        "no Python frames once unregistered: %r" % sites.get(5 << 20)
+    )
 
 
 ALTERNATING_FRAMES_PROGRAM = BLOCK_FRAMES_API + textwrap.dedent(
@@ -291,53 +275,45 @@ ALTERNATING_FRAMES_PROGRAM = BLOCK_FRAMES_API + textwrap.dedent(
 )
 
 
-@test
-def one_native_stack_with_alternating_python_frames_gives_two_sites(scratch):
+def test_one_native_stack_with_alternating_python_frames_gives_two_sites(scratch):
     # The native walk is replayed from the second call on; the stack id kept
     # with it must still follow the Python frames.
     out = os.path.join(scratch, "out")
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
              ALTERNATING_FRAMES_PROGRAM], clean_env(ALLOCSCOPE_LOG="debug"))
-    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    assert p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
     rank = report_rank(out)
-    if rank is None:
-        return
     sites = {s["frames"][-1]: s["bytes"] for s in rank.get("sites_at_exit", []) if s["frames"]}
-    check(sites.get("first (/src/a.py:1)") == 4 << 20 and sites.get("second (/src/b.py:2)") == 8 << 20,
-          "4 MiB under first, 8 MiB under second: %r" % sites)
+    assert sites.get("first (/src/a.py:1)") == 4 << 20 and sites.get("second (/src/b.py:2)") == 8 << 20, (
+        "4 MiB under first, 8 MiB under second: %r" % sites
+    )
 
 
-@test
-def python_frames_follow_the_native_stack_in_reports(scratch):
+def test_python_frames_follow_the_native_stack_in_reports(scratch):
     out = os.path.join(scratch, "out")
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
              FRAMES_PROGRAM], clean_env())
-    check(p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr))
+    assert p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
     rank = report_rank(out)
-    if rank is None:
-        return
     sites = rank.get("sites_at_exit")
-    check(sites is not None, "no sites_at_exit in the JSON report")
-    if sites is None:
-        return
+    assert sites is not None, "no sites_at_exit in the JSON report"
     block = [s for s in sites if s["bytes"] == 1 << 20]
-    check(len(block) == 1, "the 1 MiB block at exit: %r" % sites)
-    if not block:
-        return
+    assert len(block) == 1, "the 1 MiB block at exit: %r" % sites
     frames = block[0]["frames"]
-    check(len(frames) >= 3, "native frames and two Python frames: %r" % frames)
-    check(frames[-2:] == ["Block.forward (/src/model.py:42)", "train_step (/src/train.py:7)"],
-          "Python frames last, innermost first: %r" % frames)
-    check(not any("python+0x" in f for f in frames[:-2]), "native frames: %r" % frames)
+    assert len(frames) >= 3, "native frames and two Python frames: %r" % frames
+    assert frames[-2:] == ["Block.forward (/src/model.py:42)", "train_step (/src/train.py:7)"], (
+        "Python frames last, innermost first: %r" % frames
+    )
+    assert not any("python+0x" in f for f in frames[:-2]), "native frames: %r" % frames
     text = run([CLI, "report", out], clean_env())
     lines = [l.strip() for l in text.stdout.splitlines()]
     at = lines.index("Block.forward (/src/model.py:42)") if "Block.forward (/src/model.py:42)" in lines else -1
-    check(at > 0 and lines[at + 1] == "train_step (/src/train.py:7)",
-          "the text report's site shows both Python frames in order:\n%s" % text.stdout[-3000:])
+    assert at > 0 and lines[at + 1] == "train_step (/src/train.py:7)", (
+        "the text report's site shows both Python frames in order:\n%s" % text.stdout[-3000:]
+    )
 
 
-@test
-def package_without_interposer_is_a_noop_with_one_warning(scratch):
+def test_package_without_interposer_is_a_noop_with_one_warning(scratch):
     code = textwrap.dedent(
         """
         import allocscope
@@ -354,10 +330,10 @@ def package_without_interposer_is_a_noop_with_one_warning(scratch):
         """
     )
     p = run([PY, "-c", code], clean_env(PYTHONPATH=PYDIR))
-    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
-    check(p.stdout.strip() == "ok", "stdout %r" % p.stdout)
+    assert p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr)
+    assert p.stdout.strip() == "ok", "stdout %r" % p.stdout
     lines = [l for l in p.stderr.splitlines() if l.startswith("allocscope:")]
-    check(len(lines) == 1 and "not loaded" in lines[0], "want one warning, got %r" % p.stderr)
+    assert len(lines) == 1 and "not loaded" in lines[0], "want one warning, got %r" % p.stderr
 
 
 # ------------------------------------------------------------------ sitecustomize
@@ -392,30 +368,33 @@ def write_other_sitecustomize(scratch):
     return other, path
 
 
-@test
-def sitecustomize_does_nothing_without_ALLOCSCOPE_PYTHON(scratch):
+def test_sitecustomize_does_nothing_without_ALLOCSCOPE_PYTHON(scratch):
     p, v = probe(clean_env(PYTHONPATH=PYDIR))
-    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
-    check(v.get("finder") == "False", "a finder was installed: %r" % p.stdout)
-    check(v.get("allocscope") == "False", "allocscope was imported: %r" % p.stdout)
-    check(p.stderr == "", "stderr: %r" % p.stderr)
+    assert p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr)
+    assert v.get("finder") == "False", "a finder was installed: %r" % p.stdout
+    assert v.get("allocscope") == "False", "allocscope was imported: %r" % p.stdout
+    assert p.stderr == "", "stderr: %r" % p.stderr
 
 
-@test
-def sitecustomize_chains_to_the_one_it_shadows(scratch):
+def test_sitecustomize_chains_to_the_one_it_shadows(scratch):
     other, path = write_other_sitecustomize(scratch)
     for flag in ("0", "1"):
         p, v = probe(clean_env(PYTHONPATH=PYDIR + os.pathsep + other, ALLOCSCOPE_PYTHON=flag))
-        check(p.returncode == 0, "ALLOCSCOPE_PYTHON=%s: exit status %d: %s" % (flag, p.returncode, p.stderr))
-        check(v.get("chained") == "True", "ALLOCSCOPE_PYTHON=%s: the other sitecustomize did not run: %r" % (flag, p.stdout))
-        check(v.get("sitecustomize") == path,
-              "ALLOCSCOPE_PYTHON=%s: sys.modules['sitecustomize'] is %r, want %r" % (flag, v.get("sitecustomize"), path))
-        check(v.get("finder") == ("True" if flag == "1" else "False"),
-              "ALLOCSCOPE_PYTHON=%s: finder=%r" % (flag, v.get("finder")))
+        assert p.returncode == 0, (
+            "ALLOCSCOPE_PYTHON=%s: exit status %d: %s" % (flag, p.returncode, p.stderr)
+        )
+        assert v.get("chained") == "True", (
+            "ALLOCSCOPE_PYTHON=%s: the other sitecustomize did not run: %r" % (flag, p.stdout)
+        )
+        assert v.get("sitecustomize") == path, (
+            "ALLOCSCOPE_PYTHON=%s: sys.modules['sitecustomize'] is %r, want %r" % (flag, v.get("sitecustomize"), path)
+        )
+        assert v.get("finder") == ("True" if flag == "1" else "False"), (
+            "ALLOCSCOPE_PYTHON=%s: finder=%r" % (flag, v.get("finder"))
+        )
 
 
-@test
-def sitecustomize_waits_for_the_programs_import_torch(scratch):
+def test_sitecustomize_waits_for_the_programs_import_torch(scratch):
     fake = os.path.join(scratch, "fake")
     os.makedirs(os.path.join(fake, "torch"))
     with open(os.path.join(fake, "torch", "__init__.py"), "w") as f:
@@ -435,23 +414,27 @@ def sitecustomize_waits_for_the_programs_import_torch(scratch):
     )
     env = clean_env(PYTHONPATH=os.pathsep.join([PYDIR, fake]), ALLOCSCOPE_PYTHON="1")
     p = run([PY, "-u", "-c", code], env)
-    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
+    assert p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr)
     lines = p.stdout.splitlines()
-    check(lines[:1] == ["before: torch=False finder=True"], "stdout %r" % p.stdout)
-    check("fake torch imported" in lines, "the program's import torch did not run torch: %r" % p.stdout)
-    check(any(l.startswith("after: finder=False loader=") and "Allocscope" not in l for l in lines),
-          "finder left behind or loader not restored: %r" % p.stdout)
+    assert lines[:1] == ["before: torch=False finder=True"], "stdout %r" % p.stdout
+    assert "fake torch imported" in lines, (
+        "the program's import torch did not run torch: %r" % p.stdout
+    )
+    assert any(l.startswith("after: finder=False loader=") and "Allocscope" not in l for l in lines), (
+        "finder left behind or loader not restored: %r" % p.stdout
+    )
     # The stand-in torch has nothing allocscope.torch needs: the setup ran
     # (after the import) and said so in one line; the program went on.
     said = [l for l in p.stderr.splitlines() if l.startswith("allocscope:")]
-    check(len(said) == 1, "want one allocscope line after import torch, got %r" % p.stderr)
+    assert len(said) == 1, "want one allocscope line after import torch, got %r" % p.stderr
 
 
-@test
-def sitecustomize_costs_a_non_torch_program_nothing(scratch):
+def test_sitecustomize_costs_a_non_torch_program_nothing(scratch):
     code = "import json, sys; print(json.dumps(sorted(m for m in sys.modules if m.startswith(('torch', 'allocscope')))))"
     p = run([PY, "-c", code], clean_env(PYTHONPATH=PYDIR, ALLOCSCOPE_PYTHON="1"))
-    check(p.returncode == 0 and p.stdout.strip() == "[]", "modules %r stderr %r" % (p.stdout, p.stderr))
+    assert p.returncode == 0 and p.stdout.strip() == "[]", (
+        "modules %r stderr %r" % (p.stdout, p.stderr)
+    )
 
 
 # ------------------------------------------------------------------ allocscope run
@@ -473,86 +456,95 @@ def fallback_lines(stderr):
     return [l for l in stderr.splitlines() if "PyTorch bridge is not built" in l]
 
 
-@test
-def the_fallback_line_is_said_only_for_python_programs(scratch):
+def test_the_fallback_line_is_said_only_for_python_programs(scratch):
     if HAVE_BRIDGE:
-        print("    (bridge built: no fallback to check)")
-        return
+        pytest.skip("bridge built: no fallback to check")
     p, child = run_env(scratch, command=["env"])
-    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
-    check(child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync",
-          "the setting still reaches the child: %r" % child.get("PYTORCH_CUDA_ALLOC_CONF"))
-    check(not fallback_lines(p.stderr), "a fallback line for `env`: %r" % p.stderr)
+    assert p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr)
+    assert child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync", (
+        "the setting still reaches the child: %r" % child.get("PYTORCH_CUDA_ALLOC_CONF")
+    )
+    assert not fallback_lines(p.stderr), "a fallback line for `env`: %r" % p.stderr
 
 
-@test
-def run_sets_python_environment(scratch):
+def test_run_sets_python_environment(scratch):
     p, child = run_env(scratch)
-    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
-    check(child.get("ALLOCSCOPE_PYTHON") == "1", "ALLOCSCOPE_PYTHON=%r" % child.get("ALLOCSCOPE_PYTHON"))
+    assert p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr)
+    assert child.get("ALLOCSCOPE_PYTHON") == "1", (
+        "ALLOCSCOPE_PYTHON=%r" % child.get("ALLOCSCOPE_PYTHON")
+    )
     pp = child.get("PYTHONPATH", "")
     first = pp.split(os.pathsep)[0]
-    check(os.path.exists(os.path.join(first, "sitecustomize.py")) and os.path.isdir(os.path.join(first, "allocscope")),
-          "PYTHONPATH %r does not start with the shim's directory" % pp)
+    assert os.path.exists(os.path.join(first, "sitecustomize.py")) and os.path.isdir(os.path.join(first, "allocscope")), (
+        "PYTHONPATH %r does not start with the shim's directory" % pp
+    )
     p2, child2 = run_env(scratch, PYTHONPATH="/some/where")
-    check(child2.get("PYTHONPATH") == first + os.pathsep + "/some/where",
-          "PYTHONPATH not prepended: %r" % child2.get("PYTHONPATH"))
+    assert child2.get("PYTHONPATH") == first + os.pathsep + "/some/where", (
+        "PYTHONPATH not prepended: %r" % child2.get("PYTHONPATH")
+    )
     if HAVE_BRIDGE:
-        check(os.path.exists(child.get("ALLOCSCOPE_TORCH_BRIDGE", "")),
-              "ALLOCSCOPE_TORCH_BRIDGE=%r" % child.get("ALLOCSCOPE_TORCH_BRIDGE"))
-        check("PYTORCH_CUDA_ALLOC_CONF" not in child, "allocator changed although the bridge is built")
-        check(not fallback_lines(p.stderr), "fallback line although the bridge is built")
+        assert os.path.exists(child.get("ALLOCSCOPE_TORCH_BRIDGE", "")), (
+            "ALLOCSCOPE_TORCH_BRIDGE=%r" % child.get("ALLOCSCOPE_TORCH_BRIDGE")
+        )
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in child, (
+            "allocator changed although the bridge is built"
+        )
+        assert not fallback_lines(p.stderr), "fallback line although the bridge is built"
     else:
-        check(child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync",
-              "PYTORCH_CUDA_ALLOC_CONF=%r" % child.get("PYTORCH_CUDA_ALLOC_CONF"))
-        check(len(fallback_lines(p.stderr)) == 1, "want one fallback line: %r" % p.stderr)
-        check("ALLOCSCOPE_TORCH_BRIDGE" not in child, "ALLOCSCOPE_TORCH_BRIDGE set without a bridge")
+        assert child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync", (
+            "PYTORCH_CUDA_ALLOC_CONF=%r" % child.get("PYTORCH_CUDA_ALLOC_CONF")
+        )
+        assert len(fallback_lines(p.stderr)) == 1, "want one fallback line: %r" % p.stderr
+        assert "ALLOCSCOPE_TORCH_BRIDGE" not in child, (
+            "ALLOCSCOPE_TORCH_BRIDGE set without a bridge"
+        )
 
 
-@test
-def run_merges_the_fallback_with_the_users_allocator_settings(scratch):
+def test_run_merges_the_fallback_with_the_users_allocator_settings(scratch):
     if HAVE_BRIDGE:
-        print("    (bridge built: no fallback to check)")
-        return
+        pytest.skip("bridge built: no fallback to check")
     p, child = run_env(scratch, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    check(child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync,expandable_segments:True",
-          "merged: %r" % child.get("PYTORCH_CUDA_ALLOC_CONF"))
-    check(len(fallback_lines(p.stderr)) == 1, "want one fallback line: %r" % p.stderr)
+    assert child.get("PYTORCH_CUDA_ALLOC_CONF") == "backend:cudaMallocAsync,expandable_segments:True", (
+        "merged: %r" % child.get("PYTORCH_CUDA_ALLOC_CONF")
+    )
+    assert len(fallback_lines(p.stderr)) == 1, "want one fallback line: %r" % p.stderr
     p, child = run_env(scratch, PYTORCH_ALLOC_CONF="max_split_size_mb:64")
-    check(child.get("PYTORCH_ALLOC_CONF") == "backend:cudaMallocAsync,max_split_size_mb:64",
-          "PYTORCH_ALLOC_CONF merged: %r" % child.get("PYTORCH_ALLOC_CONF"))
-    check("PYTORCH_CUDA_ALLOC_CONF" not in child, "PYTORCH_CUDA_ALLOC_CONF added next to PYTORCH_ALLOC_CONF")
+    assert child.get("PYTORCH_ALLOC_CONF") == "backend:cudaMallocAsync,max_split_size_mb:64", (
+        "PYTORCH_ALLOC_CONF merged: %r" % child.get("PYTORCH_ALLOC_CONF")
+    )
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in child, (
+        "PYTORCH_CUDA_ALLOC_CONF added next to PYTORCH_ALLOC_CONF"
+    )
     for var, value in (("PYTORCH_CUDA_ALLOC_CONF", "backend:native"),
                        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True, backend : native"),
                        ("PYTORCH_ALLOC_CONF", "backend:cudaMallocAsync")):
         p, child = run_env(scratch, **{var: value})
-        check(child.get(var) == value, "%s=%r was changed to %r" % (var, value, child.get(var)))
-        check(not fallback_lines(p.stderr), "fallback line although %s sets a backend" % var)
+        assert child.get(var) == value, "%s=%r was changed to %r" % (var, value, child.get(var))
+        assert not fallback_lines(p.stderr), "fallback line although %s sets a backend" % var
 
 
-@test
-def run_no_python_leaves_python_alone(scratch):
+def test_run_no_python_leaves_python_alone(scratch):
     p, child = run_env(scratch, ["--no-python"], PYTHONPATH="/some/where")
-    check(p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr))
-    check("ALLOCSCOPE_PYTHON" not in child, "ALLOCSCOPE_PYTHON set")
-    check(child.get("PYTHONPATH") == "/some/where", "PYTHONPATH=%r" % child.get("PYTHONPATH"))
-    check("PYTORCH_CUDA_ALLOC_CONF" not in child and not fallback_lines(p.stderr), "allocator changed")
+    assert p.returncode == 0, "exit status %d: %s" % (p.returncode, p.stderr)
+    assert "ALLOCSCOPE_PYTHON" not in child, "ALLOCSCOPE_PYTHON set"
+    assert child.get("PYTHONPATH") == "/some/where", "PYTHONPATH=%r" % child.get("PYTHONPATH")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in child and not fallback_lines(p.stderr), (
+        "allocator changed"
+    )
     h = run([CLI, "run", "--help"], clean_env())
-    check("--no-python" in h.stdout and "PYTORCH_CUDA_ALLOC_CONF" in h.stdout, "usage text lacks the Python part")
+    assert "--no-python" in h.stdout and "PYTORCH_CUDA_ALLOC_CONF" in h.stdout, (
+        "usage text lacks the Python part"
+    )
 
 
-@test
-def python_under_run_is_tagged_without_changes(scratch):
+def test_python_under_run_is_tagged_without_changes(scratch):
     # sitecustomize under `allocscope run` in a process that never imports
     # torch: nothing of the shim is imported, the program is unchanged.
     out = os.path.join(scratch, "out")
     p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c",
              "import sys; print(sorted(m for m in sys.modules if m.startswith('allocscope')))"],
             clean_env())
-    check(p.returncode == 0 and p.stdout.strip() == "[]", "stdout %r stderr %r" % (p.stdout, p.stderr))
+    assert p.returncode == 0 and p.stdout.strip() == "[]", (
+        "stdout %r stderr %r" % (p.stdout, p.stderr)
+    )
 
-
-if failures:
-    print("\n%d check(s) failed" % len(failures))
-    sys.exit(1)
-print("\nall passed")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Provenance for PyTorch on the CPU (meson test python_torch_provenance;
-SKIP, exit 77, where no python3 imports torch or no library with the op
-observer is built): the bridge's ATen op observer
+"""Provenance for PyTorch on the CPU (meson test python_torch_provenance,
+pytest through tests/python/run_pytest.py; SKIP, exit 77, where no python3
+imports torch or no library with the op observer is built): the bridge's
+ATen op observer
 (tools/torch_bridge/provenance.cpp) under `allocscope run --provenance`.
 
 An unchanged script trains two layers whose forward quantizes the weight to
@@ -49,19 +50,19 @@ import sys
 import tempfile
 import textwrap
 
+import pytest
+
 try:
     import torch  # noqa: F401
 except Exception as e:
-    print("SKIP: python3 cannot import torch (%s)" % e)
-    sys.exit(77)
+    pytest.skip("python3 cannot import torch (%s)" % e, allow_module_level=True)
 
 CLI = os.environ["E2E_CLI"]
 SIM_CUDART = os.environ["SIM_CUDART"]
 BRIDGE = os.environ.get("ALLOCSCOPE_TORCH_BRIDGE", "")
 PLUGIN = os.environ["DERIVED_PLUGIN"]
 if not BRIDGE:
-    print("SKIP: no bridge or tag hooks library built against this torch")
-    sys.exit(77)
+    pytest.skip("no bridge or tag hooks library built against this torch", allow_module_level=True)
 STEPS = 3
 LAYERS = 2
 
@@ -267,80 +268,72 @@ TRANSPOSED = QUANTIZED + " -> clone"
 LONG_CHAIN = "chain.weight -> mul -> mul -> mul -> mul -> … -> mul -> mul -> mul -> mul"
 
 
-def main():
+@pytest.fixture(scope="module")
+def script():
+    """The training script (SCRIPT) in a directory for the module's runs,
+    removed after them."""
     scratch = tempfile.mkdtemp(prefix="allocscope-provenance-")
-    failures = []
-
-    def check(cond, what):
-        if not cond:
-            failures.append(what)
-            print("FAILED: " + what)
-
-    try:
-        script = os.path.join(scratch, "train.py")
-        with open(script, "w") as f:
-            f.write(SCRIPT)
-        for impl in ("function", "subclass"):
-            for mode in ("seed", "fixed"):
-                label = "%s/%s" % (impl, mode)
-                p, derived, kinds = run(script, os.path.join(scratch, "out-%s-%s" % (impl, mode)),
-                                        {"FP8_IMPL": impl, "FP8_MODE": mode}, True)
-                check(p.returncode == 0 and "done" in p.stdout,
-                      "%s: exit status %d" % (label, p.returncode))
-                check("provenance is off" not in p.stderr, "%s: provenance not installed" % label)
-                m = re.search(r"provenance: \d+ ops observed, \d+ ns each; (\d+) seeds, (\d+) "
-                              r"derived storages, (\d+) declared", p.stderr)
-                check(m is not None and int(m.group(1)) == 2 * LAYERS + 1,
-                      "%s: seeds: %s" % (label, m.group(0) if m else "no debug line"))
-                if derived is None:
-                    check(False, "%s: no replay" % label)
-                    continue
-                check(kinds is not None and kinds.get("derived") == len(derived),
-                      "%s: %d declarations read back, report counts %r"
-                      % (label, len(derived), kinds))
-                print("%s: %d declarations, e.g. %s" % (label, len(derived),
-                                                         sorted({d["how"] for d in derived})))
-                check(all(d["address"] for d in derived), "%s: a declaration without address" % label)
-                check(not [d for d in derived if d["name"] != "weight"],
-                      "%s: declarations of %r" % (label, sorted({d["name"] for d in derived})))
-                per_step = 2 if mode == "fixed" else 1  # fixed quantizes again in backward
-                for i in range(LAYERS):
-                    layer = "layers.%d" % i
-                    copies = [d for d in derived if d["how"] == QUANTIZED % i]
-                    check(len(copies) == STEPS * per_step,
-                          "%s: %d int8 copies of %s.weight (want %d)"
-                          % (label, len(copies), layer, STEPS * per_step))
-                    check(all(d["layer"] == layer and d["tag_layer"] == layer for d in copies),
-                          "%s: %s copies named %r" % (label, layer,
-                                                      [(d["layer"], d["tag_layer"]) for d in copies]))
-                    forward = [d for d in copies if d["tag_phase"] == "forward"]
-                    check(len(forward) == STEPS, "%s: %s forward copies: %d" % (label, layer, len(forward)))
-                    transposes = [d for d in derived if d["how"] == TRANSPOSED % i]
-                    check(len(transposes) == STEPS
-                          and all(d["tag_layer"] == layer and d["tag_phase"] == "backward"
-                                  for d in transposes),
-                          "%s: %s transposes %r" % (label, layer, transposes))
-                # Multiplications 9 and 10 are cut (4 first, 4 last), 8 is not.
-                chain = [d for d in derived if d["layer"] == "chain"]
-                check(sum(1 for d in chain if d["how"] == LONG_CHAIN) == 2 * STEPS
-                      and sum(1 for d in chain if d["how"] == "chain.weight" + " -> mul" * 8) == STEPS,
-                      "%s: long chains %r" % (label, sorted({d["how"] for d in chain})))
-                check(len(chain) == 10 * STEPS, "%s: %d chain declarations" % (label, len(chain)))
-
-        p, derived, kinds = run(script, os.path.join(scratch, "out-off"),
-                                {"FP8_IMPL": "function", "FP8_MODE": "seed"}, False)
-        check(p.returncode == 0 and "done" in p.stdout, "off: exit status %d" % p.returncode)
-        check(derived == [] and kinds is not None and "derived" not in kinds,
-              "off: declarations %r, events %r" % (derived, kinds))
-        check("allocscope: provenance" not in p.stderr, "off: the observer spoke")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("all passed")
-    return 0
+    path = os.path.join(scratch, "train.py")
+    with open(path, "w") as f:
+        f.write(SCRIPT)
+    yield path
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.parametrize("mode", ["seed", "fixed"])
+@pytest.mark.parametrize("impl", ["function", "subclass"])
+def test_each_weight_copy_is_declared_with_its_chain_of_ops(script, impl, mode):
+    label = "%s/%s" % (impl, mode)
+    out = os.path.join(os.path.dirname(script), "out-%s-%s" % (impl, mode))
+    p, derived, kinds = run(script, out, {"FP8_IMPL": impl, "FP8_MODE": mode}, True)
+    assert p.returncode == 0 and "done" in p.stdout, "%s: exit status %d" % (label, p.returncode)
+    assert "provenance is off" not in p.stderr, "%s: provenance not installed" % label
+    m = re.search(r"provenance: \d+ ops observed, \d+ ns each; (\d+) seeds, (\d+) "
+                  r"derived storages, (\d+) declared", p.stderr)
+    assert m is not None and int(m.group(1)) == 2 * LAYERS + 1, (
+        "%s: seeds: %s" % (label, m.group(0) if m else "no debug line")
+    )
+    if derived is None:
+        pytest.fail("%s: no replay" % label)
+    assert kinds is not None and kinds.get("derived") == len(derived), (
+        "%s: %d declarations read back, report counts %r" % (label, len(derived), kinds)
+    )
+    print("%s: %d declarations, e.g. %s" % (label, len(derived), sorted({d["how"] for d in derived})))
+    assert all(d["address"] for d in derived), "%s: a declaration without address" % label
+    assert not [d for d in derived if d["name"] != "weight"], (
+        "%s: declarations of %r" % (label, sorted({d["name"] for d in derived}))
+    )
+    per_step = 2 if mode == "fixed" else 1  # fixed quantizes again in backward
+    for i in range(LAYERS):
+        layer = "layers.%d" % i
+        copies = [d for d in derived if d["how"] == QUANTIZED % i]
+        assert len(copies) == STEPS * per_step, (
+            "%s: %d int8 copies of %s.weight (want %d)" % (label, len(copies), layer, STEPS * per_step)
+        )
+        assert all(d["layer"] == layer and d["tag_layer"] == layer for d in copies), (
+            "%s: %s copies named %r" % (label, layer, [(d["layer"], d["tag_layer"]) for d in copies])
+        )
+        forward = [d for d in copies if d["tag_phase"] == "forward"]
+        assert len(forward) == STEPS, "%s: %s forward copies: %d" % (label, layer, len(forward))
+        transposes = [d for d in derived if d["how"] == TRANSPOSED % i]
+        assert (len(transposes) == STEPS
+                and all(d["tag_layer"] == layer and d["tag_phase"] == "backward" for d in transposes)), (
+            "%s: %s transposes %r" % (label, layer, transposes)
+        )
+    # Multiplications 9 and 10 are cut (4 first, 4 last), 8 is not.
+    chain = [d for d in derived if d["layer"] == "chain"]
+    assert (sum(1 for d in chain if d["how"] == LONG_CHAIN) == 2 * STEPS
+            and sum(1 for d in chain if d["how"] == "chain.weight" + " -> mul" * 8) == STEPS), (
+        "%s: long chains %r" % (label, sorted({d["how"] for d in chain}))
+    )
+    assert len(chain) == 10 * STEPS, "%s: %d chain declarations" % (label, len(chain))
+
+
+def test_without_provenance_the_trace_holds_no_declaration(script):
+    out = os.path.join(os.path.dirname(script), "out-off")
+    p, derived, kinds = run(script, out, {"FP8_IMPL": "function", "FP8_MODE": "seed"}, False)
+    assert p.returncode == 0 and "done" in p.stdout, "off: exit status %d" % p.returncode
+    assert derived == [] and kinds is not None and "derived" not in kinds, (
+        "off: declarations %r, events %r" % (derived, kinds)
+    )
+    assert "allocscope: provenance" not in p.stderr, "off: the observer spoke"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """allocscope.torch on the CPU (meson tests python_shim_torch and
-python_shim_torch_bridge_hooks; SKIP, exit 77, where no python3 imports
-torch). Runs with torch 1.13 (Debian's python3-torch, as in CI) and 2.x.
+python_shim_torch_bridge_hooks, pytest through tests/python/run_pytest.py;
+SKIP, exit 77, where no python3 imports torch). Runs with torch 1.13
+(Debian's python3-torch, as in CI) and 2.x.
 
 An unchanged script runs under `allocscope run` (the shim comes in through
 sitecustomize when the script imports torch): a model on CPU tensors whose
@@ -52,11 +53,12 @@ import sys
 import tempfile
 import textwrap
 
+import pytest
+
 try:
-    import torch  # noqa: F401
+    import torch
 except Exception as e:
-    print("SKIP: python3 cannot import torch (%s)" % e)
-    sys.exit(77)
+    pytest.skip("python3 cannot import torch (%s)" % e, allow_module_level=True)
 
 CLI = os.environ["E2E_CLI"]
 SIM_CUDART = os.environ["SIM_CUDART"]
@@ -64,8 +66,7 @@ SIM_CUDART = os.environ["SIM_CUDART"]
 # C++ tag hooks of the library ALLOCSCOPE_TORCH_BRIDGE names.
 HOOKS = os.environ.get("TORCH_SHIM_HOOKS", "ctypes")
 if HOOKS == "bridge" and not os.environ.get("ALLOCSCOPE_TORCH_BRIDGE"):
-    print("SKIP: no bridge or tag hooks library built against this torch")
-    sys.exit(77)
+    pytest.skip("no bridge or tag hooks library built against this torch", allow_module_level=True)
 STEPS = 3
 
 SCRIPT = textwrap.dedent(
@@ -214,134 +215,132 @@ BASE_TAGS = {
 }
 
 
-def main():
-    scratch = tempfile.mkdtemp(prefix="allocscope-torchshim-")
-    failures = []
-
-    def check(cond, what):
-        if not cond:
-            failures.append(what)
-            print("FAILED: " + what)
-
-    def check_tags(label, rank, extra):
-        """Each of BASE_TAGS and `extra` holds STEPS allocations of its
-        bytes; returns the tags by (layer, phase)."""
-        tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-        print("tags with %s:" % label, sorted(k for k, t in tags.items() if t["allocations"]))
-        for key, size in list(BASE_TAGS.items()) + list(extra.items()):
-            t = tags.get(key)
-            check(t is not None and t["allocations"] == STEPS and t["allocated_bytes"] == STEPS * size,
-                  "%s: %s %s: %r" % (label, key[0], key[1], t))
-        return tags
-
-    def steps_of(rank):
-        return sorted(s["step"] for s in rank.get("timeline", {}).get("steps", []))
-
-    try:
-        script = os.path.join(scratch, "train.py")
-        with open(script, "w") as f:
-            f.write(SCRIPT)
-        p, rank = run_traced(script, os.path.join(scratch, "out"), {})
-        check(p.returncode == 0 and "done" in p.stdout, "exit status %d" % p.returncode)
-        check("hooks not installed" not in p.stderr and "hook failed" not in p.stderr
-              and "hooks failed" not in p.stderr and "cannot be used" not in p.stderr,
-              "the shim reported a problem")
-        through = "the PyTorch bridge" if HOOKS == "bridge" else "ctypes"
-        check("tag calls through %s\n" % through in p.stderr, "tags not through %s" % through)
-        check(rank is not None, "no report")
-        if rank is None:
-            return 1
-        kinds = rank.get("events_by_kind", {})
-        check(kinds.get("param") == 8, "param events: %r (want 8: 4 x weight, bias)" % kinds)
-        # dict_head and dataclass_head: outputs inside a container.
-        tags = check_tags("no checkpointing", rank, {})
-        opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
-        check(len(opt) == 1 and opt[0]["allocations"] == STEPS, "optimizer tags: %r" % opt)
-        check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), "steps %r" % steps_of(rank))
-        recomputed = [k for k, t in tags.items() if k[1] == "backward/recompute" and t["allocations"]]
-        check(not recomputed, "recomputation without checkpointing: %r" % recomputed)
-
-        # Activation checkpointing: layers.1's forward again inside backward,
-        # or the whole model's.
-        for mode in ("non-reentrant", "reentrant", "root-reentrant"):
-            p, rank = run_traced(script, os.path.join(scratch, "out-" + mode),
-                                 {"CHECKPOINT": mode})
-            check(p.returncode == 0 and "done" in p.stdout,
-                  "%s checkpoint: exit status %d" % (mode, p.returncode))
-            if rank is None:
-                check(False, "%s checkpoint: no report" % mode)
-                continue
-            extra = {("layers.1", "backward/recompute"): 8192}
-            if mode == "root-reentrant":
-                extra[("layers.0", "backward/recompute")] = 8192
-            tags = check_tags(mode + " checkpointing", rank, extra)
-            if mode != "root-reentrant":
-                t = tags.get(("layers.0", "backward/recompute"))
-                check(t is None or t["allocations"] == 0,
-                      "%s checkpoint: layers.0 (not checkpointed) recomputed: %r" % (mode, t))
-            check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)),
-                  "%s checkpoint: steps %r" % (mode, steps_of(rank)))
-
-        # Wrappers: checkpoint_wrapper everywhere, torch.compile where torch has it.
-        wrappers = ["checkpoint_wrapper"]
-        if hasattr(torch, "compile"):
-            wrappers.append("compile")
-        else:
-            print("torch %s has no torch.compile: compiled layers not tested" % torch.__version__)
-        for wrapper in wrappers:
-            p, rank = run_traced(script, os.path.join(scratch, "out-" + wrapper), {"WRAP": wrapper})
-            check(p.returncode == 0 and "done" in p.stdout,
-                  "%s: exit status %d" % (wrapper, p.returncode))
-            check("global hooks" not in p.stderr, "%s: torch's global-hooks warning shown" % wrapper)
-            if rank is None:
-                check(False, "%s: no report" % wrapper)
-                continue
-            extra = {}
-            if wrapper == "checkpoint_wrapper":
-                extra[("layers.1", "backward/recompute")] = 8192
-            tags = check_tags(wrapper, rank, extra)
-            wrapped = [k for k in tags if "_orig_mod" in k[0] or "_wrapped_module" in k[0]]
-            check(not wrapped, "%s: tags name a wrapper: %r" % (wrapper, wrapped))
-            check(rank.get("events_by_kind", {}).get("param") == 8,
-                  "%s: param events: %r" % (wrapper, rank.get("events_by_kind")))
-
-        # ALLOCSCOPE_PYTHON_MODULES=0: steps and optimizer tags, nothing per module.
-        p, rank = run_traced(script, os.path.join(scratch, "out-nomodules"),
-                             {"ALLOCSCOPE_PYTHON_MODULES": "0"})
-        check(p.returncode == 0 and "done" in p.stdout, "modules off: exit status %d" % p.returncode)
-        check("module hooks left out (ALLOCSCOPE_PYTHON_MODULES=0)" in p.stderr,
-              "modules off: not said")
-        if rank is not None:
-            tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-            print("tags without module hooks:", sorted(tags))
-            check(not [k for k in tags if k[1] in ("forward", "backward")],
-                  "modules off: module tags %r" % sorted(tags))
-            check("param" not in rank.get("events_by_kind", {}), "modules off: parameters registered")
-            opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
-            check(len(opt) == 1 and opt[0]["allocations"] == STEPS,
-                  "modules off: optimizer tags %r" % opt)
-            check(steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)),
-                  "modules off: steps %r" % steps_of(rank))
-        else:
-            check(False, "modules off: no report")
-
-        # ALLOCSCOPE_TORCH_BLOCKS=0: the bridge is not attached, and that is said.
-        probe = os.path.join(scratch, "attach.py")
-        with open(probe, "w") as f:
-            f.write("import torch\nimport allocscope.torch as ast\nprint('attach', ast.attach_bridge())\n")
-        p, _ = run_traced(probe, os.path.join(scratch, "out-noblocks"),
-                          {"ALLOCSCOPE_TORCH_BLOCKS": "0"})
-        check(p.returncode == 0 and "attach True" in p.stdout,
-              "blocks off: attach_bridge() %r" % p.stdout)
-        check("not attached (ALLOCSCOPE_TORCH_BLOCKS=0)" in p.stderr, "blocks off: not said")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if failures:
-        print("%d check(s) failed" % len(failures))
-        return 1
-    print("all passed")
-    return 0
+@pytest.fixture(scope="module")
+def scratch():
+    """A directory for the module's runs, removed after them."""
+    path = tempfile.mkdtemp(prefix="allocscope-torchshim-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.fixture(scope="module")
+def script(scratch):
+    """The training script (SCRIPT), written once."""
+    path = os.path.join(scratch, "train.py")
+    with open(path, "w") as f:
+        f.write(SCRIPT)
+    return path
+
+
+def assert_tags(label, rank, extra):
+    """Each of BASE_TAGS and `extra` holds STEPS allocations of its
+    bytes; returns the tags by (layer, phase)."""
+    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+    print("tags with %s:" % label, sorted(k for k, t in tags.items() if t["allocations"]))
+    for key, size in list(BASE_TAGS.items()) + list(extra.items()):
+        t = tags.get(key)
+        assert t is not None and t["allocations"] == STEPS and t["allocated_bytes"] == STEPS * size, (
+            "%s: %s %s: %r" % (label, key[0], key[1], t)
+        )
+    return tags
+
+
+def steps_of(rank):
+    return sorted(s["step"] for s in rank.get("timeline", {}).get("steps", []))
+
+
+def test_an_unchanged_script_is_tagged_by_module_phase_optimizer_and_step(script, scratch):
+    p, rank = run_traced(script, os.path.join(scratch, "out"), {})
+    assert p.returncode == 0 and "done" in p.stdout, "exit status %d" % p.returncode
+    assert ("hooks not installed" not in p.stderr and "hook failed" not in p.stderr
+            and "hooks failed" not in p.stderr and "cannot be used" not in p.stderr), (
+        "the shim reported a problem"
+    )
+    through = "the PyTorch bridge" if HOOKS == "bridge" else "ctypes"
+    assert "tag calls through %s\n" % through in p.stderr, "tags not through %s" % through
+    assert rank is not None, "no report"
+    kinds = rank.get("events_by_kind", {})
+    assert kinds.get("param") == 8, "param events: %r (want 8: 4 x weight, bias)" % kinds
+    # dict_head and dataclass_head: outputs inside a container.
+    tags = assert_tags("no checkpointing", rank, {})
+    opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
+    assert len(opt) == 1 and opt[0]["allocations"] == STEPS, "optimizer tags: %r" % opt
+    assert steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), "steps %r" % steps_of(rank)
+    recomputed = [k for k, t in tags.items() if k[1] == "backward/recompute" and t["allocations"]]
+    assert not recomputed, "recomputation without checkpointing: %r" % recomputed
+
+
+# Activation checkpointing: layers.1's forward again inside backward, or the
+# whole model's.
+@pytest.mark.parametrize("mode", ["non-reentrant", "reentrant", "root-reentrant"])
+def test_a_checkpointed_forward_run_again_in_backward_is_tagged_recompute(script, scratch, mode):
+    p, rank = run_traced(script, os.path.join(scratch, "out-" + mode), {"CHECKPOINT": mode})
+    assert p.returncode == 0 and "done" in p.stdout, (
+        "%s checkpoint: exit status %d" % (mode, p.returncode)
+    )
+    if rank is None:
+        pytest.fail("%s checkpoint: no report" % mode)
+    extra = {("layers.1", "backward/recompute"): 8192}
+    if mode == "root-reentrant":
+        extra[("layers.0", "backward/recompute")] = 8192
+    tags = assert_tags(mode + " checkpointing", rank, extra)
+    if mode != "root-reentrant":
+        t = tags.get(("layers.0", "backward/recompute"))
+        assert t is None or t["allocations"] == 0, (
+            "%s checkpoint: layers.0 (not checkpointed) recomputed: %r" % (mode, t)
+        )
+    assert steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), (
+        "%s checkpoint: steps %r" % (mode, steps_of(rank))
+    )
+
+
+# Wrappers: checkpoint_wrapper everywhere, torch.compile where torch has it.
+@pytest.mark.parametrize("wrapper", ["checkpoint_wrapper", "compile"])
+def test_wrapped_modules_keep_their_names_and_allocations(script, scratch, wrapper):
+    if wrapper == "compile" and not hasattr(torch, "compile"):
+        pytest.skip("torch %s has no torch.compile: compiled layers not tested" % torch.__version__)
+    p, rank = run_traced(script, os.path.join(scratch, "out-" + wrapper), {"WRAP": wrapper})
+    assert p.returncode == 0 and "done" in p.stdout, "%s: exit status %d" % (wrapper, p.returncode)
+    assert "global hooks" not in p.stderr, "%s: torch's global-hooks warning shown" % wrapper
+    if rank is None:
+        pytest.fail("%s: no report" % wrapper)
+    extra = {}
+    if wrapper == "checkpoint_wrapper":
+        extra[("layers.1", "backward/recompute")] = 8192
+    tags = assert_tags(wrapper, rank, extra)
+    wrapped = [k for k in tags if "_orig_mod" in k[0] or "_wrapped_module" in k[0]]
+    assert not wrapped, "%s: tags name a wrapper: %r" % (wrapper, wrapped)
+    assert rank.get("events_by_kind", {}).get("param") == 8, (
+        "%s: param events: %r" % (wrapper, rank.get("events_by_kind"))
+    )
+
+
+def test_without_module_hooks_only_optimizer_tags_and_steps_remain(script, scratch):
+    # ALLOCSCOPE_PYTHON_MODULES=0: steps and optimizer tags, nothing per module.
+    p, rank = run_traced(script, os.path.join(scratch, "out-nomodules"),
+                         {"ALLOCSCOPE_PYTHON_MODULES": "0"})
+    assert p.returncode == 0 and "done" in p.stdout, "modules off: exit status %d" % p.returncode
+    assert "module hooks left out (ALLOCSCOPE_PYTHON_MODULES=0)" in p.stderr, "modules off: not said"
+    if rank is None:
+        pytest.fail("modules off: no report")
+    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+    print("tags without module hooks:", sorted(tags))
+    assert not [k for k in tags if k[1] in ("forward", "backward")], (
+        "modules off: module tags %r" % sorted(tags)
+    )
+    assert "param" not in rank.get("events_by_kind", {}), "modules off: parameters registered"
+    opt = [t for (layer, phase), t in tags.items() if phase == "optimizer"]
+    assert len(opt) == 1 and opt[0]["allocations"] == STEPS, "modules off: optimizer tags %r" % opt
+    assert steps_of(rank)[-STEPS:] == list(range(1, STEPS + 1)), (
+        "modules off: steps %r" % steps_of(rank)
+    )
+
+
+def test_without_blocks_attach_bridge_succeeds_without_attaching_and_says_so(scratch):
+    # ALLOCSCOPE_TORCH_BLOCKS=0: the bridge is not attached, and that is said.
+    probe = os.path.join(scratch, "attach.py")
+    with open(probe, "w") as f:
+        f.write("import torch\nimport allocscope.torch as ast\nprint('attach', ast.attach_bridge())\n")
+    p, _ = run_traced(probe, os.path.join(scratch, "out-noblocks"), {"ALLOCSCOPE_TORCH_BLOCKS": "0"})
+    assert p.returncode == 0 and "attach True" in p.stdout, "blocks off: attach_bridge() %r" % p.stdout
+    assert "not attached (ALLOCSCOPE_TORCH_BLOCKS=0)" in p.stderr, "blocks off: not said"

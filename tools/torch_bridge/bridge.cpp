@@ -50,7 +50,7 @@
 // a reference that keeps the address from being reused).
 // ALLOCSCOPE_PYTHON_STACKS=0 turns this off.
 //
-// C API (loaded by allocscope/torch.py with ctypes after CUDA is initialized):
+// C API (loaded by allocscope/torch/_bridge.py with ctypes after CUDA is initialized):
 //   int allocscope_torch_bridge_attach(char* error, size_t error_size)
 //     0: attached; 1: not needed (the cudaMallocAsync backend: every tensor
 //     is a runtime-API call); 2: already attached; -1: failed, the reason in

@@ -57,7 +57,7 @@
 // tensor. The observer is installed once and stays (RecordFunction
 // callbacks of the process cannot be removed safely while ops run).
 //
-// C API (loaded by allocscope/torch.py with ctypes, when
+// C API (loaded by allocscope/torch/_provenance.py with ctypes, when
 // ALLOCSCOPE_PROVENANCE=1):
 //   int allocscope_torch_provenance_install(uint32_t forward_kind,
 //         uint32_t backward_kind, char* error, size_t error_size)

@@ -1,7 +1,7 @@
 // The PyTorch bridge, second part: the module hooks' tag calls without
 // ctypes, and backward tags from C++ tensor hooks.
 //
-// allocscope/torch.py tags with the interposer's keyed tags
+// allocscope.torch tags with the interposer's keyed tags
 // (allocscope_enter and friends, include/allocscope/allocscope.h). Through
 // ctypes each call costs about a microsecond and each Python tensor hook
 // several (Tensor.register_hook builds a handle and a dict per tensor, and
@@ -23,7 +23,7 @@
 //       which leave it. A backward enter also queues an autograd final
 //       callback that leaves every backward tag of the thread it runs on
 //       when the backward pass ends (modules whose inputs need no grad never
-//       get their leave). The same rules as torch.py's Python version of it.
+//       get their leave). The same rules as _hooks.py's Python version of it.
 //
 // layer and phase are bytes or None; keys and generations are Python ints.
 // The C++ tensor hooks hold no Python object and never take the GIL: they
@@ -32,7 +32,7 @@
 // runs with the tensor's other pre-hooks in the order they were added, so
 // they run before the hooks FSDP2 registers after them on the same tensors.
 //
-// C API (loaded by allocscope/torch.py with ctypes.PyDLL, GIL held):
+// C API (loaded by allocscope/torch/_tags.py with ctypes.PyDLL, GIL held):
 //   PyObject* allocscope_torch_bridge_ops(uint32_t forward_kind,
 //                                          uint32_t backward_kind)
 //     a dict of the builtins above, or None when the interposer's keyed
@@ -160,14 +160,14 @@ PyObject* keyed_kind_depth(PyObject*, PyObject* const* args, Py_ssize_t n) {
     return PyLong_FromLong(g_tags.keyed_kind_depth(static_cast<uint32_t>(kind)));
 }
 
-// Containers inside containers looked into (allocscope/torch.py: the same).
+// Containers inside containers looked into (allocscope/torch/_hooks.py: the same).
 constexpr int kMaxNesting = 4;
 
 // The tensors in `value` that require grad, as the Python objects (identity
 // decides "passed through"): `value` itself, or those in it when it is a
 // tuple, list or dict (values), or a dataclass instance (the fields in its
 // __dict__), down to kMaxNesting levels, as _grad_tensors in
-// allocscope/torch.py. Every pointer is borrowed from a container that
+// allocscope/torch/_hooks.py. Every pointer is borrowed from a container that
 // `value` holds, so it lives as long as the call's arguments do.
 // A module call's tensors: on the stack for the usual few, no allocation.
 using Tensors = c10::SmallVector<PyObject*, 8>;

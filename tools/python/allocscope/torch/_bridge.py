@@ -1,0 +1,111 @@
+"""allocscope.torch's caching-allocator bridge: finding the PyTorch bridge
+library (tools/torch_bridge) and attaching it to the native caching
+allocator once CUDA is initialized."""
+
+import ctypes
+import os
+
+import torch
+
+import allocscope as _allocscope
+
+from ._common import _lock, _say
+
+_bridge_state = None  # None: not tried; True: attached or not needed; False: failed
+
+
+def _bridge_candidates():
+    path = os.environ.get("ALLOCSCOPE_TORCH_BRIDGE")
+    if path:
+        return [path]
+    name = "liballocscope_torch_bridge.so"
+    out = []
+    lib = _allocscope.library_path()
+    if lib:
+        d = os.path.dirname(lib)
+        out.append(os.path.join(d, "allocscope", name))  # installed: <libdir>/allocscope
+        out.append(os.path.join(d, "..", "tools", "torch_bridge", name))  # build tree
+    return out
+
+
+def _bridge_path():
+    return next((p for p in _bridge_candidates() if os.path.exists(p)), None)
+
+
+def _allocator_backend():
+    try:
+        return torch.cuda.get_allocator_backend()
+    except Exception:
+        return None
+
+
+def attach_bridge():
+    """Attaches the caching-allocator bridge (CUDA must be initialized).
+    True when attached or not needed; says in one line why not otherwise."""
+    global _bridge_state
+    if not _allocscope.available():
+        return False
+    with _lock:
+        if _bridge_state is not None:
+            return _bridge_state
+        _bridge_state = _attach()
+        return _bridge_state
+
+
+def _attach():
+    # Under cudaMallocAsync every tensor reaches the runtime API; the bridge
+    # is still loaded there for the Python frames of those allocations
+    # (allocscope_torch_bridge_attach registers them and answers 1).
+    asynchronous = _allocator_backend() == "cudaMallocAsync"
+    if os.environ.get("ALLOCSCOPE_TORCH_BLOCKS", "1") == "0":
+        if not asynchronous:
+            _say(
+                "bridge",
+                "the PyTorch bridge is not attached (ALLOCSCOPE_TORCH_BLOCKS=0): per-tensor "
+                "blocks of the caching allocator are not recorded",
+            )
+        return True
+    candidates = _bridge_candidates()
+    path = _bridge_path()
+    if path is None:
+        if asynchronous:
+            return True
+        _say(
+            "bridge",
+            "the PyTorch bridge is not built (looked for %s): per-tensor blocks of the caching "
+            "allocator are not recorded; set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
+            "to record every tensor" % (", ".join(candidates) or "ALLOCSCOPE_TORCH_BRIDGE"),
+        )
+        return False
+    try:
+        lib = ctypes.CDLL(os.path.abspath(path))
+        attach = lib.allocscope_torch_bridge_attach
+        attach.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        attach.restype = ctypes.c_int
+    except (OSError, AttributeError) as e:
+        _say("bridge", "the PyTorch bridge %s cannot be loaded: %s" % (path, e))
+        return asynchronous
+    error = ctypes.create_string_buffer(512)
+    rc = attach(error, len(error))
+    if rc < 0:
+        _say(
+            "bridge",
+            "the PyTorch bridge did not attach: %s" % error.value.decode("utf-8", "replace"),
+        )
+        return asynchronous
+    return True
+
+
+def _attach_when_cuda_ready():
+    try:
+        attach_bridge()
+    except Exception as e:  # runs inside torch.cuda's lazy init: never raise
+        _say("bridge", "the PyTorch bridge did not attach: %s" % e)
+
+
+def _maybe_attach_bridge():
+    try:
+        if torch.cuda.is_initialized():
+            attach_bridge()
+    except Exception:
+        pass
