@@ -32,6 +32,10 @@ using namespace allocscope;
 using allocscope::test::count_lines;
 using allocscope::test::files_matching;
 using allocscope::test::flip_byte;
+using allocscope::test::run_shell;
+using allocscope::test::ShellResult;
+using allocscope::test::slurp;
+using allocscope::test::TempDir;
 
 namespace {
 
@@ -752,42 +756,6 @@ TEST_CASE("tag strings come interned: one address per text until finish, over bo
 
 namespace {
 
-struct Scratch {
-    fs::path dir;
-    Scratch() {
-        char tmpl[] = "/tmp/allocscope-plugins-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~Scratch() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-    fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-struct Result {
-    int status;
-    std::string out;
-    std::string err;
-};
-
-Result sh(const Scratch& s, const std::string& command) {
-    std::string cmd = command + " >" + (s / "stdout").string() + " 2>" + (s / "stderr").string();
-    int raw = std::system(cmd.c_str());
-    Result r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-    r.out = slurp(s / "stdout");
-    r.err = slurp(s / "stderr");
-    return r;
-}
-
 std::string cli() {
     const std::string c = env_or_empty("E2E_CLI");
     REQUIRE_MESSAGE(!c.empty(), "E2E_CLI must be set (see tests/meson.build)");
@@ -807,10 +775,10 @@ const std::string kPluginArgs =
 }  // namespace
 
 TEST_CASE("live plugins in a traced program find what replay finds on its trace") {
-    Scratch s;
+    TempDir s;
     const fs::path out = s / "out";
-    Result run = sh(s, cli() + " run --out " + out.string() + " --plugin-dir " + plugin_dir() +
-                           kPluginArgs + " -- " + program() + " script");
+    ShellResult run = run_shell(cli() + " run --out " + out.string() + " --plugin-dir " +
+                                plugin_dir() + kPluginArgs + " -- " + program() + " script");
     INFO(run.err);
     CHECK(run.status == 0);
     CHECK(contains(run.out, "script done: 0 failure(s)\n"));
@@ -850,8 +818,9 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
     CHECK(live.ranks[0].plugins == std::vector<std::string>{"test-count"});
     REQUIRE(live.ranks[0].disabled.size() == 2);
 
-    Result replay = sh(s, cli() + " replay " + out.string() + " --plugin-dir " + plugin_dir() +
-                              kPluginArgs + " -o " + (s / "replay.json").string());
+    ShellResult replay =
+        run_shell(cli() + " replay " + out.string() + " --plugin-dir " + plugin_dir() +
+                  kPluginArgs + " -o " + (s / "replay.json").string());
     INFO(replay.err);
     CHECK(replay.status == 0);
     const FindingsFile offline = read_findings_file((s / "replay.json").string());
@@ -863,7 +832,7 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
 }
 
 TEST_CASE("replay delivers the baseline trace of the same rank first") {
-    Scratch s;
+    TempDir s;
     fs::create_directories(s / "base");
     fs::create_directories(s / "run");
     for (int32_t rank : {0, 1}) {
@@ -877,11 +846,10 @@ TEST_CASE("replay delivers the baseline trace of the same rank first") {
         run.alloc(0x2000, 300, Level::segment, 1);
         run.write((s / "run" / ("rank" + std::to_string(rank) + ".trace")).string(), rank);
     }
-    Result r =
-        sh(s, cli() + " replay " + (s / "run").string() + " --baseline " + (s / "base").string() +
-                  " --plugins " + plugin_dir() +
-                  "/allocscope-plugin-test-count.so --plugin-option test-count.transcript=1" +
-                  " -o -");
+    ShellResult r = run_shell(
+        cli() + " replay " + (s / "run").string() + " --baseline " + (s / "base").string() +
+        " --plugins " + plugin_dir() +
+        "/allocscope-plugin-test-count.so --plugin-option test-count.transcript=1" + " -o -");
     INFO(r.err);
     REQUIRE(r.status == 0);
     const FindingsFile f = parse_findings(r.out, "stdout");
@@ -901,71 +869,71 @@ TEST_CASE("replay delivers the baseline trace of the same rank first") {
 
     // A rank without a baseline is refused before anything runs.
     fs::remove(s / "base" / "rank1.trace");
-    Result missing = sh(s, cli() + " replay " + (s / "run").string() + " --baseline " +
-                               (s / "base").string() + " --plugins none");
+    ShellResult missing = run_shell(cli() + " replay " + (s / "run").string() + " --baseline " +
+                                    (s / "base").string() + " --plugins none");
     CHECK(missing.status == 2);
     CHECK(count_lines(missing.err, "allocscope:") == 1);
     CHECK(contains(missing.err, "no baseline trace of rank 1"));
 
     // A corrupt trace: one message, exit 2.
     flip_byte(s / "run" / "rank0.trace", 72 + 12 + 2);
-    Result corrupt = sh(s, cli() + " replay " + (s / "run").string() + " --plugins none");
+    ShellResult corrupt = run_shell(cli() + " replay " + (s / "run").string() + " --plugins none");
     CHECK(corrupt.status == 2);
     CHECK(count_lines(corrupt.err, "allocscope:") == 1);
     CHECK(contains(corrupt.err, "rank0.trace"));
 }
 
 TEST_CASE("run --check and check gate on the findings' severity") {
-    Scratch s;
+    TempDir s;
     const fs::path out = s / "out";
     const std::string base = cli() + " run --out " + out.string() + " --force --plugin-dir " +
                              plugin_dir() + " --plugins test-count";
     // The count plugin's one finding has the severity its option says.
-    Result warn = sh(s, "RANK=2 " + base + " --plugin-option test-count.severity=warning" +
-                            " --check --fail-on warning -- " + program() + " exit 0");
+    ShellResult warn = run_shell("RANK=2 " + base + " --plugin-option test-count.severity=warning" +
+                                 " --check --fail-on warning -- " + program() + " exit 0");
     INFO(warn.err);
     CHECK(warn.status == 3);
     CHECK(fs::exists(out / "findings.rank2.json"));
-    Result pass = sh(s, "RANK=2 " + base + " --plugin-option test-count.severity=warning" +
-                            " --check -- " + program() + " exit 0");
+    ShellResult pass = run_shell("RANK=2 " + base + " --plugin-option test-count.severity=warning" +
+                                 " --check -- " + program() + " exit 0");
     CHECK(pass.status == 0);
     // The program's own failure wins over the verdict.
-    Result failed = sh(s, "RANK=2 " + base + " --plugin-option test-count.severity=error" +
-                              " --check -- " + program() + " exit 5");
+    ShellResult failed = run_shell("RANK=2 " + base + " --plugin-option test-count.severity=error" +
+                                   " --check -- " + program() + " exit 5");
     CHECK(failed.status == 5);
 
     // check on the directory and on the file.
-    CHECK(sh(s, cli() + " check " + out.string()).status == 3);  // error severity, default gate
-    CHECK(sh(s, cli() + " check " + (out / "findings.json").string() + " --fail-on error").status ==
-          3);
-    Result info_run = sh(s, "RANK=2 " + base + " -- " + program() + " exit 0");
+    CHECK(run_shell(cli() + " check " + out.string()).status == 3);  // error severity, default gate
+    CHECK(run_shell(cli() + " check " + (out / "findings.json").string() + " --fail-on error")
+              .status == 3);
+    ShellResult info_run = run_shell("RANK=2 " + base + " -- " + program() + " exit 0");
     CHECK(info_run.status == 0);
-    CHECK(sh(s, cli() + " check " + out.string()).status == 0);
-    CHECK(sh(s, cli() + " check " + out.string() + " --fail-on warning").status == 0);
-    Result info = sh(s, cli() + " check " + out.string() + " --fail-on info");
+    CHECK(run_shell(cli() + " check " + out.string()).status == 0);
+    CHECK(run_shell(cli() + " check " + out.string() + " --fail-on warning").status == 0);
+    ShellResult info = run_shell(cli() + " check " + out.string() + " --fail-on info");
     CHECK(info.status == 3);
     CHECK(count_lines(info.out, "info    test-count  rank 2") == 1);
     CHECK(contains(info.out, "check failed: 1 finding(s) at or above info"));
 
     // Bad input: exit 2 with one message.
-    Result bad_sev = sh(s, cli() + " check " + out.string() + " --fail-on fatal");
+    ShellResult bad_sev = run_shell(cli() + " check " + out.string() + " --fail-on fatal");
     CHECK(bad_sev.status == 2);
     CHECK(count_lines(bad_sev.err, "allocscope:") == 1);
-    Result missing = sh(s, cli() + " check " + (s / "nope.json").string());
+    ShellResult missing = run_shell(cli() + " check " + (s / "nope.json").string());
     CHECK(missing.status == 2);
     CHECK(contains(missing.err, "nope.json"));
     std::ofstream(s / "corrupt.json") << "{\"findings\": [{\"plugin\": \"x\",";
-    Result corrupt = sh(s, cli() + " check " + (s / "corrupt.json").string());
+    ShellResult corrupt = run_shell(cli() + " check " + (s / "corrupt.json").string());
     CHECK(corrupt.status == 2);
     CHECK(count_lines(corrupt.err, "allocscope:") == 1);
     CHECK(contains(corrupt.err, "corrupt.json: line 1"));
     CHECK(corrupt.out.empty());
 
     // --check without plugins cannot vouch for anything.
-    Result none = sh(s, base + " --check --plugins none -- " + program() + " exit 0");
+    ShellResult none = run_shell(base + " --check --plugins none -- " + program() + " exit 0");
     CHECK(none.status == 2);
-    Result no_files = sh(s, "ALLOCSCOPE_PLUGINS=none " + cli() + " run --out " + out.string() +
-                                " --force --check -- " + program() + " exit 0");
+    ShellResult no_files = run_shell("ALLOCSCOPE_PLUGINS=none " + cli() + " run --out " +
+                                     out.string() + " --force --check -- " + program() + " exit 0");
     CHECK(no_files.status == 2);
     CHECK(contains(no_files.err, "no findings files"));
 }
@@ -979,10 +947,10 @@ TEST_CASE("plugins never run in a forked child; the parent's findings cover its 
     MESSAGE("skipped under ThreadSanitizer");
     return;
 #endif
-    Scratch s;
+    TempDir s;
     const fs::path out = s / "out";
-    Result r = sh(s, cli() + " run --out " + out.string() + " --plugin-dir " + plugin_dir() +
-                         " --plugins test-count -- " + program() + " fork");
+    ShellResult r = run_shell(cli() + " run --out " + out.string() + " --plugin-dir " +
+                              plugin_dir() + " --plugins test-count -- " + program() + " fork");
     CHECK(r.status == 0);
     CHECK(r.out == "fork done: child ok\n");
     const auto rank_files = files_matching(out, "findings.", ".json");
@@ -996,24 +964,26 @@ TEST_CASE("plugins never run in a forked child; the parent's findings cover its 
 }
 
 TEST_CASE("ALLOCSCOPE_PLUGINS=none runs no plugin and writes no findings") {
-    Scratch s;
+    TempDir s;
     const fs::path out = s / "out";
-    Result r = sh(s, "ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() + " ALLOCSCOPE_PLUGINS=none " + cli() +
-                         " run --out " + out.string() + " -- " + program() + " exit 0");
+    ShellResult r =
+        run_shell("ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() + " ALLOCSCOPE_PLUGINS=none " + cli() +
+                  " run --out " + out.string() + " -- " + program() + " exit 0");
     CHECK(r.status == 0);
     CHECK(files_matching(out, "findings", ".json").empty());
     CHECK(files_matching(out, "pid", ".trace").size() == 1);
 }
 
 TEST_CASE("an unwritable findings file costs one warning; program and trace are unaffected") {
-    Scratch s;
+    TempDir s;
     const fs::path out = s / "out";
     fs::create_directories(out / "findings.rank5.json" / "occupied");
     const std::string lib =
         (fs::path(cli()).parent_path() / ".." / "interposer" / "liballocscope.so").string();
-    Result r = sh(s, "RANK=5 ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() +
-                         " ALLOCSCOPE_PLUGINS=test-count ALLOCSCOPE_LOG=quiet LD_PRELOAD=" + lib +
-                         " ALLOCSCOPE_OUT=" + out.string() + " " + program() + " script");
+    ShellResult r =
+        run_shell("RANK=5 ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() +
+                  " ALLOCSCOPE_PLUGINS=test-count ALLOCSCOPE_LOG=quiet LD_PRELOAD=" + lib +
+                  " ALLOCSCOPE_OUT=" + out.string() + " " + program() + " script");
     CHECK(r.status == 0);
     CHECK(contains(r.out, "script done: 0 failure(s)\n"));
     CHECK(count_lines(r.err, "allocscope:") == 1);
@@ -1023,7 +993,7 @@ TEST_CASE("an unwritable findings file costs one warning; program and trace are 
 }
 
 TEST_CASE("a bad plugin list or option is refused by the CLI with exit 2") {
-    Scratch s;
+    TempDir s;
     for (const std::string& args :
          {std::string(" run --plugins a,,b -- true"), std::string(" run --plugins none,a -- true"),
           std::string(" run --plugin-option nodot=1 -- true"),
@@ -1031,14 +1001,14 @@ TEST_CASE("a bad plugin list or option is refused by the CLI with exit 2") {
           std::string(" run --fail-on fatal -- true"), std::string(" replay /nonexistent/dir"),
           std::string(" replay --plugin-option x.y -o - /tmp")}) {
         CAPTURE(args);
-        Result r = sh(s, cli() + args);
+        ShellResult r = run_shell(cli() + args);
         CHECK(r.status == 2);
         CHECK(count_lines(r.err, "allocscope:") == 1);
     }
     // Replaying with no plugin at all would find nothing and look clean.
     fs::create_directories(s / "empty");
-    Result none =
-        sh(s, cli() + " replay " + s.dir.string() + " --plugin-dir " + (s / "empty").string());
+    ShellResult none =
+        run_shell(cli() + " replay " + s.dir.string() + " --plugin-dir " + (s / "empty").string());
     CHECK(none.status == 2);
     CHECK(contains(none.err, "no plugins (allocscope-plugin-*.so) in "));
 }

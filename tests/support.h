@@ -38,11 +38,13 @@ struct TempDir {
     }
     ~TempDir() {
         std::error_code ec;
+        fs::permissions(dir, fs::perms::owner_all, ec);  // a test may have made it read-only
         fs::remove_all(dir, ec);
     }
     TempDir(const TempDir&) = delete;
     TempDir& operator=(const TempDir&) = delete;
     fs::path operator/(const std::string& name) const { return dir / name; }
+    std::string file(const std::string& name) const { return (dir / name).string(); }
 };
 
 inline std::string slurp(const fs::path& p) {
@@ -104,6 +106,18 @@ inline int sh(const std::string& command, std::string* out = nullptr, std::strin
     if (out) *out = slurp(t / "o");
     if (err) *err = slurp(t / "e");
     return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+}
+
+// A command's exit status (as sh's) and its standard output and error.
+struct ShellResult {
+    int status = 0;
+    std::string out;
+    std::string err;
+};
+inline ShellResult run_shell(const std::string& command) {
+    ShellResult r;
+    r.status = sh(command, &r.out, &r.err);
+    return r;
 }
 
 // A one-rank trace with one 1 MiB allocation under the tag (layer, phase),

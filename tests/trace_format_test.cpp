@@ -19,9 +19,11 @@
 
 #include "trace_format.h"
 #include "trace_reader.h"
+#include "support.h"
 #include "trace_writer.h"
 
 using namespace allocscope;
+using allocscope::test::TempDir;
 namespace fs = std::filesystem;
 
 // The largest single heap allocation made while `g_track_allocations` is set,
@@ -76,31 +78,6 @@ __attribute__((noinline)) void operator delete[](void* p, const std::nothrow_t&)
 }
 
 namespace {
-
-class TempDir {
-  public:
-    TempDir() {
-        std::random_device rd;
-        for (int attempt = 0;; ++attempt) {
-            path_ =
-                fs::temp_directory_path() / ("allocscope-trace-test-" + std::to_string(::getpid()) +
-                                             "-" + std::to_string(rd()));
-            if (fs::create_directory(path_)) break;
-            REQUIRE(attempt < 100);
-        }
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-
-    std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-  private:
-    fs::path path_;
-};
 
 std::string read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

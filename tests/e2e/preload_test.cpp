@@ -28,6 +28,11 @@
 #include "trace_reader.h"
 
 namespace fs = std::filesystem;
+using allocscope::test::count_lines;
+using allocscope::test::run_shell;
+using allocscope::test::ShellResult;
+using allocscope::test::slurp;
+using allocscope::test::TempDir;
 using namespace allocscope;
 
 namespace {
@@ -38,44 +43,6 @@ std::string g_local_lib;
 std::string g_local_loader;
 bool g_gpu = false;
 
-struct Scratch {
-    fs::path dir;
-    Scratch() {
-        char tmpl[] = "/tmp/allocscope-e2e-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~Scratch() {
-        std::error_code ec;
-        fs::permissions(dir, fs::perms::owner_all, ec);
-        fs::remove_all(dir, ec);
-    }
-    fs::path operator/(const std::string& name) const { return dir / name; }
-};
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-struct Result {
-    int status;
-    std::string out;
-    std::string err;
-};
-
-// Runs `command` through /bin/sh with extra environment assignments.
-Result sh(const Scratch& s, const std::string& command) {
-    std::string cmd = command + " >" + (s / "stdout").string() + " 2>" + (s / "stderr").string();
-    int raw = std::system(cmd.c_str());
-    Result r;
-    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-    r.out = slurp(s / "stdout");
-    r.err = slurp(s / "stderr");
-    return r;
-}
-
 std::vector<fs::path> traces_in(const fs::path& dir) {
     std::vector<fs::path> out;
     std::error_code ec;
@@ -84,14 +51,6 @@ std::vector<fs::path> traces_in(const fs::path& dir) {
     }
     std::sort(out.begin(), out.end());
     return out;
-}
-
-size_t count_lines_containing(const std::string& text, const std::string& needle) {
-    size_t n = 0;
-    std::istringstream in(text);
-    for (std::string line; std::getline(in, line);)
-        n += line.find(needle) != std::string::npos;
-    return n;
 }
 
 struct LoggedCall {
@@ -128,15 +87,15 @@ std::vector<LoggedCall> read_log(const fs::path& p) {
 
 // The script run shared by most cases, recorded once.
 struct ScriptRun {
-    Scratch scratch;
-    Result result;
+    TempDir scratch;
+    ShellResult result;
     Trace trace;
     std::vector<LoggedCall> calls;
 
     explicit ScriptRun(const std::string& env = "") {
         fs::path out = scratch / "out";
-        result = sh(scratch, env + " E2E_LOG=" + (scratch / "calls.log").string() + " " + g_cli +
-                                 " run --out " + out.string() + " -- " + g_program + " script");
+        result = run_shell(env + " E2E_LOG=" + (scratch / "calls.log").string() + " " + g_cli +
+                           " run --out " + out.string() + " -- " + g_program + " script");
         if (result.status != 0) std::fprintf(stderr, "program stderr:\n%s", result.err.c_str());
         auto files = traces_in(out);
         REQUIRE(files.size() == 1);
@@ -425,8 +384,8 @@ TEST_CASE("the trace is complete and allocscope report reads it") {
     REQUIRE(r.trace.footer.has_value());
     CHECK(r.trace.footer->events == r.trace.events.size());
     CHECK(r.trace.footer->events_dropped == 0);
-    Scratch s;
-    Result rep = sh(s, g_cli + " report " + (r.scratch / "out").string());
+    TempDir s;
+    ShellResult rep = run_shell(g_cli + " report " + (r.scratch / "out").string());
     CHECK(rep.status == 0);
     CHECK(rep.out.find("cudaMallocFromPoolAsync_ptsz") != std::string::npos);
     CHECK(rep.out.find("frees of unknown addresses: 1, double frees: 1") != std::string::npos);
@@ -447,22 +406,23 @@ TEST_CASE("the trace is complete and allocscope report reads it") {
 }
 
 TEST_CASE("the program's output and status are the same with and without allocscope") {
-    Scratch s;
-    Result plain = sh(s, g_program + " script");
-    Result traced =
-        sh(s, g_cli + " run --out " + (s / "out").string() + " -- " + g_program + " script");
+    TempDir s;
+    ShellResult plain = run_shell(g_program + " script");
+    ShellResult traced =
+        run_shell(g_cli + " run --out " + (s / "out").string() + " -- " + g_program + " script");
     CHECK(plain.status == 0);
     CHECK(traced.status == plain.status);
     CHECK(traced.out == plain.out);
-    Result exit7 = sh(
-        s, g_cli + " run --force --out " + (s / "out").string() + " -- " + g_program + " exit 7");
+    ShellResult exit7 = run_shell(g_cli + " run --force --out " + (s / "out").string() + " -- " +
+                                  g_program + " exit 7");
     CHECK(exit7.status == 7);
 }
 
 TEST_CASE("tags deeper than 64 are flagged and matched, and a stray pop is ignored") {
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " deep-tags");
+    ShellResult r =
+        run_shell(g_cli + " run --out " + out.string() + " -- " + g_program + " deep-tags");
     CHECK(r.status == 0);
     auto files = traces_in(out);
     REQUIRE(files.size() == 1);
@@ -489,9 +449,10 @@ TEST_CASE("tags deeper than 64 are flagged and matched, and a stray pop is ignor
 }
 
 TEST_CASE("keyed tags: a leave pops its own entry, nested enters drop what is over") {
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " keyed-tags");
+    ShellResult r =
+        run_shell(g_cli + " run --out " + out.string() + " -- " + g_program + " keyed-tags");
     CHECK(r.status == 0);
     CHECK(r.err.find("returned") == std::string::npos);
     auto files = traces_in(out);
@@ -564,7 +525,7 @@ TEST_CASE("ALLOCSCOPE_WALK_CYCLES=1 adds the cycles a frame cost by where its ru
 TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured and their cost") {
     ScriptRun r("ALLOCSCOPE_LOG=debug");
     CHECK(r.result.status == 0);
-    REQUIRE(count_lines_containing(r.result.err, " stacks captured, ") == 1);
+    REQUIRE(count_lines(r.result.err, " stacks captured, ") == 1);
     const std::string err = r.result.err;
     const size_t at = err.find(" stacks captured, ");
     const size_t line = err.rfind('\n', at) + 1;  // npos + 1 == 0 on the first line
@@ -601,7 +562,7 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
     CHECK(replayed <= captured);
     CHECK(err.find("cycles per frame", line) > err.find('\n', at));  // only when asked for
     // The writer thread's CPU time, against the time it was recording.
-    REQUIRE(count_lines_containing(err, "allocscope: the writer thread used ") == 1);
+    REQUIRE(count_lines(err, "allocscope: the writer thread used ") == 1);
     double writer_cpu_ms = -1, recording_ms = -1, percent = -1;
     REQUIRE(std::sscanf(err.c_str() + err.find("allocscope: the writer thread used "),
                         "allocscope: the writer thread used %lf ms of CPU in %lf ms of recording "
@@ -616,45 +577,45 @@ TEST_CASE("ALLOCSCOPE_LOG=debug reports at exit how many stacks were captured an
     CHECK(std::abs(percent - 100 * writer_cpu_ms / recording_ms) <= slack);
     // Without debug logging nothing is timed and nothing is said.
     const ScriptRun& quiet = script_run();
-    CHECK(count_lines_containing(quiet.result.err, " stacks captured, ") == 0);
-    CHECK(count_lines_containing(quiet.result.err, "writer thread used") == 0);
+    CHECK(count_lines(quiet.result.err, " stacks captured, ") == 0);
+    CHECK(count_lines(quiet.result.err, "writer thread used") == 0);
 }
 
 TEST_CASE("an invalid setting prints one line naming it and the program runs on") {
     ScriptRun r("ALLOCSCOPE_LOG=loud");
     CHECK(r.result.status == 0);
-    CHECK(count_lines_containing(r.result.err, "ALLOCSCOPE_LOG") == 1);
+    CHECK(count_lines(r.result.err, "ALLOCSCOPE_LOG") == 1);
     CHECK(r.result.err.find("quiet, info, debug") != std::string::npos);
     CHECK(r.trace.footer.has_value());
 }
 
 TEST_CASE("ALLOCSCOPE_DISABLE=1 records nothing and changes nothing") {
-    Scratch s;
-    Result r = sh(s, "ALLOCSCOPE_DISABLE=1 " + g_cli + " run --out " + (s / "out").string() +
-                         " -- " + g_program + " script");
+    TempDir s;
+    ShellResult r = run_shell("ALLOCSCOPE_DISABLE=1 " + g_cli + " run --out " +
+                              (s / "out").string() + " -- " + g_program + " script");
     CHECK(r.status == 0);
     CHECK(r.out.find("script done: 0 failure(s)\n") != std::string::npos);
     CHECK(traces_in(s / "out").empty());
 }
 
 TEST_CASE("an unwritable output directory gives one warning and the program runs on") {
-    Scratch s;
+    TempDir s;
     std::ofstream(s / "file") << "x";
     // A directory cannot be created below a regular file, even as root.
-    Result r = sh(
-        s, "LD_PRELOAD=" +
-               (fs::path(g_cli).parent_path() / ".." / "interposer" / "liballocscope.so").string() +
-               " ALLOCSCOPE_OUT=" + (s / "file" / "out").string() + " " + g_program + " script");
+    ShellResult r = run_shell(
+        "LD_PRELOAD=" +
+        (fs::path(g_cli).parent_path() / ".." / "interposer" / "liballocscope.so").string() +
+        " ALLOCSCOPE_OUT=" + (s / "file" / "out").string() + " " + g_program + " script");
     CHECK(r.status == 0);
     CHECK(r.out.find("script done: 0 failure(s)\n") != std::string::npos);
-    CHECK(count_lines_containing(r.err, "allocscope:") == 1);
+    CHECK(count_lines(r.err, "allocscope:") == 1);
     CHECK(r.err.find("recording disabled") != std::string::npos);
 }
 
 TEST_CASE("a forked child stops recording; the parent's trace stays whole") {
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " fork");
+    ShellResult r = run_shell(g_cli + " run --out " + out.string() + " -- " + g_program + " fork");
     CHECK(r.status == 0);
     CHECK(r.out == "fork done: child ok\n");
     auto files = traces_in(out);
@@ -671,9 +632,10 @@ TEST_CASE("a forked child stops recording; the parent's trace stays whole") {
 }
 
 TEST_CASE("children forked while other threads are inside hooks never hang") {
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    Result r = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " fork-busy");
+    ShellResult r =
+        run_shell(g_cli + " run --out " + out.string() + " -- " + g_program + " fork-busy");
     CHECK(r.status == 0);
     CHECK(r.out == "fork-busy done: 50 of 50 children exited cleanly\n");
     auto files = traces_in(out);
@@ -686,10 +648,10 @@ TEST_CASE("children forked while other threads are inside hooks never hang") {
 }
 
 TEST_CASE("an exec'd child with the preload records into its own file") {
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    Result r =
-        sh(s, "RANK=3 " + g_cli + " run --out " + out.string() + " -- " + g_program + " exec");
+    ShellResult r =
+        run_shell("RANK=3 " + g_cli + " run --out " + out.string() + " -- " + g_program + " exec");
     CHECK(r.status == 0);
     auto files = traces_in(out);
     REQUIRE(files.size() == 2);
@@ -707,10 +669,10 @@ TEST_CASE("an exec'd child with the preload records into its own file") {
 
 TEST_CASE("a runtime loaded RTLD_LOCAL by a dlopen'ed library is still interposed") {
     if (g_local_lib.empty()) return;  // only built against the host-memory runtime
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    Result r =
-        sh(s, g_cli + " run --out " + out.string() + " -- " + g_local_loader + " " + g_local_lib);
+    ShellResult r = run_shell(g_cli + " run --out " + out.string() + " -- " + g_local_loader + " " +
+                              g_local_lib);
     CHECK(r.status == 0);
     CHECK(r.out == "local done: 0\n");
     auto files = traces_in(out);
@@ -726,13 +688,15 @@ TEST_CASE("a runtime loaded RTLD_LOCAL by a dlopen'ed library is still interpose
 }
 
 TEST_CASE("allocscope run refuses to mix runs and reports bad input with exit 2") {
-    Scratch s;
+    TempDir s;
     fs::path out = s / "out";
-    CHECK(sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " exit 0").status == 0);
-    Result again = sh(s, g_cli + " run --out " + out.string() + " -- " + g_program + " exit 0");
+    CHECK(run_shell(g_cli + " run --out " + out.string() + " -- " + g_program + " exit 0").status ==
+          0);
+    ShellResult again =
+        run_shell(g_cli + " run --out " + out.string() + " -- " + g_program + " exit 0");
     CHECK(again.status == 2);
     CHECK(again.err.find("--force") != std::string::npos);
-    Result missing = sh(s, g_cli + " report " + (s / "nope.trace").string());
+    ShellResult missing = run_shell(g_cli + " report " + (s / "nope.trace").string());
     CHECK(missing.status == 2);
     CHECK(missing.err.find("nope.trace") != std::string::npos);
     // A trace cut short (the process was killed) is reported up to its end,
@@ -741,21 +705,21 @@ TEST_CASE("allocscope run refuses to mix runs and reports bad input with exit 2"
     fs::path cut = s / "cut.trace";
     fs::copy_file(trace, cut);
     fs::resize_file(cut, fs::file_size(trace) - 10);
-    Result truncated = sh(s, g_cli + " report " + cut.string());
+    ShellResult truncated = run_shell(g_cli + " report " + cut.string());
     CHECK(truncated.status == 0);
     CHECK(truncated.out.find("warning: " + cut.string() +
                              ": trace cut off inside a record at byte") != std::string::npos);
     CHECK(truncated.out.find("events by kind and level") != std::string::npos);
     // Corrupt one byte inside the first record after the header.
     allocscope::test::flip_byte(trace, 72 + 12 + 2);
-    Result corrupt = sh(s, g_cli + " report " + trace.string());
+    ShellResult corrupt = run_shell(g_cli + " report " + trace.string());
     CHECK(corrupt.status == 2);
     CHECK(corrupt.err.find("at byte 72") != std::string::npos);
-    CHECK(count_lines_containing(corrupt.err, "allocscope:") == 1);
-    Result no_cmd = sh(s, g_cli + " run --out " + out.string());
+    CHECK(count_lines(corrupt.err, "allocscope:") == 1);
+    ShellResult no_cmd = run_shell(g_cli + " run --out " + out.string());
     CHECK(no_cmd.status == 2);
-    Result not_found =
-        sh(s, g_cli + " run --force --out " + out.string() + " -- /nonexistent/program");
+    ShellResult not_found =
+        run_shell(g_cli + " run --force --out " + out.string() + " -- /nonexistent/program");
     CHECK(not_found.status == 127);
 }
 

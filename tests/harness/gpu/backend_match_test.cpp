@@ -20,30 +20,15 @@
 #include <tuple>
 #include <vector>
 
+#include "support.h"
 #include "trace_reader.h"
 
 namespace fs = std::filesystem;
 using namespace allocscope;
+using allocscope::test::env;
+using allocscope::test::TempDir;
 
 namespace {
-
-std::string env(const char* name) {
-    const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v != nullptr, name << " must be set (see harness/cuda/meson.build)");
-    return v;
-}
-
-struct TempDir {
-    fs::path dir;
-    TempDir() {
-        char tmpl[] = "/tmp/allocscope-backends-XXXXXX";
-        dir = mkdtemp(tmpl);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-    }
-};
 
 // (alloc?, size, layer, phase, step) of every block event, in order.
 using BlockEvents = std::vector<std::tuple<bool, uint64_t, std::string, std::string, uint64_t>>;
