@@ -54,7 +54,8 @@ Kind kind_of(Recipe recipe) {
     throw std::logic_error("bf16 has no quantization kind");
 }
 
-// quantize.cpp's UsagePlan, with buffers named by their index in the layout.
+// fp8::UsagePlan (fp8/usage_plan.h) with buffers named by their index in the
+// layout.
 struct Plan {
     std::size_t data = 0;
     std::size_t scales = 0;
@@ -77,65 +78,19 @@ std::size_t index_of(const std::vector<BufferSpec>& layout, BufferKind kind) {
     throw std::logic_error("quantization plan names a buffer the layout lacks");
 }
 
-// The same case analysis as quantize.cpp's plan_for; keep the two in step.
 Plan plan_for(const std::vector<BufferSpec>& layout, Shape s, const QuantSpec& spec, Usage usage) {
-    const bool row = usage == Usage::rowwise;
-    const bool weight = spec.role == fp8::TensorRole::weight;
-    BufferKind data_kind = row ? BufferKind::rowwise_data : BufferKind::columnwise_data;
-    BufferKind scale_kind = row ? BufferKind::rowwise_scale_inv : BufferKind::columnwise_scale_inv;
+    const fp8::UsagePlan u = fp8::usage_plan(spec.recipe, spec.role, s, usage,
+                                             has_buffer(layout, BufferKind::columnwise_data));
     Plan p;
-    const auto blocks = [&p](std::size_t rows, std::size_t cols) {
-        p.tile_rows = p.scale_rows = rows;
-        p.tile_cols = p.scale_cols = cols;
-    };
-    switch (spec.recipe) {
-        case Recipe::delayed:
-        case Recipe::current:
-            blocks(s.rows, s.cols);
-            scale_kind = BufferKind::rowwise_scale_inv;
-            p.data_transposed = !row && has_buffer(layout, BufferKind::columnwise_data);
-            if (!p.data_transposed) data_kind = BufferKind::rowwise_data;
-            break;
-        case Recipe::block: {
-            const std::size_t b = fp8::kFloat8BlockLength;
-            p.data_transposed = !row;
-            if (weight) {
-                blocks(b, b);
-                p.scale_transposed = !row;
-            } else if (row) {
-                blocks(1, b);
-                p.scale_transposed = true;
-            } else {
-                blocks(b, 1);
-            }
-            break;
-        }
-        case Recipe::mxfp8:
-            if (row) {
-                blocks(1, fp8::kMxfp8BlockLength);
-            } else {
-                blocks(fp8::kMxfp8BlockLength, 1);
-            }
-            break;
-        case Recipe::nvfp4: {
-            const std::size_t b = fp8::kNvfp4BlockLength;
-            if (row) {
-                blocks(1, b);
-                if (weight) p.tile_rows = b;
-            } else {
-                blocks(b, 1);
-                if (weight) p.tile_cols = b;
-                p.data_transposed = true;
-                p.scale_transposed = true;
-            }
-            p.amax = index_of(layout, row ? BufferKind::rowwise_amax : BufferKind::columnwise_amax);
-            break;
-        }
-        case Recipe::bf16:
-            throw std::logic_error("bf16 has no quantization plan");
-    }
-    p.data = index_of(layout, data_kind);
-    p.scales = index_of(layout, scale_kind);
+    p.data = index_of(layout, u.data_kind);
+    p.scales = index_of(layout, u.scale_kind);
+    if (spec.recipe == Recipe::nvfp4) p.amax = index_of(layout, u.amax_kind);
+    p.data_transposed = u.data_transposed;
+    p.tile_rows = u.tile_rows;
+    p.tile_cols = u.tile_cols;
+    p.scale_rows = u.scale_rows;
+    p.scale_cols = u.scale_cols;
+    p.scale_transposed = u.scale_transposed;
     return p;
 }
 

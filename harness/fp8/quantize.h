@@ -20,6 +20,7 @@
 
 #include "fp8/amax_history.h"
 #include "fp8/layout.h"
+#include "fp8/usage_plan.h"
 
 namespace allocscope::harness::fp8 {
 
@@ -37,8 +38,6 @@ struct QuantizedTensor {
     // nullptr when this tensor has no buffer of that kind.
     const QuantizedBuffer* find(BufferKind kind) const;
 };
-
-enum class Usage { rowwise, columnwise };
 
 // Every recipe except delayed. Throws std::invalid_argument if
 // values.size() != rows × cols, for Recipe::delayed (use the overload below),
