@@ -4,6 +4,8 @@
 // harness's traces, checked against the trace itself and the report
 // analysis (analyze/analysis.h). The snapshot pickle is loaded by python3.
 // Environment (tests/meson.build): E2E_CLI, HARNESS.
+// Longer than 600 lines: the three export formats on the same constructed
+// traces.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>

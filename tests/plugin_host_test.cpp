@@ -6,6 +6,8 @@
 //   TEST_PLUGIN_DIR  where the test plugins are (allocscope-plugin-test-*.so)
 //   E2E_CLI          build/tools/allocscope
 //   E2E_PROGRAM      tests/e2e/preload_program.cpp built against the sim runtime
+// Longer than 600 lines: the plugin host's whole contract (loading, refusing,
+// disabling, feeding, findings files), sharing the test plugins and runners.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>

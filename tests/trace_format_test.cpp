@@ -1,3 +1,8 @@
+// The trace format (core/trace_format.h, trace_writer.h, trace_reader.h):
+// round trips of every record and event kind, event blocks, versions 1 and
+// 2 still read, and every way a damaged or hostile file is rejected with its
+// offset. Longer than 600 lines: it is the format's whole specification,
+// and its cases share one set of sample records and damage helpers.
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>

@@ -1,3 +1,9 @@
+// The stack walk (interposer/unwind.h, unwind_cfi.h): the cached CFI
+// unwinder against _Unwind_Backtrace on mixed frame shapes, cold and warm,
+// on many threads; replayed captures; fallbacks (DWARF-expression CFAs,
+// signal frames); depth, skip and leading-frame rules. Longer than 600
+// lines: the cases need their own noinline frame shapes, defined next to
+// the cases that use them.
 #include <alloca.h>
 #include <doctest/doctest.h>
 

@@ -40,6 +40,8 @@
 //   alloc <api> <hex ptr> <bytes>   free <api> <hex ptr> <rc>   oom <api> <bytes> <rc>
 // stdout carries only output that must be identical with and without
 // allocscope.
+// Longer than 600 lines: one program holds every scripted scenario the end-to-
+// end tests run, so they all go through the same linked runtime.
 #include <allocscope/allocscope_dl.h>
 #include <dlfcn.h>
 #include <sys/wait.h>

@@ -7,6 +7,8 @@
 //   E2E_CLI      build/tools/allocscope
 //   E2E_PROGRAM  the test program
 //   E2E_GPU      1 for the real-runtime variant: exits 77 without a usable GPU
+// Longer than 600 lines: the end-to-end specification of recording under
+// LD_PRELOAD; its cases share the runner and trace helpers above.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <sys/stat.h>

@@ -1,5 +1,7 @@
 // Shared-memory collectives between forked rank processes, rank discovery,
 // and the rank launcher (through the collective_test_rank helper).
+// Longer than 600 lines: every collective and the rank launcher across forked
+// processes, sharing one fork-and-check helper.
 #include <doctest/doctest.h>
 
 #include <signal.h>

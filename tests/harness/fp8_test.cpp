@@ -1,3 +1,8 @@
+// The FP8 formats, recipes and quantization (harness/fp8/): bit-exact
+// encodings of E4M3, E5M2, E8M0 and E2M1; each recipe's buffer layout and
+// sizes against TransformerEngine's; quantize / dequantize with each
+// recipe's error bounds; the delayed-scaling amax history. Longer than 600
+// lines: one specification over the same shapes and helpers.
 #include <doctest/doctest.h>
 
 #include <algorithm>

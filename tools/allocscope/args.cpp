@@ -41,7 +41,9 @@ const Args::Option* Args::find(const std::string& name) const {
     return nullptr;
 }
 
-std::string Args::see_help() const { return "see allocscope " + command_ + " --help"; }
+std::string Args::see_help() const {
+    return "see allocscope " + command_ + " --help";
+}
 
 std::optional<int> Args::parse(const std::vector<std::string>& args) {
     positionals_.clear();
@@ -111,8 +113,7 @@ Args::Take non_negative(const std::string& name, long& out, long max) {
 Args::Take non_negative(const std::string& name, size_t& out) {
     return [name, &out](const std::string& v) {
         long n = 0;
-        const std::string problem =
-            non_negative(name, n, std::numeric_limits<long>::max())(v);
+        const std::string problem = non_negative(name, n, std::numeric_limits<long>::max())(v);
         if (problem.empty()) out = static_cast<size_t>(n);
         return problem;
     };

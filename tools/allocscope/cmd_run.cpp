@@ -376,8 +376,7 @@ int run_command(const std::vector<std::string>& args) {
         .stop_at_first_positional();
     if (const auto status = parser.parse(args)) return *status;
     const std::vector<std::string>& command = parser.positionals();
-    if (command.empty())
-        return fail("run needs a command to run (" + parser.see_help() + ")");
+    if (command.empty()) return fail("run needs a command to run (" + parser.see_help() + ")");
     if (!stack_depth.empty()) {
         char* end = nullptr;
         long v = std::strtol(stack_depth.c_str(), &end, 10);

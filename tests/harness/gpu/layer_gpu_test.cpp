@@ -31,6 +31,8 @@
 //     systematic error of even 0.1 % does not.
 //
 // Own main: exits 77 (meson's SKIP) where no CUDA device is usable.
+// Longer than 600 lines: every GPU kernel against its CPU reference, sharing
+// one set of comparison helpers.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
