@@ -1,3 +1,10 @@
+// The FSDP2-like training step (trainer.h): sharded parameters, all-gathers,
+// FP8 quantization of the gathered weights, forward, backward,
+// reduce-scatter and the optimizer, with every allocation in caching-
+// allocator blocks tagged and declared as TransformerEngine and FSDP2 make
+// them (docs/HARNESS.md). Longer than 600 lines: Trainer::State is one
+// object whose methods are the step's stages in the order they run; split
+// across files, one lifecycle would be read in pieces.
 #include "trainer/trainer.h"
 
 #include <allocscope/allocscope_dl.h>
