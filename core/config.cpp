@@ -218,8 +218,15 @@ bool parse_plugin_option(std::string_view entry, std::string& key, std::string& 
 }
 
 std::string trace_file_name(const Config& config, uint32_t pid) {
-    if (config.rank >= 0) return "rank" + std::to_string(config.rank) + ".trace";
-    return "pid" + std::to_string(pid) + ".trace";
+    const std::string_view ext = kTraceExtension;
+    if (config.rank >= 0) return "rank" + std::to_string(config.rank) + std::string(ext);
+    return "pid" + std::to_string(pid) + std::string(ext);
+}
+
+std::string_view trace_stem(std::string_view name) noexcept {
+    if (name.size() > kTraceExtension.size() && name.ends_with(kTraceExtension))
+        name.remove_suffix(kTraceExtension.size());
+    return name;
 }
 
 }  // namespace allocscope

@@ -65,7 +65,14 @@ bool parse_plugin_option(std::string_view entry, std::string& key, std::string& 
 // failure returns false with `problem` naming the bad entry.
 bool parse_plugin_options(std::string_view text, PluginOptions& options, std::string& problem);
 
+// The extension of every trace file name.
+inline constexpr std::string_view kTraceExtension = ".trace";
+
 // "rank<R>.trace" when the rank is known, else "pid<PID>.trace".
 std::string trace_file_name(const Config& config, uint32_t pid);
+
+// `name` without its kTraceExtension ("rank0" of "rank0.trace"); `name` as
+// it is when it does not end in one or is nothing else.
+std::string_view trace_stem(std::string_view name) noexcept;
 
 }  // namespace allocscope

@@ -16,9 +16,17 @@
 #include <new>
 
 #include "event.h"
-#include "spinlock.h"
 
 namespace allocscope {
+
+// A spin-wait hint: the waiting core yields to its sibling hyperthread.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
 
 class EventRing {
   public:

@@ -5,13 +5,13 @@
 //     functions below are exported unversioned and interpose libcuda's;
 //   * cuGetProcAddress / cuGetProcAddress_v2 and the runtime's
 //     cudaGetDriverEntryPoint[ByVersion][_ptsz] (PyTorch's expandable
-//     segments): the pointer handed out is swapped for a wrapper;
+//     segments; hooked in hooks_runtime.cpp): the pointer handed out is
+//     swapped for a wrapper;
 //   * dlsym(handle, "cuGetProcAddress_v2") and friends: libraries that carry
 //     a static copy of the runtime (NCCL, cuBLAS(Lt)) and libcudart itself
 //     open libcuda with dlopen and look its entry points up by name. dlsym is
-//     interposed by a trampoline that leaves the caller's return address in
-//     place (RTLD_NEXT lookups depend on it) and only looks at the names
-//     below.
+//     interposed by a trampoline (dlsym_trampoline.cpp) that only sends
+//     the names below here.
 //
 // A wrapper is a (function, slot) pair: the slot holds the real pointer it
 // forwards to, so two different real functions behind one name (the _ptsz
@@ -39,49 +39,54 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "config.h"
 #include "cuda_decls.h"
 #include "cuda_driver_decls.h"
+#include "driver_wrap.h"
+#include "hook_forward.h"
 #include "real_cuda.h"
 #include "recorder.h"
 
 #define ALLOCSCOPE_EXPORT extern "C" __attribute__((visibility("default")))
+
+// ALLOCSCOPE_DRIVER_HOOKS and ALLOCSCOPE_DISABLE as the recorder parsed them
+// (recorder::config(), read on first use). When the configuration cannot be
+// read (out of memory) entry points are handed out unwrapped, and the next
+// call tries again.
+bool allocscope::driver::wrapping_enabled() noexcept {
+    enum : int { kUnknown, kOn, kOff };
+    static constinit std::atomic<int> state{kUnknown};
+    int s = state.load(std::memory_order_relaxed);
+    if (s == kUnknown) {
+        const Config* config = recorder::config();
+        if (!config) return false;
+        s = config->driver_hooks && !config->disabled ? kOn : kOff;
+        state.store(s, std::memory_order_relaxed);
+    }
+    return s == kOn;
+}
 
 namespace {
 
 using allocscope::Api;
 using allocscope::Level;
 using allocscope::MemoryKind;
+using allocscope::driver::wrap_entry;
+using allocscope::driver::wrapping_enabled;
+using allocscope::hooks::as_int;
+using allocscope::hooks::forward_alloc;
+using allocscope::hooks::forward_free;
 using allocscope::recorder::AllocInfo;
 using allocscope::recorder::HookGuard;
 using allocscope::recorder::PendingFree;
 
-// --- switches ------------------------------------------------------------------------
-
-bool env_switch(const char* name, bool fallback) noexcept {
-    const char* v = std::getenv(name);
-    if (!v) return fallback;
-    std::optional<bool> b = allocscope::parse_switch(v);
-    return b ? *b : fallback;  // a bad value is reported by the recorder's config
-}
-
-bool wrapping_enabled() noexcept {
-    static const bool enabled =
-        env_switch("ALLOCSCOPE_DRIVER_HOOKS", true) && !env_switch("ALLOCSCOPE_DISABLE", false);
-    return enabled;
-}
-
-uint64_t as_int(const void* p) {
-    return reinterpret_cast<uint64_t>(p);
-}
 void* as_ptr(uint64_t v) {
     return reinterpret_cast<void*>(v);
 }
@@ -97,29 +102,13 @@ bool recording(const HookGuard& guard) noexcept {
     return guard.recording() && wrapping_enabled();
 }
 
-template <typename Real, typename Describe, typename... Args>
-CUresult_t drv_alloc(Real real, Describe describe, CUdeviceptr_t* out, Args... args) {
-    if (!real) return kCuErrorNotFound;
-    HookGuard guard;
-    CUresult_t rc = real(out, args...);
-    if (recording(guard)) {
-        void* p = rc == kCuSuccess && out ? as_ptr(*out) : nullptr;
-        allocscope::recorder::record_alloc(describe(rc), p, rc);
-    }
-    return rc;
-}
-
-template <typename Real, typename... Args>
-CUresult_t drv_free(Real real, Api api, uint64_t address, CUstream_t stream, Args... args) {
-    if (!real) return kCuErrorNotFound;
-    HookGuard guard;
-    if (!recording(guard) || address == 0) return real(args...);
-    PendingFree pending;
-    allocscope::recorder::begin_free(pending, api, Level::segment, as_ptr(address), as_int(stream));
-    CUresult_t rc = real(args...);
-    allocscope::recorder::end_free(pending, rc);
-    return rc;
-}
+// The driver's side of the hooks' shape (hook_forward.h).
+struct DriverHooks {
+    using Result = CUresult_t;
+    static constexpr CUresult_t kSuccess = kCuSuccess;
+    static constexpr CUresult_t kNotFound = kCuErrorNotFound;
+    static bool recording(const HookGuard& guard) noexcept { return ::recording(guard); }
+};
 
 // --- mappings: cuMemUnmap takes a range, which may hold several mappings ------------------
 
@@ -144,7 +133,7 @@ Mappings& mappings() {
 
 struct Bodies {
     static CUresult_t mem_alloc(cuMemAlloc_v2_fn real, Api api, CUdeviceptr_t* p, size_t n) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t) {
                 return device_segment(api, n, nullptr, allocscope::recorder::current_device());
@@ -154,7 +143,7 @@ struct Bodies {
     static CUresult_t mem_alloc_pitch(cuMemAllocPitch_v2_fn real, Api api, CUdeviceptr_t* p,
                                       size_t* pitch, size_t width, size_t height,
                                       unsigned int element) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t rc) {
                 size_t bytes = rc == kCuSuccess && pitch ? *pitch * height : width * height;
@@ -163,11 +152,11 @@ struct Bodies {
             p, pitch, width, height, element);
     }
     static CUresult_t mem_free(cuMemFree_v2_fn real, Api api, CUdeviceptr_t p) {
-        return drv_free(real, api, p, nullptr, p);
+        return forward_free<DriverHooks>(real, api, as_ptr(p), nullptr, p);
     }
     static CUresult_t mem_alloc_async(cuMemAllocAsync_fn real, Api api, CUdeviceptr_t* p, size_t n,
                                       CUstream_t s) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t) {
                 return device_segment(api, n, s, allocscope::recorder::current_device());
@@ -176,12 +165,12 @@ struct Bodies {
     }
     static CUresult_t mem_free_async(cuMemFreeAsync_fn real, Api api, CUdeviceptr_t p,
                                      CUstream_t s) {
-        return drv_free(real, api, p, s, p, s);
+        return forward_free<DriverHooks>(real, api, as_ptr(p), s, p, s);
     }
     static CUresult_t mem_alloc_from_pool(cuMemAllocFromPoolAsync_fn real, Api api,
                                           CUdeviceptr_t* p, size_t n, CUmemoryPool_t pool,
                                           CUstream_t s) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t) {
                 return device_segment(api, n, s, allocscope::recorder::current_device());
@@ -190,7 +179,7 @@ struct Bodies {
     }
     static CUresult_t mem_alloc_managed(cuMemAllocManaged_fn real, Api api, CUdeviceptr_t* p,
                                         size_t n, unsigned int flags) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t) {
                 AllocInfo info =
@@ -202,7 +191,7 @@ struct Bodies {
     }
     static CUresult_t mem_create(cuMemCreate_fn real, Api api, CUmemHandle_t* handle, size_t n,
                                  const CUmemAllocationPropPrefix* prop, unsigned long long flags) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t) {
                 const int32_t device =
@@ -223,7 +212,7 @@ struct Bodies {
                 return rc;
             }
         }
-        return drv_free(real, api, handle, nullptr, handle);
+        return forward_free<DriverHooks>(real, api, as_ptr(handle), nullptr, handle);
     }
     static void count_reference(CUmemHandle_t handle) {
         std::lock_guard lock(mappings().mutex);
@@ -300,7 +289,7 @@ struct Bodies {
     static CUresult_t address_reserve(cuMemAddressReserve_fn real, Api api, CUdeviceptr_t* p,
                                       size_t n, size_t alignment, CUdeviceptr_t addr,
                                       unsigned long long flags) {
-        return drv_alloc(
+        return forward_alloc<DriverHooks>(
             real,
             [&](CUresult_t) {
                 return AllocInfo{api, Level::segment, MemoryKind::address_range, n, 0, -1};
@@ -308,7 +297,7 @@ struct Bodies {
             p, n, alignment, addr, flags);
     }
     static CUresult_t address_free(cuMemAddressFree_fn real, Api api, CUdeviceptr_t p, size_t n) {
-        return drv_free(real, api, p, nullptr, p, n);
+        return forward_free<DriverHooks>(real, api, as_ptr(p), nullptr, p, n);
     }
 };
 
@@ -382,9 +371,7 @@ using RetainHandle = Family<cuMemRetainAllocationHandle_fn, &Bodies::retain_hand
 using ImportHandle = Family<cuMemImportFromShareableHandle_fn, &Bodies::import_handle>;
 
 // cuGetProcAddress handed out by cuGetProcAddress or dlsym: it wraps what it
-// returns in turn.
-void* wrap_entry(const char* base_name, int cuda_version, unsigned long long flags, void* real);
-
+// returns in turn (wrap_entry).
 struct ProcAddressBodies {
     static CUresult_t v1(cuGetProcAddress_v1_fn real, Api, const char* symbol, void** pfn,
                          int version, cuuint64_t_t flags) {
@@ -474,7 +461,21 @@ bool is_wrapper(void* p) {
            mine.dli_fbase == theirs.dli_fbase;
 }
 
-void* wrap_entry(const char* base_name, int cuda_version, unsigned long long flags, void* real) {
+// The trampoline's list (driver_wrap.h) is the wrapping table's, name
+// for name.
+constexpr bool same_symbols() {
+    using allocscope::driver::kWrappedSymbols;
+    if (std::size(kWrappedSymbols) != std::size(kEntries)) return false;
+    for (size_t i = 0; i < std::size(kEntries); ++i)
+        if (std::string_view(kWrappedSymbols[i]) != kEntries[i].symbol) return false;
+    return true;
+}
+static_assert(same_symbols(), "kWrappedSymbols must list kEntries' symbols in order");
+
+}  // namespace
+
+void* allocscope::driver::wrap_entry(const char* base_name, int cuda_version,
+                                     unsigned long long flags, void* real) {
     if (!real || !base_name || !wrapping_enabled() || is_wrapper(real)) return real;
     if (std::strcmp(base_name, "cuGetProcAddress") == 0 && cuda_version < 12000) {
         return ProcAddressV1::wrap(real, Api::none);
@@ -490,155 +491,12 @@ void* wrap_entry(const char* base_name, int cuda_version, unsigned long long fla
 }
 
 // By exported symbol name (dlsym).
-void* wrap_symbol(const char* symbol, void* real) {
+void* allocscope::driver::wrap_symbol(const char* symbol, void* real) {
     if (!real || !symbol || !wrapping_enabled() || is_wrapper(real)) return real;
     for (const Entry& e : kEntries)
         if (std::strcmp(e.symbol, symbol) == 0) return e.wrap(real, e.api);
     return real;
 }
-
-// --- dlsym ---------------------------------------------------------------------------
-//
-// The trampoline's route runs for every dlsym in the process, including the
-// ones a sanitizer runtime makes while it starts, before its shadow memory
-// exists: everything on that path is uninstrumented, calls nothing
-// instrumented (not even strcmp, which sanitizers intercept) and uses only
-// constant-initialized data.
-
-#define ALLOCSCOPE_UNINSTRUMENTED \
-    __attribute__((no_sanitize("address", "undefined", "thread"), noinline))
-
-constexpr const char* kWrappedSymbols[] = {
-    "cuMemAlloc_v2",
-    "cuMemAllocPitch_v2",
-    "cuMemFree_v2",
-    "cuMemAllocAsync",
-    "cuMemAllocAsync_ptsz",
-    "cuMemFreeAsync",
-    "cuMemFreeAsync_ptsz",
-    "cuMemAllocFromPoolAsync",
-    "cuMemAllocFromPoolAsync_ptsz",
-    "cuMemAllocManaged",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemRetainAllocationHandle",
-    "cuMemImportFromShareableHandle",
-    "cuGetProcAddress",
-    "cuGetProcAddress_v2",
-};
-
-ALLOCSCOPE_UNINSTRUMENTED constexpr bool same_name(const char* a, const char* b) noexcept {
-    while (*a && *a == *b) {
-        ++a;
-        ++b;
-    }
-    return *a == *b;
-}
-
-// The route's list is the wrapping table's, name for name.
-constexpr bool same_symbols() {
-    if (std::size(kWrappedSymbols) != std::size(kEntries)) return false;
-    for (size_t i = 0; i < std::size(kEntries); ++i)
-        if (!same_name(kWrappedSymbols[i], kEntries[i].symbol)) return false;
-    return true;
-}
-static_assert(same_symbols(), "kWrappedSymbols must list kEntries' symbols in order");
-
-ALLOCSCOPE_UNINSTRUMENTED bool is_wrapped_symbol(const char* symbol) noexcept {
-    if (!symbol || symbol[0] != 'c' || symbol[1] != 'u' || (symbol[2] != 'M' && symbol[2] != 'G'))
-        return false;
-    for (const char* name : kWrappedSymbols)
-        if (same_name(name, symbol)) return true;
-    return false;
-}
-
-using dlsym_fn = void* (*)(void*, const char*);
-// Builtins, not std::atomic: its member functions are instrumented code.
-constinit dlsym_fn g_real_dlsym = nullptr;
-
-ALLOCSCOPE_UNINSTRUMENTED dlsym_fn real_dlsym() noexcept {
-    dlsym_fn fn = __atomic_load_n(&g_real_dlsym, __ATOMIC_ACQUIRE);
-    if (!fn) {
-        void* p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-        fn = reinterpret_cast<dlsym_fn>(p);
-        __atomic_store_n(&g_real_dlsym, fn, __ATOMIC_RELEASE);
-    }
-    return fn;
-}
-
-}  // namespace
-
-// Called by the trampoline with dlsym's arguments: where to jump with them.
-extern "C" __attribute__((visibility("hidden"))) void* allocscope_dlsym_route(void*,
-                                                                              const char* name);
-// The path for the names above: look up, then wrap.
-extern "C" __attribute__((visibility("hidden"))) void* allocscope_dlsym_wrapped(void* handle,
-                                                                                const char* name);
-
-void* allocscope::next_symbol(void* handle, const char* name) noexcept {
-    if (dlsym_fn real = real_dlsym()) return real(handle, name);
-#if defined(__x86_64__)
-    return nullptr;  // ::dlsym is the trampoline, which needs real_dlsym() too
-#else
-    return dlsym(handle, name);
-#endif
-}
-
-// Only the wrapped names (never asked for by a sanitizer runtime) go on to
-// instrumented code.
-ALLOCSCOPE_UNINSTRUMENTED void* allocscope_dlsym_route(void*, const char* name) {
-    if (is_wrapped_symbol(name) && wrapping_enabled())
-        return reinterpret_cast<void*>(&allocscope_dlsym_wrapped);
-    return reinterpret_cast<void*>(real_dlsym());
-}
-
-void* allocscope_dlsym_wrapped(void* handle, const char* name) {
-    dlsym_fn real = real_dlsym();
-    // RTLD_NEXT is resolved from liballocscope.so here, not from the caller:
-    // for these names that still finds libcuda's definition.
-    return real ? wrap_symbol(name, real(handle, name)) : nullptr;
-}
-
-#if defined(__x86_64__)
-// dlsym: save the arguments, ask allocscope_dlsym_route where to go, restore
-// them and jump there. The caller's return address stays on top of the stack,
-// so glibc's dlsym sees its real caller.
-asm(R"(
-    .text
-    .globl dlsym
-    .type dlsym, @function
-    .p2align 4
-dlsym:
-    .cfi_startproc
-    endbr64
-    pushq %rdi
-    .cfi_adjust_cfa_offset 8
-    pushq %rsi
-    .cfi_adjust_cfa_offset 8
-    subq $8, %rsp
-    .cfi_adjust_cfa_offset 8
-    call allocscope_dlsym_route
-    addq $8, %rsp
-    .cfi_adjust_cfa_offset -8
-    popq %rsi
-    .cfi_adjust_cfa_offset -8
-    popq %rdi
-    .cfi_adjust_cfa_offset -8
-    testq %rax, %rax
-    jz 1f
-    jmp *%rax
-1:
-    xorl %eax, %eax
-    ret
-    .cfi_endproc
-    .size dlsym, .-dlsym
-)");
-#endif
 
 // --- the exported entry points ----------------------------------------------------------
 
@@ -731,52 +589,3 @@ ALLOCSCOPE_EXPORT CUresult_t cuMemAddressFree(CUdeviceptr_t p, size_t n) {
     return Bodies::address_free(REAL_DRIVER("cuMemAddressFree", cuMemAddressFree_fn),
                                 Api::cuMemAddressFree, p, n);
 }
-
-// --- the runtime's driver entry point lookups ------------------------------------------
-
-namespace {
-
-// cudaGetDriverEntryPoint hands out the ABI of the runtime's own version.
-constexpr int kRuntimeEntryVersion = 12000;
-// cudaEnablePerThreadDefaultStream, and the default of the _ptsz variants.
-constexpr unsigned long long kRuntimePerThread = 2;
-
-// The real lookup `real` ran and succeeded: wrap what it handed out.
-void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned long long flags,
-                         bool ptsz) {
-    if (!fn) return;
-    const bool per_thread = (flags & kRuntimePerThread) != 0 || (ptsz && flags == 0);
-    *fn =
-        wrap_entry(symbol, version, per_thread ? kCuGetProcAddressPerThreadDefaultStream : 0, *fn);
-}
-
-}  // namespace
-
-// The lookups: resolve the runtime's own, call it, wrap what it returns.
-// PARAMS is the parameter list between `funcPtr` and `flags` (the version,
-// or nothing), VERSION the ABI version the entry point is asked for.
-#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                         \
-    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,              \
-                                       unsigned long long flags,                          \
-                                       enum cudaDriverEntryPointQueryResult* status) {    \
-        static std::atomic<decltype(&::NAME)> cache{nullptr};                             \
-        auto real = allocscope::cached_function(cache, &allocscope::resolve_real, #NAME); \
-        if (!real) return cudaErrorSharedObjectSymbolNotFound;                            \
-        cudaError_t rc = real(symbol, fn ARGS, flags, status);                            \
-        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);     \
-        return rc;                                                                        \
-    }
-#define ALLOCSCOPE_COMMA ,
-
-// Deprecated in CUDA 12.5 in favour of ...ByVersion, still exported and used.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint, false, , , kRuntimeEntryVersion)
-ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint_ptsz, true, , , kRuntimeEntryVersion)
-#pragma GCC diagnostic pop
-ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPointByVersion, false,
-                       ALLOCSCOPE_COMMA unsigned int version, ALLOCSCOPE_COMMA version,
-                       static_cast<int>(version))
-ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPointByVersion_ptsz, true,
-                       ALLOCSCOPE_COMMA unsigned int version, ALLOCSCOPE_COMMA version,
-                       static_cast<int>(version))

@@ -3,14 +3,22 @@
 // reference to `cudaMalloc@libcudart.so.13` to an unversioned definition in a
 // preloaded object, while a differently versioned one would be skipped.
 //
-// Shape of every hook: resolve the real function, guard, call it, record,
-// return its result and out-parameters untouched. cudaFree(nullptr) and the
-// like are forwarded unrecorded: they allocate nothing.
+// Shape of every hook (hook_forward.h): resolve the real function, guard,
+// call it, record, return its result and out-parameters untouched.
+// cudaFree(nullptr) and the like are forwarded unrecorded: they allocate
+// nothing.
+//
+// The runtime's driver entry point lookups (cudaGetDriverEntryPoint and
+// friends) are hooked here too: what they hand out is wrapped by the driver
+// hooks (hooks_driver.cpp).
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 
 #include "cuda_decls.h"
+#include "cuda_driver_decls.h"
+#include "driver_wrap.h"
+#include "hook_forward.h"
 #include "real_cuda.h"
 #include "recorder.h"
 
@@ -21,9 +29,11 @@ namespace {
 using allocscope::Api;
 using allocscope::Level;
 using allocscope::MemoryKind;
+using allocscope::hooks::as_int;
+using allocscope::hooks::forward_alloc;
+using allocscope::hooks::forward_free;
 using allocscope::recorder::AllocInfo;
 using allocscope::recorder::HookGuard;
-using allocscope::recorder::PendingFree;
 
 template <typename Fn>
 Fn cached_real(std::atomic<Fn>& cache, const char* name) noexcept {
@@ -44,14 +54,13 @@ Fn cached_real(std::atomic<Fn>& cache, const char* name) noexcept {
         return cached_real(cache, #name);                     \
     }())
 
-constexpr cudaError_t kNoRuntime = cudaErrorSharedObjectSymbolNotFound;
-
-uint64_t as_int(const void* p) {
-    return reinterpret_cast<uint64_t>(p);
-}
-void* out_ptr(cudaError_t rc, void** p) {
-    return rc == cudaSuccess && p ? *p : nullptr;
-}
+// The runtime's side of the hooks' shape (hook_forward.h).
+struct RuntimeHooks {
+    using Result = cudaError_t;
+    static constexpr cudaError_t kSuccess = cudaSuccess;
+    static constexpr cudaError_t kNotFound = cudaErrorSharedObjectSymbolNotFound;
+    static bool recording(const HookGuard& guard) noexcept { return guard.recording(); }
+};
 
 AllocInfo device_alloc(Api api, size_t size, cudaStream_t stream) {
     return {api,  Level::segment, MemoryKind::device,
@@ -62,63 +71,40 @@ AllocInfo host_alloc(Api api, size_t size) {
     return {api, Level::segment, MemoryKind::host_pinned, size, 0, -1};
 }
 
-// The shape of every allocation hook: `describe(rc)` says what to record once
-// the real call has returned (for cudaMallocPitch the size depends on it).
-template <typename Real, typename Describe, typename... Args>
-cudaError_t forward_alloc(Real real, Describe describe, void** out, Args... args) {
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    cudaError_t rc = real(out, args...);
-    if (guard.recording()) allocscope::recorder::record_alloc(describe(rc), out_ptr(rc, out), rc);
-    return rc;
-}
-
-template <typename Real, typename... Args>
-cudaError_t forward_free(Real real, Api api, void* ptr, cudaStream_t stream, Args... args) {
-    if (!real) return kNoRuntime;
-    HookGuard guard;
-    if (!guard.recording() || ptr == nullptr) return real(ptr, args...);
-    PendingFree pending;
-    allocscope::recorder::begin_free(pending, api, Level::segment, ptr, as_int(stream));
-    cudaError_t rc = real(ptr, args...);
-    allocscope::recorder::end_free(pending, rc);
-    return rc;
-}
-
 }  // namespace
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
-    return forward_alloc(
+    return forward_alloc<RuntimeHooks>(
         REAL(cudaMalloc), [&](cudaError_t) { return device_alloc(Api::cudaMalloc, size, nullptr); },
         devPtr, size);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaFree(void* devPtr) {
-    return forward_free(REAL(cudaFree), Api::cudaFree, devPtr, nullptr);
+    return forward_free<RuntimeHooks>(REAL(cudaFree), Api::cudaFree, devPtr, nullptr, devPtr);
 }
 
-#define ALLOCSCOPE_ASYNC_HOOKS(MALLOC, FREE, FROM_POOL)                                         \
-    ALLOCSCOPE_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) {     \
-        return forward_alloc(                                                                   \
-            REAL(MALLOC), [&](cudaError_t) { return device_alloc(Api::MALLOC, size, stream); }, \
-            devPtr, size, stream);                                                              \
-    }                                                                                           \
-    ALLOCSCOPE_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                     \
-        return forward_free(REAL(FREE), Api::FREE, devPtr, stream, stream);                     \
-    }                                                                                           \
-    ALLOCSCOPE_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,        \
-                                            cudaStream_t stream) {                              \
-        return forward_alloc(                                                                   \
-            REAL(FROM_POOL),                                                                    \
-            [&](cudaError_t) { return device_alloc(Api::FROM_POOL, size, stream); }, ptr, size, \
-            pool, stream);                                                                      \
+#define ALLOCSCOPE_ASYNC_HOOKS(MALLOC, FREE, FROM_POOL)                                           \
+    ALLOCSCOPE_EXPORT cudaError_t MALLOC(void** devPtr, size_t size, cudaStream_t stream) {       \
+        return forward_alloc<RuntimeHooks>(                                                       \
+            REAL(MALLOC), [&](cudaError_t) { return device_alloc(Api::MALLOC, size, stream); },   \
+            devPtr, size, stream);                                                                \
+    }                                                                                             \
+    ALLOCSCOPE_EXPORT cudaError_t FREE(void* devPtr, cudaStream_t stream) {                       \
+        return forward_free<RuntimeHooks>(REAL(FREE), Api::FREE, devPtr, stream, devPtr, stream); \
+    }                                                                                             \
+    ALLOCSCOPE_EXPORT cudaError_t FROM_POOL(void** ptr, size_t size, cudaMemPool_t pool,          \
+                                            cudaStream_t stream) {                                \
+        return forward_alloc<RuntimeHooks>(                                                       \
+            REAL(FROM_POOL),                                                                      \
+            [&](cudaError_t) { return device_alloc(Api::FROM_POOL, size, stream); }, ptr, size,   \
+            pool, stream);                                                                        \
     }
 
 ALLOCSCOPE_ASYNC_HOOKS(cudaMallocAsync, cudaFreeAsync, cudaMallocFromPoolAsync)
 ALLOCSCOPE_ASYNC_HOOKS(cudaMallocAsync_ptsz, cudaFreeAsync_ptsz, cudaMallocFromPoolAsync_ptsz)
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
-    return forward_alloc(
+    return forward_alloc<RuntimeHooks>(
         REAL(cudaMallocManaged),
         [&](cudaError_t) {
             AllocInfo info = device_alloc(Api::cudaMallocManaged, size, nullptr);
@@ -130,7 +116,7 @@ ALLOCSCOPE_EXPORT cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsi
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width,
                                               size_t height) {
-    return forward_alloc(
+    return forward_alloc<RuntimeHooks>(
         REAL(cudaMallocPitch),
         [&](cudaError_t rc) {
             // Bytes actually reserved are pitch * height; on failure, the request.
@@ -141,17 +127,66 @@ ALLOCSCOPE_EXPORT cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaMallocHost(void** ptr, size_t size) {
-    return forward_alloc(
+    return forward_alloc<RuntimeHooks>(
         REAL(cudaMallocHost), [&](cudaError_t) { return host_alloc(Api::cudaMallocHost, size); },
         ptr, size);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
-    return forward_alloc(
+    return forward_alloc<RuntimeHooks>(
         REAL(cudaHostAlloc), [&](cudaError_t) { return host_alloc(Api::cudaHostAlloc, size); },
         pHost, size, flags);
 }
 
 ALLOCSCOPE_EXPORT cudaError_t cudaFreeHost(void* ptr) {
-    return forward_free(REAL(cudaFreeHost), Api::cudaFreeHost, ptr, nullptr);
+    return forward_free<RuntimeHooks>(REAL(cudaFreeHost), Api::cudaFreeHost, ptr, nullptr, ptr);
 }
+
+// --- the runtime's driver entry point lookups ------------------------------------------
+
+namespace {
+
+// cudaGetDriverEntryPoint hands out the ABI of the runtime's own version.
+constexpr int kRuntimeEntryVersion = 12000;
+// cudaEnablePerThreadDefaultStream, and the default of the _ptsz variants.
+constexpr unsigned long long kRuntimePerThread = 2;
+
+// The real lookup `real` ran and succeeded: wrap what it handed out.
+void wrap_runtime_result(const char* symbol, void** fn, int version, unsigned long long flags,
+                         bool ptsz) {
+    if (!fn) return;
+    const bool per_thread = (flags & kRuntimePerThread) != 0 || (ptsz && flags == 0);
+    *fn = allocscope::driver::wrap_entry(
+        symbol, version, per_thread ? kCuGetProcAddressPerThreadDefaultStream : 0, *fn);
+}
+
+}  // namespace
+
+// The lookups: resolve the runtime's own, call it, wrap what it returns.
+// PARAMS is the parameter list between `funcPtr` and `flags` (the version,
+// or nothing), VERSION the ABI version the entry point is asked for.
+#define ALLOCSCOPE_ENTRY_POINT(NAME, PTSZ, PARAMS, ARGS, VERSION)                         \
+    ALLOCSCOPE_EXPORT cudaError_t NAME(const char* symbol, void** fn PARAMS,              \
+                                       unsigned long long flags,                          \
+                                       enum cudaDriverEntryPointQueryResult* status) {    \
+        static std::atomic<decltype(&::NAME)> cache{nullptr};                             \
+        auto real = allocscope::cached_function(cache, &allocscope::resolve_real, #NAME); \
+        if (!real) return cudaErrorSharedObjectSymbolNotFound;                            \
+        cudaError_t rc = real(symbol, fn ARGS, flags, status);                            \
+        if (rc == cudaSuccess) wrap_runtime_result(symbol, fn, VERSION, flags, PTSZ);     \
+        return rc;                                                                        \
+    }
+#define ALLOCSCOPE_COMMA ,
+
+// Deprecated in CUDA 12.5 in favour of ...ByVersion, still exported and used.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint, false, , , kRuntimeEntryVersion)
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPoint_ptsz, true, , , kRuntimeEntryVersion)
+#pragma GCC diagnostic pop
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPointByVersion, false,
+                       ALLOCSCOPE_COMMA unsigned int version, ALLOCSCOPE_COMMA version,
+                       static_cast<int>(version))
+ALLOCSCOPE_ENTRY_POINT(cudaGetDriverEntryPointByVersion_ptsz, true,
+                       ALLOCSCOPE_COMMA unsigned int version, ALLOCSCOPE_COMMA version,
+                       static_cast<int>(version))

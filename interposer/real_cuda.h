@@ -19,7 +19,7 @@ void* resolve_real(const char* name) noexcept;
 void* resolve_driver(const char* name) noexcept;
 
 // glibc's dlsym called from liballocscope.so (so RTLD_NEXT means "after
-// liballocscope.so"), bypassing allocscope's own dlsym (hooks_driver.cpp).
+// liballocscope.so"), bypassing allocscope's own dlsym (dlsym_trampoline.cpp).
 void* next_symbol(void* handle, const char* name) noexcept;
 
 // `cache`, or `resolve(name)` on first use (cached once found).

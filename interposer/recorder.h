@@ -1,6 +1,7 @@
 // The process-global recording state of liballocscope.so and the small API
 // the hooks use. Everything here is hidden; only hooks and the public C API
-// are exported.
+// are exported. Implemented by the recorder's files, one concern each
+// (recorder_internal.h names them).
 //
 // Lifecycle: uninitialized -> (first hook or API call) -> recording | off.
 // `off` covers ALLOCSCOPE_DISABLE=1, an output that could not be created,
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "checks.h"
+#include "config.h"
 #include "event.h"
 
 namespace allocscope::recorder {
@@ -114,6 +116,12 @@ std::string current_phase();
 // allocscope_check_begin / _end (interposer/checks.h).
 uint64_t check_begin(const char* plugins, const char* options, std::string& error) noexcept;
 bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept;
+
+// The ALLOCSCOPE_* configuration, parsed from the environment once, on first
+// use: when the recorder starts, or before by the driver hooks, which need
+// ALLOCSCOPE_DRIVER_HOOKS whether or not anything is recorded. nullptr when
+// it could not be parsed (out of memory); a later call tries again.
+const Config* config() noexcept;
 
 // Device of the calling thread as the runtime reports it, -1 if unknown.
 int32_t current_device() noexcept;

@@ -37,7 +37,7 @@ int main() {
     cudaFree(nullptr);  // initializes the runtime and its primary context
     std::printf("cudaGetDevice, after cudaFree(0) %.1f ns\n",
                 ns_per_call([&] { cudaGetDevice(&device); }, 100'000));
-    // How interposer/recorder.cpp finds the current context.
+    // How interposer/device_cache.cpp finds the current context.
     using GetContext = int (*)(void**);
     auto get_context = reinterpret_cast<GetContext>(dlsym(RTLD_DEFAULT, "cuCtxGetCurrent"));
     std::printf("cuCtxGetCurrent via RTLD_DEFAULT: %s\n", get_context ? "found" : "missing");

@@ -1,0 +1,113 @@
+// What a program tells the recorder besides its tags: the training step,
+// parameters (allocscope_register_param) and what is derived from them
+// (allocscope_derived), marks, and the Python frames its stacks end in.
+#include "recorder_internal.h"
+
+namespace allocscope::recorder {
+
+void set_step(uint64_t step) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    g->step.store(step, std::memory_order_relaxed);
+    EventRing::Slot* slot = begin_event(EventKind::step);
+    if (!slot) return;
+    slot->event.step = step;
+    slot->event.api = Api::c_api;
+    EventRing::publish(slot);
+}
+
+namespace {
+
+// A new param record (under defs_mutex); the latest index of (layer, name)
+// is what allocscope_derived names.
+uint32_t add_param_locked(uint32_t layer, uint32_t name, uint32_t dtype, uint64_t numel,
+                          uint64_t sharded_numel) {
+    ParamRecord p;
+    p.index = g->params++;
+    p.layer = layer;
+    p.name = name;
+    p.dtype = dtype;
+    p.numel = numel;
+    p.sharded_numel = sharded_numel;
+    g->pending_defs.push_back({RecordType::param, p.index, {}, {}, p});
+    g->param_index[{layer, name}] = p.index;
+    return p.index;
+}
+
+}  // namespace
+
+void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
+                    uint64_t sharded_numel) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    uint32_t index = 0;
+    try {
+        std::lock_guard lock(g->defs_mutex);
+        index = add_param_locked(intern_locked(layer), intern_locked(name), intern_locked(dtype),
+                                 numel, sharded_numel);
+    } catch (...) {
+        return;
+    }
+    TagEntry tag = current_tag();
+    emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
+}
+
+void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept {
+    ApiScope scope;
+    if (!scope.active() || !ptr || !layer || !*layer) return;
+    uint32_t index = 0;
+    uint32_t how_id = 0;
+    bool registered = false;
+    try {
+        std::lock_guard lock(g->defs_mutex);
+        const uint32_t layer_id = intern_locked(layer);
+        const uint32_t name_id = intern_locked(name);
+        how_id = intern_locked(how);
+        auto it = g->param_index.find({layer_id, name_id});
+        registered = it == g->param_index.end();
+        // Never registered: registered here without sizes, so the
+        // declaration still names its parameter.
+        index = registered ? add_param_locked(layer_id, name_id, 0, 0, 0) : it->second;
+    } catch (...) {
+        return;
+    }
+    TagEntry tag = current_tag();
+    if (registered) emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
+    EventRing::Slot* slot = begin_event(EventKind::derived);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.layer = tag.layer;
+    e.phase = tag.phase;
+    e.aux = index;
+    e.stream = how_id;
+    e.address = reinterpret_cast<uint64_t>(ptr);
+    e.api = Api::c_api;
+    EventRing::publish(slot);
+}
+
+void mark(const char* text) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    uint32_t id = 0;
+    try {
+        id = intern(text);
+    } catch (...) {
+        return;
+    }
+    TagEntry tag = current_tag();
+    emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
+}
+
+// Also inside a hook: the outer-frames provider names frames from there.
+// Interning makes no CUDA call, so nothing here needs the hooks' guard.
+uint64_t python_frame(const char* function, const char* file, int line) noexcept {
+    if (!file || !ensure_started()) return 0;
+    try {
+        const uint32_t id = intern(python_frame_text(function ? function : "", file, line).c_str());
+        return id ? python_frame_address(id) : 0;
+    } catch (...) {
+        return 0;
+    }
+}
+
+}  // namespace allocscope::recorder

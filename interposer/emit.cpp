@@ -1,0 +1,239 @@
+// Event emission, the hot path of every hook: the hooks' guard, the events
+// they record (record_alloc, the two halves of a free), the fields every
+// event shares, and the stack capture of an allocation with the interning of
+// its frames and strings.
+//
+// Stack capture lives here, not in a file of its own: record_alloc inlines
+// capture_stack_id (and StackCapture::walk, always_inline), which only
+// works within one translation unit; the helpers stay file-local for it.
+#include <algorithm>
+#include <span>
+#include <vector>
+
+#include "recorder_internal.h"
+#include "unwind.h"
+
+namespace allocscope::recorder {
+
+constinit thread_local ThreadState t_thread{};
+constinit std::atomic<OuterFrames> g_outer_frames{nullptr};
+
+// --- definitions ------------------------------------------------------------------
+
+uint32_t intern_locked(const char* text) {
+    if (!text || !*text) return 0;
+    auto [id, is_new] = g->strings.intern(text);
+    if (is_new) g->pending_defs.push_back({RecordType::string, id, text, {}, {}});
+    return id;
+}
+
+uint32_t intern(const char* text) {
+    if (!text || !*text) return 0;
+    std::lock_guard lock(g->defs_mutex);
+    return intern_locked(text);
+}
+
+namespace {
+
+// --- stack capture ----------------------------------------------------------------
+
+// Frames of liballocscope.so itself (hooks, recorder) lead every captured
+// stack; how many depends on inlining, so the walk drops them by address
+// (at most this many) without counting them towards the depth.
+constexpr size_t kOwnFramesMax = 8;
+
+uint32_t intern_stack(const uint64_t* frames, size_t n) noexcept {
+    if (n == 0) return 0;
+    const std::span<const uint64_t> stack{frames, n};
+    const uint64_t h = StackTable::hash(stack);
+    StackIdSlot& cached = t_thread.stack_ids[h % kStackIdSlots];
+    if (cached.hash == h && cached.depth == n) return cached.id;
+    try {
+        const uint32_t id =
+            g->stacks.intern(h, stack, [](uint32_t id, std::span<const uint64_t> f) {
+                std::lock_guard lock(g->defs_mutex);
+                g->pending_defs.push_back(
+                    {RecordType::stack, id, {}, std::vector<uint64_t>(f.begin(), f.end()), {}});
+            });
+        if (id != 0) cached = {h, id, static_cast<uint32_t>(n)};
+        return id;
+    } catch (...) {
+        return 0;
+    }
+}
+
+// The key under which the recorder keeps a stack id with the unwinder's
+// record of a walk (WalkCookie): the outer frames' hash, since the native
+// frames are that walk's. Never 0.
+uint64_t outer_key(std::span<const uint64_t> outer) noexcept {
+    return StackTable::hash(outer.first(std::min(outer.size(), kMaxOuterFrames)));
+}
+
+// The native frames, then up to kMaxOuterFrames of `outer` (Python's: the
+// callers of the interpreter the native stack ends in), as a stack id. A
+// capture that replays a walk whose frames were interned before with the
+// same outer frames takes that id from the walk's cookie: no frames copied,
+// hashed or looked up.
+struct StackCapture {
+    uint64_t frames[Config::kMaxStackDepth + kMaxOuterFrames];
+    WalkCookie* cookie = nullptr;
+    uint64_t key = 0;
+    size_t n = 0;
+
+    // Returns the id when the cookie had it (0: frames captured, n set).
+    __attribute__((always_inline)) uint32_t walk(std::span<const uint64_t> outer,
+                                                 uint32_t depth) noexcept {
+        key = outer_key(outer);
+        const size_t native =
+            capture_stack(frames, std::min<size_t>(depth, Config::kMaxStackDepth), 0,
+                          {g->self_start, g->self_end, kOwnFramesMax}, &cookie, key);
+        if (native == kFramesInCookie) return static_cast<uint32_t>(cookie->value);
+        const size_t extra = std::min(outer.size(), kMaxOuterFrames);
+        std::copy_n(outer.begin(), extra, frames + native);
+        n = native + extra;
+        return 0;
+    }
+    uint32_t intern() noexcept {
+        const uint32_t id = intern_stack(frames, n);
+        if (cookie && id != 0) *cookie = {key, id};
+        return id;
+    }
+};
+
+__attribute__((always_inline)) inline uint32_t capture_stack_id_untimed(
+    std::span<const uint64_t> outer, uint32_t depth) noexcept {
+    StackCapture capture;
+    if (const uint32_t id = capture.walk(outer, depth)) return id;
+    return capture.intern();
+}
+
+__attribute__((noinline)) uint32_t capture_stack_id_timed(std::span<const uint64_t> outer,
+                                                          uint32_t depth) noexcept {
+    StackCapture capture;
+    const uint64_t start = mono_ns();
+    uint32_t id = capture.walk(outer, depth);
+    const uint64_t walked = mono_ns();
+    if (id == 0) id = capture.intern();
+    const uint64_t end = mono_ns();
+    g->stack_ns.fetch_add(end - start, std::memory_order_relaxed);
+    g->walk_ns.fetch_add(walked - start, std::memory_order_relaxed);
+    g->stacks_captured.fetch_add(1, std::memory_order_relaxed);
+    g->python_frames.fetch_add(outer.size(), std::memory_order_relaxed);
+    return id;
+}
+
+// The stack id of the calling hook's caller (0: stacks off or not recorded).
+uint32_t capture_stack_id(std::span<const uint64_t> outer = {}) noexcept {
+    const uint32_t depth = g->config.stack_depth;
+    if (depth == 0) return 0;
+    if (g->cost_stats) [[unlikely]]
+        return capture_stack_id_timed(outer, depth);
+    return capture_stack_id_untimed(outer, depth);
+}
+
+// --- event helpers ----------------------------------------------------------------
+
+// How long a hook waits for room in a full ring before dropping its event.
+constexpr uint64_t kRingPatienceNs = 2'000'000'000ull;
+
+// The fields every event shares; `seq` is the ring's.
+void fill_common(Event& e, EventKind kind) noexcept {
+    e.kind = kind;
+    e.level = Level::none;
+    e.memory = MemoryKind::none;
+    e.api = Api::none;
+    e.address = 0;
+    e.size = 0;
+    e.stream = 0;
+    e.stack = 0;
+    e.aux = 0;
+    e.flags = 0;
+    e.device = -1;
+    e.result = 0;
+    e.t_ns = mono_ns() - g->start_mono_ns;
+    e.tid = thread_id();
+    e.step = g->step.load(std::memory_order_relaxed);
+    TagEntry tag = current_tag();
+    e.layer = tag.layer;
+    e.phase = tag.phase;
+}
+
+}  // namespace
+
+// Reserves a slot (every field is written: slots are reused).
+EventRing::Slot* begin_event(EventKind kind) noexcept {
+    EventRing::Slot* slot = g->ring.reserve(kRingPatienceNs);
+    if (!slot) {
+        g->events_dropped.fetch_add(1, std::memory_order_relaxed);
+        return nullptr;
+    }
+    fill_common(slot->event, kind);
+    return slot;
+}
+
+// --- hooks' interface ---------------------------------------------------------------
+
+HookGuard::HookGuard() noexcept : outer_(enter_guard()), recording_(guard_recording(outer_)) {}
+
+HookGuard::~HookGuard() {
+    leave_guard(outer_);
+}
+
+__attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address, int result,
+                                            std::span<const uint64_t> outer) noexcept {
+    if (!ensure_started()) return;
+    const bool ok = result == 0 && address != nullptr;
+    // No frames given (a runtime or driver hook): ask the registered
+    // provider (set_outer_frames) for the thread's Python frames.
+    uint64_t provided[kMaxOuterFrames];
+    if (ok && outer.data() == nullptr && g->config.stack_depth != 0) {
+        if (OuterFrames provider = g_outer_frames.load(std::memory_order_acquire)) {
+            const size_t n = provider(provided, kMaxOuterFrames);
+            outer = {provided, std::min(n, kMaxOuterFrames)};
+        }
+    }
+    const uint32_t stack = ok ? capture_stack_id(outer) : 0;
+    EventRing::Slot* slot = begin_event(ok ? EventKind::alloc : EventKind::oom);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.address = ok ? reinterpret_cast<uint64_t>(address) : 0;
+    e.size = info.size;
+    e.stream = info.stream;
+    e.stack = stack;
+    e.device = info.device;
+    e.result = result;
+    e.level = info.level;
+    e.memory = info.memory;
+    e.api = info.api;
+    EventRing::publish(slot);
+}
+
+// The free's size, device and memory kind, and whether its address was
+// live, are the writer's to fill in (track_live): the hook only reserves
+// the slot, so its seq precedes any allocation that reuses the address.
+void begin_free(PendingFree& pending, Api api, Level level, void* address,
+                uint64_t stream) noexcept {
+    pending.slot = nullptr;
+    if (!ensure_started()) return;
+    EventRing::Slot* slot = begin_event(EventKind::free);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.address = reinterpret_cast<uint64_t>(address);
+    e.stream = stream;
+    e.level = level;
+    e.api = api;
+    pending.slot = slot;
+}
+
+void end_free(PendingFree& pending, int result) noexcept {
+    if (!pending.slot) return;
+    auto* slot = static_cast<EventRing::Slot*>(pending.slot);
+    slot->event.result = result;
+    EventRing::publish(slot);
+}
+
+void set_outer_frames(OuterFrames provider) noexcept {
+    g_outer_frames.store(provider, std::memory_order_release);
+}
+
+}  // namespace allocscope::recorder

@@ -1,0 +1,198 @@
+// The recorder's lifecycle: the process-wide state, brought up by the first
+// hook or API call (initialize), switched off in a forked child, and
+// finished at exit (the writer drains, the plugins finish); and how the
+// library was loaded.
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "output_file.h"
+#include "recorder_internal.h"
+#include "unwind.h"
+
+namespace allocscope::recorder {
+
+constinit std::atomic<int> g_state{kUninitialized};
+constinit State* g = nullptr;
+constinit char g_self_path[PATH_MAX]{};
+constinit char g_loaded_after[256]{};
+
+namespace {
+
+// How long exit waits for the writer to drain before giving up.
+constexpr int kExitDrainMs = 5000;
+// How long exit then waits for the plugins' finish and the findings file.
+constexpr int kExitPluginsMs = 10000;
+
+constinit pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
+// The storage of *g.
+alignas(State) unsigned char g_storage[sizeof(State)];
+
+void initialize() {
+    g = new (g_storage) State();
+    find_own_module();
+    const Config* parsed = config();
+    if (!parsed) throw std::bad_alloc();
+    g->config = *parsed;
+    for (const std::string& w : g->config.warnings)
+        log_line(LogLevel::quiet, w);
+    if (g_loaded_after[0] && !g->config.disabled) {
+        log_line(LogLevel::quiet,
+                 std::string("allocscope: liballocscope.so was loaded after ") + g_loaded_after +
+                     " (by dlopen, not LD_PRELOAD): CUDA calls bound to it bypass the hooks, so "
+                     "the trace holds only what reaches allocscope directly (its C API, "
+                     "NVTX, allocator hooks); use allocscope run or LD_PRELOAD to record them all");
+    }
+    if (g->config.disabled) {
+        g_state.store(kOff, std::memory_order_release);
+        return;
+    }
+    g->start_mono_ns = mono_ns();
+    g->owner_pid = getpid();
+    g->cost_stats = g->config.log == LogLevel::debug;
+    if (g->cost_stats) enable_walk_stats(g->config.walk_cycles);
+    // Sequence numbers start at 1: the plugin ABI's alloc_seq 0 means "a
+    // free of an unknown address", so no allocation may have seq 0. No hook
+    // runs yet, so taking and retiring seq 0 here cannot race.
+    if (g->ring.reserve(0)) g->ring.release_until(1);
+    std::string error;
+    if (!make_private_dirs(g->config.out_dir, error) || !open_trace(error)) {
+        log_line(LogLevel::quiet, "allocscope: recording disabled: " + error);
+        g_state.store(kOff, std::memory_order_release);
+        return;
+    }
+    if (!start_writer()) {
+        log_line(LogLevel::quiet, "allocscope: recording disabled: cannot start writer thread");
+        g_state.store(kOff, std::memory_order_release);
+        return;
+    }
+    log_line(LogLevel::debug, "allocscope: recording to " + g->writer.path());
+    g_state.store(kRecording, std::memory_order_release);
+}
+
+}  // namespace
+
+const Config* config() noexcept {
+    // Never destroyed: hooks may run during static destruction.
+    static constinit std::atomic<const Config*> parsed{nullptr};
+    if (const Config* c = parsed.load(std::memory_order_acquire)) return c;
+    try {
+        auto* fresh = new Config(parse_config([](const char* name) { return std::getenv(name); }));
+        const Config* expected = nullptr;
+        if (parsed.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel))
+            return fresh;
+        delete fresh;  // another thread's is the one
+        return expected;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+void log_line(LogLevel at_least, const std::string& line) {
+    if (g && static_cast<int>(g->config.log) < static_cast<int>(at_least)) return;
+    std::string out = line + "\n";
+    ssize_t ignored = ::write(STDERR_FILENO, out.data(), out.size());
+    (void)ignored;
+}
+
+bool ensure_started() noexcept {
+    int s = g_state.load(std::memory_order_acquire);
+    if (s == kRecording) return true;
+    if (s == kOff) return false;
+    pthread_mutex_lock(&g_init_mutex);
+    if (g_state.load(std::memory_order_acquire) == kUninitialized) {
+        try {
+            initialize();
+        } catch (...) {
+            g_state.store(kOff, std::memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&g_init_mutex);
+    return g_state.load(std::memory_order_acquire) == kRecording;
+}
+
+namespace {
+
+void on_fork_child() {
+    g_state.store(kOff, std::memory_order_release);
+}
+
+// Hooks only see calls that bind to them, which needs the library ahead of
+// the CUDA runtime in the lookup order: LD_PRELOAD, or allocscope run. Loaded
+// later (dlopen once CUDA is in use), calls already bound to the runtime, and
+// most later ones, bypass the hooks; initialize() says so once and records
+// what still reaches it (the C API, allocator hooks).
+void note_how_loaded() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&note_how_loaded), &info) && info.dli_fname) {
+        if (!realpath(info.dli_fname, g_self_path)) g_self_path[0] = '\0';
+    }
+    struct Scan {
+        uintptr_t self;
+        char* after;
+    } scan{reinterpret_cast<uintptr_t>(info.dli_fbase), g_loaded_after};
+    dl_iterate_phdr(
+        [](dl_phdr_info* pi, size_t, void* arg) -> int {
+            auto* sc = static_cast<Scan*>(arg);
+            // Link-map order: everything after this library came later.
+            if (pi->dlpi_addr == sc->self ||
+                (pi->dlpi_phnum > 0 &&
+                 pi->dlpi_addr + pi->dlpi_phdr[0].p_vaddr - pi->dlpi_phdr[0].p_offset ==
+                     sc->self)) {
+                return 1;
+            }
+            const char* name = pi->dlpi_name ? pi->dlpi_name : "";
+            const char* base = std::strrchr(name, '/');
+            base = base ? base + 1 : name;
+            if (std::strncmp(base, "libcudart.so", 12) == 0 ||
+                std::strncmp(base, "libcuda.so", 10) == 0) {
+                std::snprintf(sc->after, sizeof g_loaded_after, "%s", base);
+                return 1;
+            }
+            return 0;
+        },
+        &scan);
+}
+
+__attribute__((constructor)) void install_fork_policy() {
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    note_how_loaded();
+}
+
+__attribute__((destructor)) void finish_recording() {
+    if (g_state.load(std::memory_order_acquire) != kRecording || getpid() != g->owner_pid) return;
+    g_state.store(kOff, std::memory_order_release);
+    g->stop.store(true, std::memory_order_release);
+    auto wait_for = [](const std::atomic<bool>& flag, int ms) {
+        for (int waited = 0; waited < ms; ++waited) {
+            if (flag.load(std::memory_order_acquire)) return true;
+            timespec pause{0, 1000000};
+            nanosleep(&pause, nullptr);
+        }
+        return flag.load(std::memory_order_acquire);
+    };
+    if (!wait_for(g->trace_done, kExitDrainMs)) {
+        log_line(LogLevel::quiet, "allocscope: trace writer did not finish within " +
+                                      std::to_string(kExitDrainMs / 1000) +
+                                      " s at exit; the trace may lack its last events");
+        return;
+    }
+    if (!wait_for(g->writer_done, kExitPluginsMs)) {
+        log_line(LogLevel::quiet, "allocscope: plugins did not finish within " +
+                                      std::to_string(kExitPluginsMs / 1000) +
+                                      " s at exit; findings not written");
+    }
+}
+
+}  // namespace
+
+}  // namespace allocscope::recorder
