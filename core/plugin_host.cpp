@@ -8,7 +8,8 @@
 #include <exception>
 #include <filesystem>
 
-#include "flat_map.h"
+#include <allocscope/sdk/flat_map.h>
+
 #include "replay.h"
 #include "trace_reader.h"
 
@@ -34,6 +35,28 @@ std::string one_line(std::string_view text) {
 
 std::string cstr(const char* s) {
     return s ? std::string(s) : std::string();
+}
+
+// The names a plugin's descriptor may be exported under, newest first (as
+// NCCL looks for ncclNetPlugin_v9, then _v8, ...). The unversioned name of
+// plugins built before the name carried the version is the last resort;
+// install() checks abi_version whichever name it came by.
+constexpr const char* kDescriptorSymbols[] = {ALLOCSCOPE_PLUGIN_SYMBOL,
+                                              ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED};
+
+const allocscope_plugin_v1* find_descriptor(void* handle) {
+    for (const char* name : kDescriptorSymbols) {
+        dlerror();
+        if (void* sym = dlsym(handle, name)) return static_cast<const allocscope_plugin_v1*>(sym);
+    }
+    return nullptr;
+}
+
+std::string descriptor_names() {
+    std::string out;
+    for (const char* name : kDescriptorSymbols)
+        out += (out.empty() ? "" : ", ") + std::string(name);
+    return out;
 }
 
 }  // namespace
@@ -221,13 +244,15 @@ void PluginHost::load(const std::vector<std::string>& entries, const std::string
             continue;
         }
         in.handle = handle;
-        dlerror();
-        void* sym = dlsym(handle, ALLOCSCOPE_PLUGIN_SYMBOL);
-        if (!sym) {
-            reject(in, t.path + " does not export '" ALLOCSCOPE_PLUGIN_SYMBOL "'");
+        const allocscope_plugin_v1* descriptor = find_descriptor(handle);
+        if (!descriptor) {
+            reject(in, t.path +
+                           " does not export '" ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED
+                           "' under any name this allocscope knows (" +
+                           descriptor_names() + ")");
             continue;
         }
-        install(in, static_cast<const allocscope_plugin_v1*>(sym));
+        install(in, descriptor);
     }
     // A misspelt plugin name in an option would otherwise go unnoticed.
     for (const auto& [key, value] : settings_.options) {
