@@ -50,3 +50,8 @@ TEST_CASE("module paths: numbered layer, parent and the innermost common module"
     CHECK(common_module("encoder.fc1", "decoder.fc1") == "");
     CHECK(common_module("layers.3", "layers.3.fc1") == "layers.3");
 }
+
+TEST_CASE("the plugin SDK's namespace names the same rules") {
+    CHECK(allocscope::plugins::base_phase("backward/recompute") == "backward");
+    CHECK(allocscope::plugins::layer_within("layers.3.fc1", "layers.3"));
+}

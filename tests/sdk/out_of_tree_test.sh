@@ -58,7 +58,7 @@ cd "$tmp/plugin"
 "$cxx" -std=c++20 -Wall -Wextra -Wpedantic -Werror -O1 -fPIC -shared -fvisibility=hidden \
   $cflags -MD -MF deps.d sdk_probe_plugin.cpp -o allocscope-plugin-sdk-probe.so ||
   fail "the out-of-tree plugin does not build against the installed headers"
-used=$(tr ' \\' '\n\n' <deps.d | grep 'allocscope/' || true)
+used=$(sed 's/[ \\]/\n/g' deps.d | grep 'allocscope/' || true)
 [ -n "$used" ] || fail "no allocscope header was read"
 while read -r header; do
   [ -z "$header" ] && continue

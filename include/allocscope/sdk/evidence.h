@@ -24,3 +24,8 @@ struct Evidence {
 };
 
 }  // namespace allocscope
+
+// The plugin SDK's namespace names it too (it was declared there first).
+namespace allocscope::plugins {
+using allocscope::Evidence;
+}  // namespace allocscope::plugins

@@ -62,3 +62,13 @@ inline std::string_view common_module(std::string_view a, std::string_view b) {
 }
 
 }  // namespace allocscope
+
+// The plugin SDK's namespace names them too (they were declared there first).
+namespace allocscope::plugins {
+using allocscope::base_phase;
+using allocscope::common_module;
+using allocscope::layer_within;
+using allocscope::numbered_layer;
+using allocscope::parent_module;
+using allocscope::phase_within;
+}  // namespace allocscope::plugins
