@@ -5,7 +5,7 @@
 #include <map>
 #include <unordered_map>
 
-#include "flat_map.h"
+#include <allocscope/sdk/flat_map.h>
 
 namespace allocscope {
 
@@ -191,10 +191,6 @@ TraceShape trace_shape(const Trace& t) {
     }
     if (pushes.empty() && !t.events.empty()) s.main_tid = t.events.front().tid;
     return s;
-}
-
-std::string_view base_phase(std::string_view phase) {
-    return phase.substr(0, phase.find('/'));
 }
 
 const PoolSummary* TraceAnalysis::pool(Pool p) const {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <allocscope/sdk/tag_rules.h>
+
 #include "replay.h"
 #include "trace_reader.h"
 
@@ -145,9 +147,8 @@ struct TraceShape {
 };
 TraceShape trace_shape(const Trace& trace);
 
-// The well-known phase a (sub-)phase belongs to: "forward/quantize" ->
-// "forward".
-std::string_view base_phase(std::string_view phase);
+// base_phase(), the well-known phase a (sub-)phase belongs to, is
+// allocscope/sdk/tag_rules.h's.
 
 // The numbered layer of a module path: its shortest prefix whose last
 // component is a number ("model.layers.3.mlp" -> "model.layers.3"); the

@@ -9,8 +9,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <allocscope/sdk/flat_map.h>
+
 #include "event.h"
-#include "flat_map.h"
 #include "live_table.h"
 #include "replay.h"
 #include "trace_reader.h"

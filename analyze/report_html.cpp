@@ -202,7 +202,7 @@ std::string heat_map(const std::vector<TagStats>& tags) {
     for (const TagStats& t : tags) {
         if (t.allocated_bytes == 0) continue;
         const std::string layer = t.layer.empty() ? "(untagged)" : t.layer;
-        const std::string phase = t.phase.empty() ? "-" : t.phase.substr(0, t.phase.find('/'));
+        const std::string phase = t.phase.empty() ? "-" : std::string(base_phase(t.phase));
         uint64_t& c = cells[layer][phase];
         c += t.allocated_bytes;
         top = std::max(top, c);

@@ -5,6 +5,8 @@
 // analyze/findings_reader.h.
 #pragma once
 
+#include <allocscope/sdk/evidence.h>
+
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -20,19 +22,8 @@ enum class Severity : uint8_t { info = 0, warning = 1, error = 2 };
 std::string_view to_string(Severity severity) noexcept;
 std::optional<Severity> parse_severity(std::string_view text) noexcept;
 
-// One allocation that proves a finding; free_seq 0 means still alive.
-struct Evidence {
-    uint64_t size = 0;
-    std::string layer;
-    std::string phase;
-    uint64_t step = 0;
-    uint64_t alloc_seq = 0;
-    uint64_t free_seq = 0;
-    uint32_t stack_id = 0;  // the rank's trace's stack id, 0: none
-    std::string note;       // what it is and why alive (a derivation chain); may be ""
-
-    bool operator==(const Evidence&) const = default;
-};
+// Evidence, one allocation that proves a finding, is
+// allocscope/sdk/evidence.h's (the plugins build the same).
 
 struct Finding {
     std::string plugin;

@@ -1,3 +1,6 @@
+// The plugin host, loading and the host table (core/plugin_host.h): finding
+// plugins, loading and checking them, their allocscope_host_v1 callbacks,
+// findings and statuses. The event stream is core/plugin_feed.cpp.
 #include "plugin_host.h"
 
 #include <dlfcn.h>
@@ -8,9 +11,7 @@
 #include <exception>
 #include <filesystem>
 
-#include "flat_map.h"
-#include "replay.h"
-#include "trace_reader.h"
+#include "plugin_host_state.h"
 
 namespace allocscope {
 
@@ -24,16 +25,30 @@ constexpr const char* kFileSuffix = ".so";
 // plugin that logs per event must not flood the traced program's stderr.
 constexpr int kMaxLogLines = 100;
 
-std::string one_line(std::string_view text) {
-    std::string out(text);
-    for (char& c : out) {
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) c = ' ';
-    }
-    return out;
-}
-
 std::string cstr(const char* s) {
     return s ? std::string(s) : std::string();
+}
+
+// The names a plugin's descriptor may be exported under, newest first (as
+// NCCL looks for ncclNetPlugin_v9, then _v8, ...). The unversioned name of
+// plugins built before the name carried the version is the last resort;
+// install() checks abi_version whichever name it came by.
+constexpr const char* kDescriptorSymbols[] = {ALLOCSCOPE_PLUGIN_SYMBOL,
+                                              ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED};
+
+const allocscope_plugin_v1* find_descriptor(void* handle) {
+    for (const char* name : kDescriptorSymbols) {
+        dlerror();
+        if (void* sym = dlsym(handle, name)) return static_cast<const allocscope_plugin_v1*>(sym);
+    }
+    return nullptr;
+}
+
+std::string descriptor_names() {
+    std::string out;
+    for (const char* name : kDescriptorSymbols)
+        out += (out.empty() ? "" : ", ") + std::string(name);
+    return out;
 }
 
 }  // namespace
@@ -95,44 +110,6 @@ std::string first_directory(const std::vector<std::string>& candidates) {
 }
 
 // --- instances -------------------------------------------------------------------
-
-struct PluginHost::Instance {
-    PluginHost* host = nullptr;
-    allocscope_host_v1 api{};
-    const allocscope_plugin_v1* plugin = nullptr;
-    void* handle = nullptr;  // dlopen handle, nullptr for add()
-    void* state = nullptr;
-    std::string entry;
-    std::string path;
-    std::string name;
-    bool enabled = false;
-    bool finished = false;
-    std::string reason;
-    std::string invalid_emit;  // set by emit(), acted on when the call returns
-    int log_lines = 0;
-};
-
-// One level's live allocations as the plugins see them: only the pools
-// deliver() passes, tags as the host's own string ids, restarted with each
-// stream. A FlatMap without tombstones: the host need not tell an unknown
-// free from a double free (the event's flags already do).
-struct PluginHost::LiveSet {
-    struct Live {
-        uint64_t size = 0;
-        uint64_t seq = 0;
-        uint64_t step = 0;
-        uint32_t stack = 0;
-        uint32_t layer = 0;
-        uint32_t phase = 0;
-    };
-    FlatMap<uint64_t, Live> by_address;
-    uint64_t bytes = 0;
-};
-
-struct PluginHost::StoredParam {
-    std::string layer, name, dtype;
-    allocscope_param_v1 view{};
-};
 
 PluginHost::PluginHost(HostSettings settings)
     : settings_(std::move(settings)), live_(std::make_unique<LiveSet[]>(2)) {
@@ -221,13 +198,15 @@ void PluginHost::load(const std::vector<std::string>& entries, const std::string
             continue;
         }
         in.handle = handle;
-        dlerror();
-        void* sym = dlsym(handle, ALLOCSCOPE_PLUGIN_SYMBOL);
-        if (!sym) {
-            reject(in, t.path + " does not export '" ALLOCSCOPE_PLUGIN_SYMBOL "'");
+        const allocscope_plugin_v1* descriptor = find_descriptor(handle);
+        if (!descriptor) {
+            reject(in, t.path +
+                           " does not export '" ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED
+                           "' under any name this allocscope knows (" +
+                           descriptor_names() + ")");
             continue;
         }
-        install(in, static_cast<const allocscope_plugin_v1*>(sym));
+        install(in, descriptor);
     }
     // A misspelt plugin name in an option would otherwise go unnoticed.
     for (const auto& [key, value] : settings_.options) {
@@ -298,206 +277,6 @@ void PluginHost::install(Instance& in, const allocscope_plugin_v1* p) {
     if (p->init) {
         invoke(in, "init", [&] { return p->init(&in.api, &in.state); });
     }
-}
-
-template <typename Call>
-void PluginHost::invoke(Instance& in, const char* what, Call&& call) {
-    if (!in.enabled) return;
-    allocscope_plugin_status status = ALLOCSCOPE_PLUGIN_OK;
-    try {
-        status = call();
-    } catch (const std::exception& e) {
-        disable(in, std::string(what) + " threw: " + one_line(e.what()));
-        return;
-    } catch (...) {
-        disable(in, std::string(what) + " threw an exception");
-        return;
-    }
-    if (!in.invalid_emit.empty()) {
-        disable(in, in.invalid_emit);
-    } else if (status == ALLOCSCOPE_PLUGIN_ERROR) {
-        disable(in, std::string(what) + " returned an error");
-    } else if (status != ALLOCSCOPE_PLUGIN_OK) {
-        disable(in, std::string(what) + " returned an invalid status " +
-                        std::to_string(static_cast<int>(status)));
-    }
-}
-
-// --- the stream ------------------------------------------------------------------
-
-PluginHost::LiveSet& PluginHost::live(Level level) {
-    return live_[level == Level::block ? 1 : 0];
-}
-
-void PluginHost::start_stream(uint32_t source) {
-    source_ = source;
-    mapped_table_ = nullptr;
-    mapped_.clear();
-    param_index_.clear();
-    step_ = 0;
-    live_ = std::make_unique<LiveSet[]>(2);
-}
-
-void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
-    if (finished_ || enabled_count() == 0) return;
-    if (source != source_) start_stream(source);
-    // Both ids first: the event's view points into the table's storage.
-    const uint32_t layer = strings_.intern(text.layer).id;
-    const uint32_t phase = strings_.intern(text.phase).id;
-    deliver(e, layer, phase, text, source);
-}
-
-void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const EventText& text,
-                         uint32_t source) {
-    // Detectors see the memory a program's tensors live in: runtime-API
-    // segments, driver mappings (an expandable allocator's segments) and
-    // blocks. Not physical handles and VA reservations (the mappings are the
-    // memory a tag owns), and not plain driver allocations: those are
-    // libraries' own (a cuBLAS handle made inside a layer's backward would
-    // look like that layer's retained memory). Reports account for all.
-    if (e.kind == EventKind::alloc || e.kind == EventKind::free || e.kind == EventKind::oom) {
-        const Pool pool = pool_of(e);
-        if (pool == Pool::physical || pool == Pool::address_range) return;
-        if (is_direct_driver_allocation(e.api)) return;
-    }
-    allocscope_event_v1 ev{};
-    ev.seq = e.seq;
-    ev.t_ns = e.t_ns;
-    ev.step = e.step;
-    ev.address = e.address;
-    ev.size = e.size;
-    ev.kind = static_cast<uint32_t>(e.kind);
-    ev.level = static_cast<uint32_t>(e.level);
-    ev.source = source;
-    ev.device = e.device;
-    ev.tid = e.tid;
-    ev.stack_id = e.stack;
-    // Interned tag strings: the same text always at the same address, which
-    // plugin_v1.h promises plugins (they may key by pointer).
-    ev.layer = strings_.at(layer).c_str();
-    ev.phase = strings_.at(phase).c_str();
-    ev.alloc_layer = ev.alloc_phase = strings_.at(0).c_str();  // "", interned too
-    ev.text = "";
-
-    switch (e.kind) {
-        case EventKind::alloc: {
-            // An address already live (its free was never seen) is replaced.
-            LiveSet& set = live(e.level);
-            LiveSet::Live& r = set.by_address[e.address];
-            set.bytes += e.size - r.size;
-            r = {e.size, e.seq, e.step, e.stack, layer, phase};
-            break;
-        }
-        case EventKind::free: {
-            if (e.result != 0) return;  // the runtime refused: nothing was freed
-            LiveSet& set = live(e.level);
-            if (const LiveSet::Live* r = set.by_address.find(e.address)) {
-                ev.size = r->size;
-                ev.alloc_seq = r->seq;
-                ev.alloc_step = r->step;
-                ev.alloc_layer = strings_.at(r->layer).c_str();
-                ev.alloc_phase = strings_.at(r->phase).c_str();
-                ev.alloc_stack_id = r->stack;
-                set.bytes -= r->size;
-                set.by_address.erase(e.address);
-            }
-            break;
-        }
-        case EventKind::param: {
-            if (text.param) {
-                StoredParam& p = params_.emplace_back();
-                p.layer = std::string(text.param->layer);
-                p.name = std::string(text.param->name);
-                p.dtype = std::string(text.param->dtype);
-                p.view.layer = p.layer.c_str();
-                p.view.name = p.name.c_str();
-                p.view.dtype = p.dtype.c_str();
-                p.view.numel = text.param->numel;
-                p.view.sharded_numel = text.param->sharded_numel;
-                ev.param_index = static_cast<uint32_t>(params_.size() - 1);
-                if (e.aux < (uint32_t{1} << 24)) {  // a trace's indices are dense
-                    if (param_index_.size() <= e.aux) param_index_.resize(e.aux + 1, kUnmapped);
-                    param_index_[e.aux] = ev.param_index;
-                }
-            }
-            break;
-        }
-        case EventKind::derived: {
-            // About a parameter the stream never registered: nothing to say.
-            if (e.aux >= param_index_.size() || param_index_[e.aux] == kUnmapped) return;
-            ev.param_index = param_index_[e.aux];
-            break;
-        }
-        default:
-            break;
-    }
-
-    const bool step_changed = e.kind == EventKind::step ? e.step != step_ : e.step > step_;
-    if (step_changed) {
-        step_ = e.step;
-        for (auto& in : instances_) {
-            if (in->enabled && in->plugin->on_step) {
-                invoke(*in, "on_step",
-                       [&] { return in->plugin->on_step(in->state, step_, source); });
-            }
-        }
-    }
-    std::string note;
-    if (e.kind == EventKind::mark || e.kind == EventKind::derived) {
-        note = text.text;
-        ev.text = note.c_str();
-    }
-    // A kind outside the mask's 32 bits reaches no plugin.
-    const uint32_t bit = ev.kind < 32 ? ALLOCSCOPE_EVENT_BIT(ev.kind) : 0u;
-    for (auto& in : instances_) {
-        if (in->enabled && in->plugin->on_event && (in->plugin->event_mask & bit)) {
-            invoke(*in, "on_event", [&] { return in->plugin->on_event(in->state, &ev); });
-        }
-    }
-}
-
-uint32_t PluginHost::host_string(std::span<const std::string> strings, uint32_t id) {
-    // The caller's table only grows while it feeds one stream (a trace's,
-    // the interposer's written strings); another table starts over.
-    if (strings.data() != mapped_table_ || strings.size() < mapped_.size()) {
-        mapped_table_ = strings.data();
-        mapped_.clear();
-    }
-    if (id >= strings.size()) return 0;
-    if (id >= mapped_.size()) mapped_.resize(strings.size(), kUnmapped);
-    uint32_t& host = mapped_[id];
-    if (host == kUnmapped) host = strings_.intern(strings[id]).id;
-    return host;
-}
-
-void PluginHost::feed(const Event& e, std::span<const std::string> strings,
-                      std::span<const ParamRecord> params, uint32_t source) {
-    if (finished_ || enabled_count() == 0) return;
-    if (source != source_) start_stream(source);
-    auto str = [&strings](uint32_t id) -> std::string_view {
-        return id < strings.size() ? std::string_view(strings[id]) : std::string_view();
-    };
-    EventText text;
-    ParamInfo param;
-    if (e.kind == EventKind::mark) text.text = str(e.aux);
-    if (e.kind == EventKind::derived) text.text = str(static_cast<uint32_t>(e.stream));
-    if (e.kind == EventKind::param && e.aux < params.size()) {
-        const ParamRecord& p = params[e.aux];
-        param.layer = str(p.layer);
-        param.name = str(p.name);
-        param.dtype = str(p.dtype);
-        param.numel = p.numel;
-        param.sharded_numel = p.sharded_numel;
-        text.param = &param;
-    }
-    const uint32_t layer = host_string(strings, e.layer);
-    const uint32_t phase = host_string(strings, e.phase);
-    deliver(e, layer, phase, text, source);
-}
-
-void PluginHost::feed_trace(const Trace& trace, uint32_t source) {
-    for (const Event& e : trace.events)
-        feed(e, trace.strings, trace.params, source);
 }
 
 void PluginHost::finish() {

@@ -1,6 +1,7 @@
 #include "nvtx_names.h"
 
 #include <allocscope/allocscope.h>
+#include <allocscope/sdk/tag_rules.h>
 
 #include <charconv>
 
@@ -156,7 +157,7 @@ MarkAction map_mark(std::string_view name) {
 }
 
 std::string sub_phase_of(std::string_view current_phase, std::string_view sub) {
-    const std::string_view base = current_phase.substr(0, current_phase.find('/'));
+    const std::string_view base = base_phase(current_phase);
     if (base.empty()) return std::string(sub);
     return std::string(base) + "/" + std::string(sub);
 }

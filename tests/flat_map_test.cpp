@@ -1,9 +1,9 @@
-// core/flat_map.h: the open-addressing map under the plugin host's live
+// allocscope/sdk/flat_map.h: the open-addressing map under the plugin host's live
 // table and the built-in plugins' per-event state, checked against
 // std::unordered_map on random operations, with a good hash and with one
 // that sends every key to a handful of slots (long probe runs that wrap
 // around the end of the array, where erase's backward shift is delicate).
-#include "flat_map.h"
+#include <allocscope/sdk/flat_map.h>
 
 #include <doctest/doctest.h>
 

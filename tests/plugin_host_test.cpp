@@ -395,6 +395,7 @@ TEST_CASE("broken plugins are disabled with one message each; the good one's fin
     reason_has("test-badsize",
                "struct_size 24, expected " + std::to_string(sizeof(allocscope_plugin_v1)));
     reason_has("test-nosym", "does not export 'allocscope_plugin'");
+    reason_has("test-nosym", "(allocscope_plugin_v1, allocscope_plugin)");
     reason_has("test-dup", "a plugin named 'test-count' is already loaded");
     reason_has("test-missing", "no allocscope-plugin-test-missing.so in");
     reason_has("/nonexistent/x.so", "cannot load /nonexistent/x.so");
@@ -498,15 +499,43 @@ TEST_CASE("an empty list loads every plugin in the directory") {
     for (const PluginStatus& s : host.statuses())
         names.push_back(s.entry);
     // Sorted by file name; entries are the names the files give.
-    CHECK(names == std::vector<std::string>{"test-abi2", "test-badsize", "test-count", "test-dup",
-                                            "test-error", "test-nosym", "test-throw"});
+    CHECK(names == std::vector<std::string>{"test-abi2", "test-badsize", "test-both", "test-count",
+                                            "test-dup", "test-error", "test-legacy", "test-nosym",
+                                            "test-throw"});
     std::vector<std::string> enabled;
     for (const PluginStatus& s : host.statuses()) {
         if (s.enabled) enabled.push_back(s.name);
     }
-    CHECK(enabled == std::vector<std::string>{"test-count", "test-error", "test-throw"});
+    CHECK(enabled == std::vector<std::string>{"test-both", "test-count", "test-error",
+                                              "test-legacy", "test-throw"});
     CHECK(discover_plugins("").empty());
     CHECK(discover_plugins("/nonexistent").empty());
+}
+
+TEST_CASE("a plugin exporting only the unversioned allocscope_plugin still loads and runs") {
+    Captured c;
+    PluginHost host(settings_for(c));
+    host.load({"test-legacy"}, plugin_dir());
+    REQUIRE(host.enabled_count() == 1);
+    standard_stream().feed(host);
+    host.finish();
+    CHECK(c.warnings.empty());
+    const Finding* f = find_finding(host.findings(), "test-legacy");
+    REQUIRE(f != nullptr);
+    CHECK(f->count == 12);  // as test-count's: the same plugin under the old name
+}
+
+TEST_CASE("the versioned descriptor allocscope_plugin_v1 is taken before the unversioned name") {
+    // test-both's allocscope_plugin says ABI version 2, which the host
+    // refuses; its allocscope_plugin_v1 is a good version-1 descriptor.
+    Captured c;
+    PluginHost host(settings_for(c));
+    host.load({"test-both"}, plugin_dir());
+    CHECK(host.enabled_count() == 1);
+    standard_stream().feed(host);
+    host.finish();
+    CHECK(c.warnings.empty());
+    CHECK(find_finding(host.findings(), "test-both") != nullptr);
 }
 
 namespace {

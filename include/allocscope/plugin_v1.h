@@ -1,10 +1,14 @@
 /* allocscope detection plugin ABI, version 1 (frozen).
  *
- * A plugin is a shared library that exports exactly one symbol,
+ * A plugin is a shared library that exports exactly one symbol, the
+ * versioned descriptor `allocscope_plugin_v1` (ALLOCSCOPE_PLUGIN_SYMBOL):
  *
- *     const allocscope_plugin_v1 allocscope_plugin = { ... };
+ *     ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = { sizeof(allocscope_plugin_v1), ... };
  *
- * (ALLOCSCOPE_PLUGIN_SYMBOL), and nothing else. The host (the interposer,
+ * and nothing else. The host looks for the newest versioned name it knows
+ * first (as NCCL does for ncclNetPlugin_v9, _v8, ...); plugins built before
+ * the name was versioned export `allocscope_plugin`
+ * (ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED), which the host still loads. The host (the interposer,
  * live inside the traced process, or `allocscope replay`, offline on
  * recorded traces) loads it with dlopen, checks struct_size and abi_version,
  * and drives it:
@@ -61,7 +65,8 @@ extern "C" {
 #endif
 
 #define ALLOCSCOPE_PLUGIN_ABI_VERSION 1u
-#define ALLOCSCOPE_PLUGIN_SYMBOL "allocscope_plugin"
+#define ALLOCSCOPE_PLUGIN_SYMBOL "allocscope_plugin_v1"
+#define ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED "allocscope_plugin"
 
 typedef enum allocscope_plugin_status {
     ALLOCSCOPE_PLUGIN_OK = 0,
@@ -234,6 +239,26 @@ typedef struct allocscope_plugin_v1 {
     allocscope_plugin_status (*on_step)(void* state, uint64_t step, uint32_t source);
     allocscope_plugin_status (*finish)(void* state);
 } allocscope_plugin_v1;
+
+/* Defines the plugin's descriptor under the symbol name
+ * ALLOCSCOPE_PLUGIN_SYMBOL, exported with default visibility, in C and C++:
+ *
+ *     ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
+ *         sizeof(allocscope_plugin_v1), ALLOCSCOPE_PLUGIN_ABI_VERSION, "my-plugin",
+ *         "what it finds", ALLOCSCOPE_EVENT_ALL, my_init, my_on_event, my_on_step,
+ *         my_finish,
+ *     };
+ *
+ * The symbol is named by an asm label: the C identifier allocscope_plugin_v1
+ * is the type. */
+#ifdef __cplusplus
+#define ALLOCSCOPE_PLUGIN_LINKAGE_ extern "C"
+#else
+#define ALLOCSCOPE_PLUGIN_LINKAGE_
+#endif
+#define ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR                               \
+    ALLOCSCOPE_PLUGIN_LINKAGE_ __attribute__((visibility("default"))) \
+    const allocscope_plugin_v1 allocscope_plugin_v1_descriptor __asm__("allocscope_plugin_v1")
 
 #ifdef __cplusplus
 }

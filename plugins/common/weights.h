@@ -1,17 +1,26 @@
 // What weight-copy-accumulation and transpose-cache-retention share: the
-// options, the parameter table (common/plugin.h, WeightParams), the event
+// options, the parameter table (allocscope/sdk/weight_params.h), the event
 // routing, the records of the allocations of the analysed phase (with their
 // provenance), the following of candidates until they are freed, and the
-// pieces of their findings. Header-only, like plugin.h.
+// pieces of their findings. Header-only, on the plugin SDK (include/allocscope/sdk/).
 #pragma once
+
+#include <allocscope/sdk/evidence_watch.h>
+#include <allocscope/sdk/finding.h>
+#include <allocscope/sdk/flat_map.h>
+#include <allocscope/sdk/interner.h>
+#include <allocscope/sdk/level_filter.h>
+#include <allocscope/sdk/options.h>
+#include <allocscope/sdk/size_set.h>
+#include <allocscope/sdk/tag_rules.h>
+#include <allocscope/sdk/weight_params.h>
+#include <allocscope/sdk/weight_sizes.h>
 
 #include <cmath>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include "common/plugin.h"
 
 namespace allocscope::plugins {
 

@@ -22,6 +22,14 @@
 // used. Findings are emitted at finish: one per group, its longest growing
 // run (the latest among equals), with the group's allocations that were
 // alive at the run's last step change and allocated during the run.
+#include <allocscope/sdk/adapter.h>
+#include <allocscope/sdk/evidence_watch.h>
+#include <allocscope/sdk/finding.h>
+#include <allocscope/sdk/flat_map.h>
+#include <allocscope/sdk/format.h>
+#include <allocscope/sdk/interner.h>
+#include <allocscope/sdk/options.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -29,8 +37,6 @@
 #include <tuple>
 #include <unordered_map>
 #include <vector>
-
-#include "common/plugin.h"
 
 namespace allocscope::plugins {
 namespace {

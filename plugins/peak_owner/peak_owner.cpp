@@ -18,6 +18,15 @@
 // the peak, their share of it, and the biggest allocations (free_seq says
 // when each was freed after the peak, 0 if alive at the end). The baseline
 // stream of baseline mode is not used.
+#include <allocscope/sdk/adapter.h>
+#include <allocscope/sdk/evidence_watch.h>
+#include <allocscope/sdk/finding.h>
+#include <allocscope/sdk/flat_map.h>
+#include <allocscope/sdk/format.h>
+#include <allocscope/sdk/interner.h>
+#include <allocscope/sdk/options.h>
+#include <allocscope/sdk/tag_rules.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -26,8 +35,6 @@
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
-
-#include "common/plugin.h"
 
 namespace allocscope::plugins {
 namespace {

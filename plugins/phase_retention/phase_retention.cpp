@@ -47,6 +47,15 @@
 // segments on purpose), otherwise segments (every tensor a cudaMalloc).
 // Allocations made outside any tagged scope of their thread are not
 // assessed. One finding per key and rule, emitted at finish.
+#include <allocscope/sdk/adapter.h>
+#include <allocscope/sdk/evidence_watch.h>
+#include <allocscope/sdk/finding.h>
+#include <allocscope/sdk/flat_map.h>
+#include <allocscope/sdk/format.h>
+#include <allocscope/sdk/interner.h>
+#include <allocscope/sdk/options.h>
+#include <allocscope/sdk/tag_rules.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -55,8 +64,6 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include "common/plugin.h"
 
 namespace allocscope::plugins {
 namespace {

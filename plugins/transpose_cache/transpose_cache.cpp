@@ -17,8 +17,8 @@
 //   these only.
 // * size-only: an allocation made in backward under a parameter's module
 //   (or a sub-module) whose size is one of that parameter's FP8-family
-//   weight-derived sizes, full or per shard (common/plugin.h,
-//   weight_derived_sizes; no bf16 2·numel size: in backward that is the
+//   weight-derived sizes, full or per shard
+//   (allocscope/sdk/weight_sizes.h; no bf16 2·numel size: in backward that is the
 //   weight's gradient), with no provenance; a scale-sized one only when its
 //   module also keeps a data-sized one. Sizes alone are ambiguous (a
 //   sharded bf16 gradient is an FP8 transpose in bytes): info findings
@@ -28,6 +28,13 @@
 //
 // Baseline mode: the reference test's (allocated after backward) −
 // (allocated after forward), run minus baseline, against backward_threshold.
+#include <allocscope/sdk/adapter.h>
+#include <allocscope/sdk/finding.h>
+#include <allocscope/sdk/format.h>
+#include <allocscope/sdk/tag_rules.h>
+#include <allocscope/sdk/weight_params.h>
+#include <allocscope/sdk/weight_sizes.h>
+
 #include <map>
 
 #include "common/weights.h"

@@ -14,7 +14,7 @@
 //   layer. Alive when judged: retained. Errors come from these only.
 // * size-only: an allocation made in forward under a parameter's module (or
 //   a sub-module) whose size is one of that parameter's weight-derived sizes
-//   (common/plugin.h, weight_derived_sizes), with no provenance, is a
+//   (allocscope/sdk/weight_sizes.h), with no provenance, is a
 //   candidate of the layer forward it was made in: the outermost forward
 //   scope on the allocating thread that encloses the parameter's module and
 //   does not enclose its numbered layer (so a model-root scope such as
@@ -29,6 +29,13 @@
 //
 // Baseline mode: the reference test's per-layer forward increment of
 // memory_allocated, run minus baseline, against forward_threshold.
+#include <allocscope/sdk/adapter.h>
+#include <allocscope/sdk/finding.h>
+#include <allocscope/sdk/format.h>
+#include <allocscope/sdk/tag_rules.h>
+#include <allocscope/sdk/weight_params.h>
+#include <allocscope/sdk/weight_sizes.h>
+
 #include <map>
 
 #include "common/weights.h"

@@ -5,7 +5,11 @@
  *
  * Built several times with other TEST_* macros for the host's rejection
  * tests: TEST_ABI_VERSION (wrong ABI version), TEST_STRUCT_SIZE (wrong
- * struct size), TEST_NAME (another name). */
+ * struct size), TEST_NAME (another name); and for the descriptor's symbol
+ * name: TEST_UNVERSIONED_SYMBOL exports it as `allocscope_plugin`, the name
+ * before it carried the version, instead of `allocscope_plugin_v1`;
+ * TEST_BOTH_SYMBOLS exports both, the unversioned one with an ABI version
+ * the host refuses (so only the versioned one can load). */
 #include <allocscope/plugin_v1.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -285,8 +289,20 @@ static allocscope_plugin_status count_finish(void* state) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
+#ifdef TEST_UNVERSIONED_SYMBOL
 __attribute__((visibility("default"))) const allocscope_plugin_v1 allocscope_plugin = {
+#else
+ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
+#endif
     TEST_STRUCT_SIZE,     TEST_ABI_VERSION, TEST_NAME,      "counts events (test plugin)",
     ALLOCSCOPE_EVENT_ALL, count_init,       count_on_event, count_on_step,
     count_finish,
 };
+
+#ifdef TEST_BOTH_SYMBOLS
+__attribute__((visibility("default"))) const allocscope_plugin_v1 allocscope_plugin = {
+    TEST_STRUCT_SIZE,     2,          TEST_NAME,      "counts events (test plugin, ABI 2)",
+    ALLOCSCOPE_EVENT_ALL, count_init, count_on_event, count_on_step,
+    count_finish,
+};
+#endif

@@ -67,7 +67,7 @@ static allocscope_plugin_status error_finish(void* state) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-__attribute__((visibility("default"))) const allocscope_plugin_v1 allocscope_plugin = {
+ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
     sizeof(allocscope_plugin_v1),
     ALLOCSCOPE_PLUGIN_ABI_VERSION,
     "test-error",

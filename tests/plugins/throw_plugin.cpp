@@ -45,7 +45,7 @@ allocscope_plugin_status throw_finish(void* state) {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const allocscope_plugin_v1 allocscope_plugin = {
+ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
     sizeof(allocscope_plugin_v1),
     ALLOCSCOPE_PLUGIN_ABI_VERSION,
     "test-throw",

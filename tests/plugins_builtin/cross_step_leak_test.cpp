@@ -128,7 +128,7 @@ TEST_CASE("the plugin struct: ABI, name, the event kinds it needs, one exported 
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_STEP)));
     CHECK(allocscope::test::plugin_symbols_without_asan() ==
-          std::vector<std::string>{"allocscope_plugin"});
+          std::vector<std::string>{"allocscope_plugin_v1"});
 }
 
 TEST_CASE("a clean loop: the first step's lazy state is not a leak") {

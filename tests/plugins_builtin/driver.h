@@ -34,6 +34,7 @@
 #pragma once
 
 #include <allocscope/plugin_v1.h>
+#include <allocscope/sdk/evidence.h>
 #include <dlfcn.h>
 #include <elf.h>
 
@@ -254,16 +255,8 @@ class Stream {
     uint64_t step_ = 0;
 };
 
-struct CollectedEvidence {
-    uint64_t size = 0;
-    std::string layer;
-    std::string phase;
-    uint64_t step = 0;
-    uint64_t alloc_seq = 0;
-    uint64_t free_seq = 0;
-    uint32_t stack_id = 0;
-    std::string note;
-};
+// One evidence entry as the host would copy it: the SDK's Evidence.
+using CollectedEvidence = allocscope::Evidence;
 
 struct CollectedFinding {
     std::string plugin;

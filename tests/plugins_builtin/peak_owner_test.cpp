@@ -77,7 +77,7 @@ TEST_CASE("the plugin struct: ABI, name, the event kinds it needs, one exported 
     CHECK(p->event_mask == (ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE)));
     CHECK(allocscope::test::plugin_symbols_without_asan() ==
-          std::vector<std::string>{"allocscope_plugin"});
+          std::vector<std::string>{"allocscope_plugin_v1"});
 }
 
 TEST_CASE("owners at the peak, by tag, phase and stack, with their biggest allocations") {

@@ -251,10 +251,10 @@ const CollectedFinding* find_layer(const Outcome& d, const std::string& layer) {
 
 }  // namespace
 
-TEST_CASE("the module exports exactly one dynamic symbol, allocscope_plugin") {
+TEST_CASE("the module exports exactly one dynamic symbol, allocscope_plugin_v1") {
     // exports.map hides everything else, sanitizer instrumentation and the
     // libstdc++ template instantiations (default visibility) included.
-    CHECK(allocscope::test::plugin_symbols() == std::vector<std::string>{"allocscope_plugin"});
+    CHECK(allocscope::test::plugin_symbols() == std::vector<std::string>{"allocscope_plugin_v1"});
 }
 
 TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {

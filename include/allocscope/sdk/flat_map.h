@@ -1,6 +1,6 @@
-// FlatMap: a small open-addressing hash map, header-only, shared by the
-// plugin host (core/plugin_host.cpp) and the built-in plugins
-// (plugins/common/plugin.h). Not thread-safe.
+// Plugin SDK: FlatMap, a small open-addressing hash map, header-only,
+// shared by the plugin host (core/plugin_host.cpp) and the plugins. Not
+// thread-safe.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,89 @@
+// The plugin host's private state (core/plugin_host.h), shared by its two
+// files: plugin_host.cpp (loading, the host table, findings) and
+// plugin_feed.cpp (the event stream). Not for anything else to include.
+#pragma once
+
+#include <allocscope/plugin_v1.h>
+#include <allocscope/sdk/flat_map.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <string_view>
+
+#include "plugin_host.h"
+
+namespace allocscope {
+
+// Control characters of a plugin's text (a name, an exception's message)
+// become spaces, so each warning stays one line.
+inline std::string one_line(std::string_view text) {
+    std::string out(text);
+    for (char& c : out) {
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) c = ' ';
+    }
+    return out;
+}
+
+struct PluginHost::Instance {
+    PluginHost* host = nullptr;
+    allocscope_host_v1 api{};
+    const allocscope_plugin_v1* plugin = nullptr;
+    void* handle = nullptr;  // dlopen handle, nullptr for add()
+    void* state = nullptr;
+    std::string entry;
+    std::string path;
+    std::string name;
+    bool enabled = false;
+    bool finished = false;
+    std::string reason;
+    std::string invalid_emit;  // set by emit(), acted on when the call returns
+    int log_lines = 0;
+};
+
+// One level's live allocations as the plugins see them: only the pools
+// deliver() passes, tags as the host's own string ids, restarted with each
+// stream. A FlatMap without tombstones: the host need not tell an unknown
+// free from a double free (the event's flags already do).
+struct PluginHost::LiveSet {
+    struct Live {
+        uint64_t size = 0;
+        uint64_t seq = 0;
+        uint64_t step = 0;
+        uint32_t stack = 0;
+        uint32_t layer = 0;
+        uint32_t phase = 0;
+    };
+    FlatMap<uint64_t, Live> by_address;
+    uint64_t bytes = 0;
+};
+
+struct PluginHost::StoredParam {
+    std::string layer, name, dtype;
+    allocscope_param_v1 view{};
+};
+
+template <typename Call>
+void PluginHost::invoke(Instance& in, const char* what, Call&& call) {
+    if (!in.enabled) return;
+    allocscope_plugin_status status = ALLOCSCOPE_PLUGIN_OK;
+    try {
+        status = call();
+    } catch (const std::exception& e) {
+        disable(in, std::string(what) + " threw: " + one_line(e.what()));
+        return;
+    } catch (...) {
+        disable(in, std::string(what) + " threw an exception");
+        return;
+    }
+    if (!in.invalid_emit.empty()) {
+        disable(in, in.invalid_emit);
+    } else if (status == ALLOCSCOPE_PLUGIN_ERROR) {
+        disable(in, std::string(what) + " returned an error");
+    } else if (status != ALLOCSCOPE_PLUGIN_OK) {
+        disable(in, std::string(what) + " returned an invalid status " +
+                        std::to_string(static_cast<int>(status)));
+    }
+}
+
+}  // namespace allocscope
