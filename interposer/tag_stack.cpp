@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include <allocscope/sdk/tag_rules.h>
+
 #include "recorder_internal.h"
 
 namespace allocscope::recorder {
@@ -115,12 +117,10 @@ std::string_view text_of(const TagEntry& e) noexcept {
     return e.layer_text ? std::string_view(*e.layer_text) : std::string_view();
 }
 
-// True when module `layer` is `scope` or inside it ("a.b" is inside "a";
-// everything is inside "").
+// True when module `layer` is `scope` or inside it (sdk/tag_rules.h), and
+// everything is inside "" (a tag without a module).
 bool within(std::string_view layer, std::string_view scope) noexcept {
-    if (scope.empty() || layer == scope) return true;
-    return layer.size() > scope.size() && layer.substr(0, scope.size()) == scope &&
-           layer[scope.size()] == '.';
+    return scope.empty() || layer_within(layer, scope);
 }
 
 }  // namespace
