@@ -34,7 +34,7 @@ TEST_CASE("a layer is within a scope when it is the scope or one of its sub-modu
     CHECK_FALSE(layer_within("layers.30", "layers.3"));
     CHECK_FALSE(layer_within("layers", "layers.3"));
     // The empty scope holds only the untagged layer (the interposer's own
-    // check, recorder.cpp, treats "" as enclosing everything first).
+    // check, interposer/tag_stack.cpp, treats "" as enclosing everything first).
     CHECK(layer_within("", ""));
     CHECK_FALSE(layer_within("layers.3", ""));
 }
