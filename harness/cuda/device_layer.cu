@@ -1,5 +1,5 @@
-// The reference transformer layer on the GPU (see device_layer.h). Longer
-// than 600 lines: its kernels mirror model/kernels.cpp and
+// The reference transformer layer on the GPU (see device_layer.h).
+// Longer than 600 lines: its kernels mirror model/kernels.cpp and
 // model/attention.cpp one for one and sit next to the forward and backward
 // that launch them in the CPU reference's order.
 //
