@@ -1,5 +1,5 @@
-// Findings files (core/findings.h, analyze/findings_reader.h): escaping, the strict reader, merging,
-// and the plugin settings of core/config.h.
+// Findings files (core/findings.h, analyze/findings_reader.h): escaping, the strict reader,
+// merging, and the plugin settings of core/config.h.
 #include <doctest/doctest.h>
 #include <unistd.h>
 

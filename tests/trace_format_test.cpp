@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "support.h"
 #include "trace_format.h"
 #include "trace_reader.h"
-#include "support.h"
 #include "trace_writer.h"
 
 using namespace allocscope;

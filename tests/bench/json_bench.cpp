@@ -38,8 +38,9 @@ FindingsFile sample(size_t n, size_t m) {
         f.phase = "forward";
         f.bytes = 786432 * (i + 1);
         f.count = m;
-        f.summary = "3 FP8 weight copies of layers.3 alive after its forward (2.25 MiB): the "
-                    "quantized weights are kept for backward";
+        f.summary =
+            "3 FP8 weight copies of layers.3 alive after its forward (2.25 MiB): the "
+            "quantized weights are kept for backward";
         f.basis = "proven";
         for (size_t k = 0; k < m; ++k) {
             Evidence e;
@@ -52,7 +53,8 @@ FindingsFile sample(size_t n, size_t m) {
             e.stack_id = static_cast<uint32_t>(k + 1);
             e.note = "derived from " + f.layer +
                      ".weight: abs -> amax -> div -> mul -> clamp -> _to_copy(float8_e4m3fn); "
-                     "alive after " + f.layer + "'s forward";
+                     "alive after " +
+                     f.layer + "'s forward";
             f.evidence.push_back(e);
         }
         file.findings.push_back(f);
@@ -103,7 +105,8 @@ bj::value to_boost(const FindingsFile& file) {
         o["rank"] = r.rank;
         o["trace"] = r.trace;
         bj::array plugins;
-        for (const std::string& p : r.plugins) plugins.push_back(bj::string(p));
+        for (const std::string& p : r.plugins)
+            plugins.push_back(bj::string(p));
         o["plugins"] = std::move(plugins);
         o["disabled"] = bj::array();
         ranks.push_back(std::move(o));
@@ -145,7 +148,8 @@ int main(int argc, char** argv) {
     const double own_reader =
         best_ms(rounds, [&] { g_sink = parse_findings(text, "bench").findings.size(); });
     const double own_write = best_ms(rounds, [&] { g_sink = to_json(file).size(); });
-    const double boost_write = best_ms(rounds, [&] { g_sink = bj::serialize(to_boost(file)).size(); });
+    const double boost_write =
+        best_ms(rounds, [&] { g_sink = bj::serialize(to_boost(file)).size(); });
     std::printf("| step | allocscope (ms) | Boost.JSON (ms) |\n| --- | ---: | ---: |\n");
     std::printf("| parse to a tree | %.1f | %.1f |\n", own_tree, boost_tree);
     std::printf("| read findings (tree + schema) | %.1f | |\n", own_reader);
