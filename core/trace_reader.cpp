@@ -1,6 +1,7 @@
 #include "trace_reader.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace allocscope {
@@ -278,6 +279,25 @@ Trace load_trace(const std::string& path) {
     trace.truncated = reader.truncated();
     trace.truncation_message = reader.truncation_message();
     return trace;
+}
+
+bool ends_with_footer(const std::string& path) noexcept {
+    constexpr size_t kFooterPayload = 48;
+    constexpr size_t kFooterRecord = kRecordHeaderSize + kFooterPayload;
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) return false;
+    uint8_t magic[sizeof kTraceMagic] = {};
+    uint8_t tail[kFooterRecord] = {};
+    bool ok = std::fread(magic, 1, sizeof magic, f) == sizeof magic &&
+              std::memcmp(magic, kTraceMagic, sizeof magic) == 0 && std::fseek(f, 0, SEEK_END) == 0;
+    const long size = ok ? std::ftell(f) : -1;
+    ok = ok && size >= static_cast<long>(kTraceHeaderSize + kFooterRecord) &&
+         std::fseek(f, size - static_cast<long>(kFooterRecord), SEEK_SET) == 0 &&
+         std::fread(tail, 1, sizeof tail, f) == sizeof tail;
+    std::fclose(f);
+    return ok && get_u16(tail) == static_cast<uint16_t>(RecordType::footer) &&
+           get_u16(tail + 2) == 0 && get_u32(tail + 4) == kFooterPayload &&
+           get_u32(tail + 8) == crc32c({tail + kRecordHeaderSize, kFooterPayload});
 }
 
 }  // namespace allocscope

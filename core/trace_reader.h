@@ -106,4 +106,9 @@ struct Trace {
 
 Trace load_trace(const std::string& path);  // throws TraceError
 
+// Whether the file at `path` ends in a footer record whose checksum holds:
+// the process that wrote it closed it at its exit. Reads the header and the
+// last record only; false for a file that cannot be read or is no trace.
+bool ends_with_footer(const std::string& path) noexcept;
+
 }  // namespace allocscope

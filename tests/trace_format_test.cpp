@@ -1653,3 +1653,27 @@ TEST_CASE("a training-loop-like stream averages at most 16 bytes per event") {
     CHECK(t.events.size() == events);
     CHECK(t.footer.has_value());
 }
+
+TEST_CASE("ends_with_footer tells a closed trace from one cut short, reading only its ends") {
+    TempDir dir;
+    const std::string closed = dir.file("closed.trace");
+    const std::string open = dir.file("open.trace");
+    write_sample_trace(closed, /*with_footer=*/true);
+    write_sample_trace(open, /*with_footer=*/false);
+    CHECK(ends_with_footer(closed));
+    CHECK_FALSE(ends_with_footer(open));
+    CHECK_FALSE(ends_with_footer(dir.file("missing.trace")));
+
+    // A damaged footer (its checksum fails) is no footer.
+    const std::string bytes = read_bytes(closed);
+    std::string damaged = bytes;
+    damaged[damaged.size() - 1] = static_cast<char>(damaged.back() ^ 0x5a);
+    write_bytes(dir.file("damaged.trace"), damaged);
+    CHECK_FALSE(ends_with_footer(dir.file("damaged.trace")));
+    // The same last 60 bytes in a file that is not a trace do not count.
+    write_bytes(dir.file("other.bin"), std::string(100, 'x') + bytes.substr(bytes.size() - 60));
+    CHECK_FALSE(ends_with_footer(dir.file("other.bin")));
+    // A trace cut one byte short of its end.
+    write_bytes(dir.file("cut.trace"), bytes.substr(0, bytes.size() - 1));
+    CHECK_FALSE(ends_with_footer(dir.file("cut.trace")));
+}

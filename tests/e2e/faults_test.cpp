@@ -219,8 +219,12 @@ TEST_CASE("SIGKILL mid-run: the prefix is readable, report says truncated, flush
     // allocscope run wrote its report of the truncated trace too.
     CHECK(contains(slurp(out / "report.txt"), "without a footer"));
 
-    // The merged findings hold what was flushed before the kill: test-error's
-    // first-event finding. test-count reports at finish, which never came.
+    // The killed process never finished its plugins: run replayed its trace
+    // through the same plugins, so the merged findings hold test-error's
+    // first-event finding and test-count's, which it reports at finish.
+    const std::string err = slurp(t / "stderr");
+    CHECK(contains(err, "allocscope: findings replayed from the trace of no rank (" + name +
+                            "): the trace ends without a footer"));
     const FindingsFile merged = read_findings_file((out / "findings.json").string());
     bool early = false, at_finish = false;
     for (const Finding& f : merged.findings) {
@@ -228,8 +232,23 @@ TEST_CASE("SIGKILL mid-run: the prefix is readable, report says truncated, flush
         at_finish = at_finish || f.plugin == "test-count";
     }
     CHECK(early);
-    CHECK_FALSE(at_finish);
-    CHECK(contains(slurp(t / "stderr"), "emitted before failing"));
+    CHECK(at_finish);
+    CHECK(contains(err, "emitted before failing"));
+    // The per-process file is the replay's too (the checkpoint is replaced).
+    const std::string stem = name.substr(0, name.size() - 6);
+    CHECK(contains(slurp(out / ("findings." + stem + ".json")), "test-count"));
+
+    // check on the directory: findings.json removed, the replay is made again.
+    fs::remove(out / "findings.json");
+    fs::remove(out / ("findings." + stem + ".json"));
+    Run gate = run("ALLOCSCOPE_PLUGIN_DIR=" + test_plugin_dir() +
+                   " ALLOCSCOPE_PLUGINS=test-error,test-count"
+                   " ALLOCSCOPE_PLUGIN_OPTIONS=test-error.fail_in=none " +
+                   cli() + " check " + out.string() + " --fail-on info");
+    CHECK(gate.status == 3);  // test-count's finding is an info or above
+    CHECK(contains(gate.err, "findings replayed from the trace of no rank (" + name + ")"));
+    CHECK(contains(gate.out, "test-count"));
+    CHECK(fs::exists(out / "findings.json"));
 }
 
 TEST_CASE("a read-only output directory: one warning, output and status unchanged") {

@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "replay_engine.h"
 
 namespace allocscope::cli {
 
@@ -20,6 +21,12 @@ such as an `allocscope run` output), prints one line per finding and exits
   3  when any finding is at or above the --fail-on severity (default error)
   0  otherwise
   2  when PATH is missing or not a valid findings file (one message says why)
+
+In a run directory, the traces of processes that died before writing their
+final findings (killed, crashed: the trace ends without a footer, or no
+findings.<name>.json is next to it) are replayed first, through the plugins
+ALLOCSCOPE_PLUGINS, ALLOCSCOPE_PLUGIN_DIR and ALLOCSCOPE_PLUGIN_OPTIONS name
+(every built-in plugin by default), and findings.json is written anew.
 
 example:
   allocscope check allocscope-out --fail-on warning
@@ -41,20 +48,50 @@ int check_command(const std::vector<std::string>& args) {
     std::string path = parser.positionals().empty() ? std::string() : parser.positionals()[0];
     if (path.empty()) return fail("check needs a PATH (see allocscope check --help)");
     std::error_code ec;
+    FindingsFile file;
+    bool have = false;
     if (fs::is_directory(path, ec)) {
-        const fs::path file = fs::path(path) / "findings.json";
-        if (!fs::exists(file, ec)) {
+        // A run directory: the traces of processes that died before writing
+        // their final findings are replayed first (as `allocscope run` does).
+        const fs::path merged = fs::path(path) / "findings.json";
+        if (!trace_files_in(path).empty()) {
+            const Recovered recovered = recover_findings(
+                path, plugin_choice_from_environment(),
+                [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+            for (const std::string& line : recovered.lines)
+                std::fprintf(stderr, "allocscope: findings replayed from the trace of %s\n",
+                             line.c_str());
+            if (!recovered.replayed.empty() || !fs::exists(merged, ec)) {
+                try {
+                    file = merge_run_findings(path, recovered);
+                } catch (const FindingsError& e) {
+                    return fail(e.what());
+                }
+                have = !file.ranks.empty();
+                if (have) {
+                    try {
+                        write_findings_file(merged.string(), file);
+                    } catch (const FindingsError& e) {
+                        std::fprintf(stderr,
+                                     "allocscope: %s (checking the merged findings as they are)\n",
+                                     e.what());
+                    }
+                }
+            }
+        }
+        if (!have && !fs::exists(merged, ec)) {
             return fail(path + ": no findings.json in this directory (did the run use plugins?)");
         }
-        path = file.string();
+        path = merged.string();
     } else if (!fs::exists(path, ec)) {
         return fail(path + ": no such file or directory");
     }
-    FindingsFile file;
-    try {
-        file = read_findings_file(path);
-    } catch (const FindingsError& e) {
-        return fail(e.what());
+    if (!have) {
+        try {
+            file = read_findings_file(path);
+        } catch (const FindingsError& e) {
+            return fail(e.what());
+        }
     }
     print_findings(file, stdout);
     const size_t over = count_at_least(file, threshold);

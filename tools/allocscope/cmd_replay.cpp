@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "config.h"
 #include "plugin_host.h"
+#include "replay_engine.h"
 #include "trace_reader.h"
 
 namespace allocscope::cli {
@@ -54,42 +55,8 @@ example:
   allocscope replay fp8-run --baseline bf16-run -o findings.json
 )";
 
-struct TraceRef {
-    std::string path;
-    int32_t rank = -1;
-    int32_t world_size = -1;
-};
-
-std::vector<TraceRef> trace_refs(const std::string& path) {
-    std::vector<std::string> files;
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) {
-        files = trace_files_in(path);
-        if (files.empty()) throw std::runtime_error(path + ": no .trace files in this directory");
-    } else if (fs::exists(path, ec)) {
-        files.push_back(path);
-    } else {
-        throw std::runtime_error(path + ": no such file or directory");
-    }
-    std::vector<TraceRef> refs;
-    for (const std::string& f : files) {
-        TraceReader reader(f);  // the header only; throws TraceError
-        refs.push_back({f, reader.header().rank, reader.header().world_size});
-    }
-    return refs;
-}
-
 std::string base_name(const std::string& path) {
     return fs::path(path).filename().string();
-}
-
-Trace load_for_replay(const std::string& path) {
-    Trace t = load_trace(path);
-    if (t.truncated) {
-        std::fprintf(stderr, "allocscope: warning: %s; replaying the events before that point\n",
-                     t.truncation_message.c_str());
-    }
-    return t;
 }
 
 }  // namespace
@@ -191,31 +158,11 @@ int replay_command(const std::vector<std::string>& args) {
     auto warn = [&warned](const std::string& line) {
         if (warned.insert(line).second) std::fprintf(stderr, "%s\n", line.c_str());
     };
+    const PluginChoice choice{plugins, plugins_off, plugin_dir, options};
     std::vector<FindingsFile> per_trace;
     try {
-        for (size_t i = 0; i < runs.size(); ++i) {
-            HostSettings settings;
-            settings.rank = runs[i].rank;
-            settings.world_size = runs[i].world_size > 0 ? runs[i].world_size : 0;
-            settings.has_baseline = pair[i] != nullptr;
-            settings.options = options;
-            settings.warn = warn;
-            settings.info = [](const std::string& line) {
-                std::fprintf(stderr, "%s\n", line.c_str());
-            };
-            PluginHost host(std::move(settings));
-            if (!plugins_off) host.load(plugins, plugin_dir);
-            if (pair[i]) {
-                Trace base = load_for_replay(pair[i]->path);
-                host.feed_trace(base, ALLOCSCOPE_SOURCE_BASELINE);
-            }
-            {
-                Trace run = load_for_replay(runs[i].path);
-                host.feed_trace(run, ALLOCSCOPE_SOURCE_RUN);
-            }
-            host.finish();
-            per_trace.push_back(host.findings_file(base_name(runs[i].path)));
-        }
+        for (size_t i = 0; i < runs.size(); ++i)
+            per_trace.push_back(replay_trace(runs[i], pair[i], choice, warn));
     } catch (const TraceError& e) {
         return fail(e.what());
     }

@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "config.h"
 #include "output_file.h"
+#include "replay_engine.h"
 
 #ifndef ALLOCSCOPE_INSTALL_LIBDIR
 #define ALLOCSCOPE_INSTALL_LIBDIR "lib"
@@ -44,8 +45,11 @@ Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
 (rank<R>.trace, or pid<PID>.trace without a rank) into DIR. Detection plugins
 run inside each process and write findings.<rank<R>|pid<PID>>.json; at the end
-they are merged into DIR/findings.json and printed one line per finding.
-Exits with CMD's exit status (128+N when it was killed by signal N).
+they are merged into DIR/findings.json and printed one line per finding. A
+process that died before writing its final findings (killed, crashed: its
+trace ends without a footer, or its findings file is missing) has its trace
+replayed through the same plugins after CMD ends; one line names each such
+trace. Exits with CMD's exit status (128+N when it was killed by signal N).
 
 options:
   --out DIR          output directory (default: $ALLOCSCOPE_OUT or ./allocscope-out)
@@ -312,9 +316,9 @@ void prepare_out_dir(const fs::path& dir, bool force) {
 
 // Merges the processes' findings into DIR/findings.json and prints them.
 // Returns the exit status --check asks for (when `check` is set), else 0.
-int merge_and_report(const fs::path& out_dir, bool check, Severity threshold) {
-    const std::vector<std::string> files = rank_findings_files_in(out_dir);
-    if (files.empty()) {
+int merge_and_report(const fs::path& out_dir, bool check, Severity threshold,
+                     const Recovered& recovered) {
+    if (rank_findings_files_in(out_dir).empty() && recovered.replayed.empty()) {
         if (!check) return 0;
         std::fprintf(stderr,
                      "allocscope: --check: no findings files in %s (no process ran plugins, "
@@ -325,7 +329,7 @@ int merge_and_report(const fs::path& out_dir, bool check, Severity threshold) {
     FindingsFile merged;
     const std::string target = (out_dir / "findings.json").string();
     try {
-        merged = merge_findings_files(files);
+        merged = merge_run_findings(out_dir.string(), recovered);
         write_findings_file(target, merged);
     } catch (const FindingsError& e) {
         std::fprintf(stderr, "allocscope: %s\n", e.what());
@@ -468,7 +472,14 @@ int run_command(const std::vector<std::string>& args) {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::fprintf(stderr, "allocscope: %zu trace file(s) in %s (allocscope report %s)\n",
                  trace_files_in(out_dir).size(), out_dir.c_str(), out_dir.c_str());
-    const int checked = merge_and_report(out_dir, check, threshold);
+    // A process killed or crashed before its exit left no final findings:
+    // its trace is replayed through the plugins it ran with.
+    const Recovered recovered = recover_findings(
+        out_dir.string(), plugin_choice_from_environment(),
+        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    for (const std::string& line : recovered.lines)
+        std::fprintf(stderr, "allocscope: findings replayed from the trace of %s\n", line.c_str());
+    const int checked = merge_and_report(out_dir, check, threshold, recovered);
     if (!trace_files_in(out_dir).empty()) write_run_reports(out_dir.string());
     if (code != 0 || !check) return code;
     return checked;

@@ -1,0 +1,138 @@
+// The CLI's replay of traces through plugins (replay_engine.h).
+#include "replay_engine.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+#include "cli.h"
+#include "plugin_host.h"
+#include "trace_reader.h"
+
+namespace allocscope::cli {
+
+namespace fs = std::filesystem;
+
+std::vector<TraceRef> trace_refs(const std::string& path) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+        files = trace_files_in(path);
+        if (files.empty()) throw std::runtime_error(path + ": no .trace files in this directory");
+    } else if (fs::exists(path, ec)) {
+        files.push_back(path);
+    } else {
+        throw std::runtime_error(path + ": no such file or directory");
+    }
+    std::vector<TraceRef> refs;
+    for (const std::string& f : files) {
+        TraceReader reader(f);  // the header only; throws TraceError
+        refs.push_back({f, reader.header().rank, reader.header().world_size});
+    }
+    return refs;
+}
+
+PluginChoice plugin_choice_from_environment() {
+    const Config c = parse_config([](const char* name) { return std::getenv(name); });
+    PluginChoice choice;
+    choice.plugins = c.plugins;
+    choice.off = c.plugins_off;
+    choice.dir = c.plugin_dir;
+    choice.options = c.plugin_options;
+    return choice;
+}
+
+namespace {
+
+Trace load_for_replay(const std::string& path) {
+    Trace t = load_trace(path);
+    if (t.truncated) {
+        std::fprintf(stderr, "allocscope: warning: %s; replaying the events before that point\n",
+                     t.truncation_message.c_str());
+    }
+    return t;
+}
+
+std::string file_name(const std::string& path) {
+    return fs::path(path).filename().string();
+}
+
+}  // namespace
+
+FindingsFile replay_trace(const TraceRef& run, const TraceRef* baseline, const PluginChoice& choice,
+                          const std::function<void(const std::string&)>& warn) {
+    HostSettings settings;
+    settings.rank = run.rank;
+    settings.world_size = run.world_size > 0 ? run.world_size : 0;
+    settings.has_baseline = baseline != nullptr;
+    settings.options = choice.options;
+    settings.warn = warn;
+    settings.info = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    PluginHost host(std::move(settings));
+    if (!choice.off) host.load(choice.plugins, choice.dir.empty() ? cli_plugin_dir() : choice.dir);
+    if (baseline) {
+        Trace base = load_for_replay(baseline->path);
+        host.feed_trace(base, ALLOCSCOPE_SOURCE_BASELINE);
+    }
+    {
+        Trace trace = load_for_replay(run.path);
+        host.feed_trace(trace, ALLOCSCOPE_SOURCE_RUN);
+    }
+    host.finish();
+    return host.findings_file(file_name(run.path));
+}
+
+Recovered recover_findings(const std::string& dir, const PluginChoice& choice,
+                           const std::function<void(const std::string&)>& warn) {
+    Recovered out;
+    if (choice.off) return out;
+    for (const std::string& path : trace_files_in(dir)) {
+        const std::string name = file_name(path);
+        const fs::path findings =
+            fs::path(dir) / ("findings." + std::string(trace_stem(name)) + ".json");
+        std::string why;
+        std::error_code ec;
+        if (!ends_with_footer(path)) {
+            why = "the trace ends without a footer (the process did not reach its exit)";
+        } else if (!fs::exists(findings, ec)) {
+            why = "its process wrote no findings (its plugins did not finish)";
+        } else {
+            continue;
+        }
+        FindingsFile file;
+        int32_t rank = -1;
+        try {
+            const std::vector<TraceRef> ref = trace_refs(path);
+            rank = ref.at(0).rank;
+            file = replay_trace(ref[0], nullptr, choice, warn);
+        } catch (const std::exception& e) {
+            warn(std::string("allocscope: could not replay ") + path + ": " + e.what());
+            ++out.failed;
+            continue;
+        }
+        try {
+            write_findings_file(findings.string(), file);
+        } catch (const std::exception& e) {
+            warn(std::string("allocscope: ") + e.what() +
+                 " (the replayed findings are used as they are)");
+        }
+        out.replayed[findings.filename().string()] = std::move(file);
+        const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : std::string("no rank");
+        out.lines.push_back(who + " (" + name + "): " + why);
+    }
+    return out;
+}
+
+FindingsFile merge_run_findings(const std::string& dir, const Recovered& recovered) {
+    std::vector<FindingsFile> files;
+    for (const auto& [path, file] : recovered.replayed)
+        files.push_back(file);
+    for (const std::string& path : rank_findings_files_in(dir)) {
+        if (recovered.replayed.count(file_name(path)) == 0)
+            files.push_back(read_findings_file(path));
+    }
+    return merge_findings(std::move(files));
+}
+
+}  // namespace allocscope::cli
