@@ -34,12 +34,16 @@ constexpr int kExitDrainMs = 5000;
 constexpr int kExitPluginsMs = 10000;
 
 constinit pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
+constinit pthread_mutex_t g_loader_mutex = PTHREAD_MUTEX_INITIALIZER;
 // The storage of *g.
 alignas(State) unsigned char g_storage[sizeof(State)];
 
 void initialize() {
     g = new (g_storage) State();
-    find_own_module();
+    {
+        LoaderGuard loader;
+        find_own_module();
+    }
     const Config* parsed = config();
     if (!parsed) throw std::bad_alloc();
     g->config = *parsed;
@@ -122,8 +126,17 @@ bool ensure_started() noexcept {
 
 namespace {
 
+void before_fork() {
+    pthread_mutex_lock(&g_loader_mutex);
+}
+
+void after_fork_parent() {
+    pthread_mutex_unlock(&g_loader_mutex);
+}
+
 void on_fork_child() {
     g_state.store(kOff, std::memory_order_release);
+    pthread_mutex_unlock(&g_loader_mutex);  // the forking thread took it
 }
 
 // Hooks only see calls that bind to them, which needs the library ahead of
@@ -164,7 +177,7 @@ void note_how_loaded() {
 }
 
 __attribute__((constructor)) void install_fork_policy() {
-    pthread_atfork(nullptr, nullptr, on_fork_child);
+    pthread_atfork(before_fork, after_fork_parent, on_fork_child);
     note_how_loaded();
 }
 
@@ -194,5 +207,13 @@ __attribute__((destructor)) void finish_recording() {
 }
 
 }  // namespace
+
+LoaderGuard::LoaderGuard() noexcept {
+    pthread_mutex_lock(&g_loader_mutex);
+}
+
+LoaderGuard::~LoaderGuard() {
+    pthread_mutex_unlock(&g_loader_mutex);
+}
 
 }  // namespace allocscope::recorder

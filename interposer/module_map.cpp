@@ -73,6 +73,7 @@ void cover_modules(const std::vector<uint64_t>& frames) {
             }
         }
         if (!known) {
+            LoaderGuard loader;
             scan_modules();  // a library was loaded since the last scan
             return;
         }

@@ -264,6 +264,18 @@ class ApiScope {
 // --- module_map.cpp (writer thread, but find_own_module) -------------------------
 
 // Writes the modules loaded so far and not yet written to the trace.
+// Held around every call of allocscope's that takes the dynamic loader's
+// locks (dl_iterate_phdr, dlopen, dlsym) outside the program's own calls;
+// fork() waits for it (pthread_atfork), so a child never inherits a loader
+// lock that allocscope's writer thread held at the fork, which would hang
+// the child's next dlopen.
+struct LoaderGuard {
+    LoaderGuard() noexcept;
+    ~LoaderGuard();
+    LoaderGuard(const LoaderGuard&) = delete;
+    LoaderGuard& operator=(const LoaderGuard&) = delete;
+};
+
 void scan_modules();
 // Scans again when a frame lies outside every module known.
 void cover_modules(const std::vector<uint64_t>& frames);

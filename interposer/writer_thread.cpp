@@ -174,8 +174,11 @@ void* writer_main(void*) {
     t_thread.in_hook = true;  // nothing this thread does is recorded
     std::vector<Event> batch;
     batch.reserve(kWriterBatch);
-    scan_modules();
-    start_plugins();
+    {
+        LoaderGuard loader;  // fork waits for the scan and the plugins' dlopen
+        scan_modules();
+        start_plugins();
+    }
     long sleep_us = 1000;
     for (;;) {
         uint64_t n = drain_once(batch);
