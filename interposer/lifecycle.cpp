@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,7 +35,11 @@ constexpr int kExitDrainMs = 5000;
 constexpr int kExitPluginsMs = 10000;
 
 constinit pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
-constinit pthread_mutex_t g_loader_mutex = PTHREAD_MUTEX_INITIALIZER;
+// The loader guard (recorder_internal.h): forks waiting to start, and
+// guarded loader calls under way. Atomics, not a mutex: fork's prepare
+// handler runs with the sanitizers' and libc's own locks in play.
+constinit std::atomic<int> g_forks_pending{0};
+constinit std::atomic<int> g_loader_calls{0};
 // The storage of *g.
 alignas(State) unsigned char g_storage[sizeof(State)];
 
@@ -127,16 +132,18 @@ bool ensure_started() noexcept {
 namespace {
 
 void before_fork() {
-    pthread_mutex_lock(&g_loader_mutex);
+    g_forks_pending.fetch_add(1, std::memory_order_seq_cst);
+    while (g_loader_calls.load(std::memory_order_seq_cst) != 0)
+        sched_yield();
 }
 
 void after_fork_parent() {
-    pthread_mutex_unlock(&g_loader_mutex);
+    g_forks_pending.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void on_fork_child() {
     g_state.store(kOff, std::memory_order_release);
-    pthread_mutex_unlock(&g_loader_mutex);  // the forking thread took it
+    g_forks_pending.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 // Hooks only see calls that bind to them, which needs the library ahead of
@@ -209,11 +216,17 @@ __attribute__((destructor)) void finish_recording() {
 }  // namespace
 
 LoaderGuard::LoaderGuard() noexcept {
-    pthread_mutex_lock(&g_loader_mutex);
+    for (;;) {
+        while (g_forks_pending.load(std::memory_order_seq_cst) != 0)
+            sched_yield();
+        g_loader_calls.fetch_add(1, std::memory_order_seq_cst);
+        if (g_forks_pending.load(std::memory_order_seq_cst) == 0) return;
+        g_loader_calls.fetch_sub(1, std::memory_order_seq_cst);  // a fork came first
+    }
 }
 
 LoaderGuard::~LoaderGuard() {
-    pthread_mutex_unlock(&g_loader_mutex);
+    g_loader_calls.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 }  // namespace allocscope::recorder

@@ -265,10 +265,11 @@ class ApiScope {
 
 // Writes the modules loaded so far and not yet written to the trace.
 // Held around every call of allocscope's that takes the dynamic loader's
-// locks (dl_iterate_phdr, dlopen, dlsym) outside the program's own calls;
-// fork() waits for it (pthread_atfork), so a child never inherits a loader
-// lock that allocscope's writer thread held at the fork, which would hang
-// the child's next dlopen.
+// locks (dl_iterate_phdr, dlopen, dlsym) outside the program's own calls:
+// fork() waits until none is under way, and none starts until the fork is
+// done (pthread_atfork), so a child never inherits a loader lock that
+// allocscope's writer thread held at the fork, which would hang the
+// child's next dlopen.
 struct LoaderGuard {
     LoaderGuard() noexcept;
     ~LoaderGuard();
