@@ -148,6 +148,105 @@ std::vector<Site> top_sites(const Trace& t, const Tables& tables, const OwnerLiv
     return out;
 }
 
+// The out-of-memory episodes of a trace (analysis.h, OomMoment): the
+// index of each moment's event, and the failures recovered from.
+struct OomSeed {
+    size_t index = 0;
+    bool by_allocator = false;
+    bool continued = false;
+    uint64_t failed_calls = 0;
+};
+struct OomSeeds {
+    std::vector<OomSeed> moments;
+    uint64_t recovered_failures = 0;
+};
+
+OomSeeds find_oom_moments(const Trace& t) {
+    struct Episode {
+        bool open = false;
+        size_t last = 0;     // the last failed request
+        size_t verdict = 0;  // the last allocator verdict
+        bool has_verdict = false;
+        uint64_t calls = 0;  // failed runtime/driver calls
+    };
+    OomSeeds out;
+    std::unordered_map<uint32_t, Episode> open;
+    auto close = [&](Episode& ep, bool continued) {
+        if (!ep.open) return;
+        if (ep.has_verdict) {
+            out.moments.push_back({ep.verdict, true, continued, ep.calls});
+        } else if (continued) {
+            out.recovered_failures += ep.calls;
+        } else {
+            out.moments.push_back({ep.last, false, false, ep.calls});
+        }
+        ep = Episode{};
+    };
+    for (size_t i = 0; i < t.events.size(); ++i) {
+        const Event& e = t.events[i];
+        if (e.kind == EventKind::oom) {
+            Episode& ep = open[e.tid];
+            ep.open = true;
+            ep.last = i;
+            if (e.level == Level::block) {
+                ep.verdict = i;
+                ep.has_verdict = true;
+            } else {
+                ++ep.calls;
+            }
+        } else if (e.kind == EventKind::alloc) {
+            if (auto it = open.find(e.tid); it != open.end()) close(it->second, true);
+        }
+    }
+    for (auto& [tid, ep] : open)
+        close(ep, false);
+    std::sort(out.moments.begin(), out.moments.end(),
+              [](const OomSeed& a, const OomSeed& b) { return a.index < b.index; });
+    return out;
+}
+
+// The moment of `seed`, with the live set `live` and the pools' totals
+// `replay` hold at its event.
+OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const OwnerLive& live,
+                     const Replay& replay, Pool owner, const AnalysisOptions& options) {
+    const Event& e = t.events[seed.index];
+    OomMoment m;
+    m.seq = e.seq;
+    m.t_ns = e.t_ns;
+    m.step = e.step;
+    m.tid = e.tid;
+    m.layer = e.layer < t.strings.size() ? t.str(e.layer) : "";
+    m.phase = e.phase < t.strings.size() ? t.str(e.phase) : "";
+    m.stack = e.stack < t.stacks.size() ? e.stack : 0;
+    m.requested = e.size;
+    m.device = e.device;
+    m.device_free = e.address;
+    m.api = std::string(to_string(e.api));
+    m.by_allocator = seed.by_allocator;
+    m.continued = seed.continued;
+    m.failed_calls = seed.failed_calls;
+    m.allocated = replay.totals(owner).live_bytes;
+    m.allocated_count = replay.totals(owner).live_count;
+    m.reserved_known = owner == Pool::device_block;
+    m.reserved = m.reserved_known ? replay.totals(Pool::device_segment).live_bytes : m.allocated;
+    std::map<uint32_t, TagLive> by_tag;
+    live.for_each([&](const Live& l) {
+        TagLive& row = by_tag[l.tag];
+        row.bytes += l.size;
+        ++row.count;
+    });
+    for (auto& [tag, row] : by_tag) {
+        row.layer = tables.tags[tag].layer;
+        row.phase = tables.tags[tag].phase;
+        m.by_tag.push_back(std::move(row));
+    }
+    std::stable_sort(m.by_tag.begin(), m.by_tag.end(),
+                     [](const TagLive& a, const TagLive& b) { return a.bytes > b.bytes; });
+    if (m.by_tag.size() > options.oom_tags) m.by_tag.resize(options.oom_tags);
+    m.sites = top_sites(t, tables, live, options.top_sites);
+    return m;
+}
+
 }  // namespace
 
 std::string layer_group(const std::string& layer) {
@@ -228,6 +327,15 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         a.calls_by_api.push_back({std::string(to_string(api)), count});
 
     std::map<std::pair<const char*, Api>, uint64_t> odd_frees;
+
+    // The out-of-memory moments to keep in full: the last ones.
+    OomSeeds oom = find_oom_moments(t);
+    a.oom_moments_total = oom.moments.size();
+    a.recovered_failures = oom.recovered_failures;
+    if (oom.moments.size() > options.oom_moments)
+        oom.moments.erase(oom.moments.begin(),
+                          oom.moments.end() - std::ptrdiff_t(options.oom_moments));
+    size_t next_oom = 0;
 
     // Pass 1: totals, tags, scopes, bands, steps, sample points.
     Tables tables(t);
@@ -328,6 +436,9 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
                 group_live[l.group] -= l.size;
             }
         }
+        if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
+            a.ooms.push_back(
+                oom_moment(t, oom.moments[next_oom++], tables, live, replay, a.owner, options));
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (i % bucket == 0 || owner_now > bucket_best) {

@@ -95,10 +95,54 @@ struct Site {
     std::string phase;
 };
 
+// Live owner-pool bytes of one (layer, phase) at a moment.
+struct TagLive {
+    std::string layer;
+    std::string phase;
+    uint64_t bytes = 0;
+    uint64_t count = 0;
+};
+
+// An out-of-memory moment: a request the program saw fail, with what was
+// live when it did. Failed requests of one thread that follow each other
+// (nothing allocated in between) are one episode: a runtime or driver call
+// that failed, the allocator freeing its cache and retrying, then its
+// verdict. The episode's moment is the caching allocator's verdict (an oom
+// event at level block) when there is one, else its last failed call. An
+// episode without a verdict that ends with a successful allocation on the
+// thread was recovered from (the allocator retried) and is not a moment.
+struct OomMoment {
+    uint64_t seq = 0;
+    uint64_t t_ns = 0;
+    uint64_t step = 0;
+    uint32_t tid = 0;
+    std::string layer;  // the failing request's tag
+    std::string phase;
+    uint32_t stack = 0;  // the failing request's stack, 0: none
+    uint64_t requested = 0;
+    int32_t device = -1;
+    uint64_t device_free = 0;   // as the allocator measured it, 0: not known
+    std::string api;            // the failing call (allocscope_block_alloc: the allocator)
+    bool by_allocator = false;  // the caching allocator's verdict (level block)
+    bool continued = false;     // the thread allocated again afterwards (caught, retried)
+    uint64_t failed_calls = 0;  // failed runtime/driver calls of the episode
+    // At that moment: the owner pool's live bytes (allocated) and, when the
+    // owner is the caching allocator's blocks, the device segments holding
+    // them (reserved; reserved - allocated is cached but unallocated).
+    uint64_t allocated = 0;
+    uint64_t allocated_count = 0;
+    uint64_t reserved = 0;
+    bool reserved_known = false;  // the owner is blocks, so reserved is separate
+    std::vector<TagLive> by_tag;  // largest first
+    std::vector<Site> sites;      // largest first
+};
+
 struct AnalysisOptions {
     size_t timeline_points = 800;
     size_t timeline_layers = 12;
     size_t top_sites = 10;
+    size_t oom_tags = 12;    // (layer, phase) rows of an OOM moment
+    size_t oom_moments = 4;  // the last this many moments are kept in full
 };
 
 struct TraceAnalysis {
@@ -131,6 +175,12 @@ struct TraceAnalysis {
     Timeline timeline;
     std::vector<Site> sites_at_peak;  // by bytes, largest first
     std::vector<Site> sites_at_exit;
+    // Out-of-memory moments, in order: the last options.oom_moments of
+    // oom_moments_total. recovered_failures counts the failed calls of
+    // episodes the allocator recovered from.
+    std::vector<OomMoment> ooms;
+    uint64_t oom_moments_total = 0;
+    uint64_t recovered_failures = 0;
 
     const PoolSummary* pool(Pool p) const;
 };

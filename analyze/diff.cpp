@@ -107,6 +107,18 @@ RunMeasure measure_run(const Trace& t) {
     }
     if (any_event) end_step(current_step);
 
+    // What scopes kept alive, and whether the run ended out of memory.
+    AnalysisOptions options;
+    options.timeline_points = 1;
+    options.top_sites = 0;
+    options.oom_tags = 0;
+    const TraceAnalysis analysis = analyze(t, options);
+    if (!analysis.ooms.empty() && !analysis.ooms.back().continued) {
+        const OomMoment& o = analysis.ooms.back();
+        m.oom = RunMeasure::Oom{o.step, o.layer, o.phase, o.requested};
+        if (auto it = steps.find(o.step); it != steps.end()) it->second.after_backward.reset();
+    }
+
     // Forward: steps with at least two layer ends.
     std::vector<const StepData*> forward;
     std::vector<const StepData*> backward;
@@ -154,10 +166,7 @@ RunMeasure measure_run(const Trace& t) {
 
     // What scopes kept alive at their end, by layer group and base phase.
     std::map<std::pair<std::string, std::string>, uint64_t> kept;
-    AnalysisOptions options;
-    options.timeline_points = 1;
-    options.top_sites = 0;
-    for (const TagStats& s : analyze(t, options).tags) {
+    for (const TagStats& s : analysis.tags) {
         if (s.retained_max == 0) continue;
         uint64_t& k = kept[{layer_group(s.layer), std::string(base_phase(s.phase))}];
         k = std::max(k, s.retained_max);
@@ -210,6 +219,14 @@ std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& 
                (d.cand.rank >= 0 ? "rank " + std::to_string(d.cand.rank) : std::string("no rank")) +
                " ==\n  base: " + printable(d.base.path) + "\n  cand: " + printable(d.cand.path) +
                "\n";
+        for (const auto* m : {&d.base, &d.cand}) {
+            if (!m->oom) continue;
+            out += "  " + std::string(m == &d.base ? "BASE" : "CAND") +
+                   " ran out of memory at step " + std::to_string(m->oom->step) + ", " +
+                   printable(m->oom->layer.empty() ? "(untagged)" : m->oom->layer) + " " +
+                   printable(m->oom->phase) + " (" + human_bytes(m->oom->requested) +
+                   " requested): measured up to there, that step's backward left out\n";
+        }
         out += "\nforward, mean increment per layer (live " +
                std::string(d.cand.layers.empty() ? "bytes" : "bytes after each layer's forward") +
                "):\n";
@@ -290,7 +307,16 @@ std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& 
                 ", \"forward_mean\": " + optional_number(m.forward_mean) +
                 ", \"forward_steps\": " + std::to_string(m.forward_steps) +
                 ", \"backward_delta\": " + optional_number(m.backward_delta) +
-                ", \"backward_steps\": " + std::to_string(m.backward_steps) + ", \"layers\": [";
+                ", \"backward_steps\": " + std::to_string(m.backward_steps) + ", \"oom\": ";
+            if (m.oom) {
+                s += "{\"step\": " + std::to_string(m.oom->step) +
+                     ", \"layer\": " + json_quote(m.oom->layer) +
+                     ", \"phase\": " + json_quote(m.oom->phase) +
+                     ", \"requested\": " + std::to_string(m.oom->requested) + "}";
+            } else {
+                s += "null";
+            }
+            s += ", \"layers\": [";
             for (size_t k = 0; k < m.layers.size(); ++k) {
                 s += (k ? ", " : "") + std::string("{\"layer\": ") + json_quote(m.layers[k]) +
                      ", \"increment\": " + number(m.layer_increments[k]) + "}";

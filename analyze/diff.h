@@ -17,7 +17,9 @@
 // analogue of memory_allocated(); device segments when a trace has no block
 // events). The first measured step is dropped as warm-up when there are two
 // or more. Besides the two checks, the excess of CAND over BASE per (layer,
-// phase) of the bytes its scopes kept alive at their end.
+// phase) of the bytes its scopes kept alive at their end. A run that ran
+// out of memory is measured up to that moment: its last, incomplete step's
+// backward is left out, and both renderings say where it stopped.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +53,16 @@ struct RunMeasure {
         uint64_t bytes = 0;
     };
     std::vector<Kept> kept;
+    // The run ran out of memory (its last out-of-memory moment, analysis.h)
+    // and did not go on: the step it happened in is incomplete, so its
+    // backward is not measured (the layers whose forward ended still are).
+    struct Oom {
+        uint64_t step = 0;
+        std::string layer;
+        std::string phase;
+        uint64_t requested = 0;
+    };
+    std::optional<Oom> oom;
 };
 
 RunMeasure measure_run(const Trace& trace);

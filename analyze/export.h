@@ -100,7 +100,10 @@ StackFrames raw_stacks(const Trace& trace, std::span<const uint32_t> ids);
 //     trace ends are closed there, innermost first;
 //   * "i" instants (thread scope): "step N" at step changes (cat "step"), and
 //     one per finding (cat "finding", "<severity>: <plugin>", args with the
-//     finding) at its first evidence's allocation, else at the trace end.
+//     finding) at its first evidence's allocation, else at the trace end;
+//     one per failed request (cat "oom"): "out of memory" for a caching
+//     allocator's verdict, "failed allocation" for a runtime or driver call,
+//     with the requested size, device free bytes, api, tag and step.
 class PerfettoExport {
   public:
     PerfettoExport(ExportWriter& out, uint64_t base_wall_ns);

@@ -230,7 +230,11 @@ class MemoryViz {
         for (size_t i = 0; i < n; ++i) {
             progress(i);
             const Event& e = t_.events[i];
-            if (e.kind == EventKind::oom && is_device_pool(pool_of(e))) oom(e);
+            // As PyTorch's snapshots: the allocator's verdict, not the
+            // failed cudaMalloc calls it retried (where there is one).
+            if (e.kind == EventKind::oom && is_device_pool(pool_of(e)) &&
+                (!blocks_ || e.level == Level::block))
+                oom(e);
             const LiveTracker::Change c = tracker_->apply(e);
             if (c.kind == LiveTracker::Change::Kind::none || !is_device_pool(c.pool)) continue;
             const uint64_t time_us = (t_.header.start_wall_ns + e.t_ns) / 1000;
@@ -372,8 +376,8 @@ class MemoryViz {
         p_.mark();
         p_.memo_string("action");
         p_.memo_string("oom");
-        p_.memo_string("device_free");  // not recorded
-        p_.integer(0);
+        p_.memo_string("device_free");  // 0 when not measured
+        p_.uinteger(e.address);
         p_.memo_string("size");
         p_.uinteger(e.size);
         p_.memo_string("stream");

@@ -120,6 +120,26 @@ class TraceWriter {
                         emit();
                     }
                     break;
+                case EventKind::oom:
+                    // Every failed request, the allocator's retried calls
+                    // included; "out of memory" is the allocator's verdict.
+                    thread(e.tid);
+                    begin_event("i", e.tid, e.t_ns);
+                    line_ += ",\"s\":\"t\",\"cat\":\"oom\",\"name\":";
+                    line_ +=
+                        e.level == Level::block ? "\"out of memory\"" : "\"failed allocation\"";
+                    line_ += ",\"args\":{\"requested\":";
+                    put_uint(line_, e.size);
+                    line_ += ",\"device_free\":";
+                    put_uint(line_, e.address);
+                    line_ += ",\"api\":" + json_quote(to_string(e.api));
+                    line_ += ",\"layer\":" + json_quote(str(e.layer));
+                    line_ += ",\"phase\":" + json_quote(str(e.phase));
+                    line_ += ",\"step\":";
+                    put_uint(line_, e.step);
+                    line_ += "}}";
+                    emit();
+                    break;
                 default:
                     break;
             }

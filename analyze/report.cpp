@@ -142,7 +142,156 @@ void json_sites(std::string& out, const RankReport& r, const std::vector<Site>& 
     out += "]";
 }
 
+// Info findings (who owns memory) listed under a moment; problems are all listed.
+constexpr size_t kOomInfoShares = 3;
+
+std::string who(const TraceAnalysis& a) {
+    return rank_name(a);
+}
+
+// The first line of a moment: who ran out, where, how much was asked.
+std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
+    std::string line = who(a) + ": out of memory at step " + u(m.step) + ", " +
+                       tag_text(m.layer, m.phase) + ", " + seconds(m.t_ns) + ": " +
+                       human_bytes(m.requested) + " requested";
+    if (m.device >= 0) line += " on device " + std::to_string(m.device);
+    if (m.by_allocator) {
+        line += " (the caching allocator gave up";
+        if (m.failed_calls) line += " after " + u(m.failed_calls) + " failed device allocation(s)";
+        line += ")";
+    } else {
+        line += " (" + printable(m.api) + " failed";
+        if (m.failed_calls > 1) line += ", " + u(m.failed_calls) + " attempts";
+        line += ")";
+    }
+    if (m.device_free) line += "; device free " + human_bytes(m.device_free);
+    if (m.continued) line += "; the program went on allocating after it";
+    return line;
+}
+
+std::string oom_held(const OomMoment& m) {
+    std::string line =
+        "allocated " + human_bytes(m.allocated) + " in " + u(m.allocated_count) + " allocation(s)";
+    if (m.reserved_known) {
+        line += "; reserved " + human_bytes(m.reserved);
+        if (m.reserved > m.allocated)
+            line += " (" + human_bytes(m.reserved - m.allocated) + " cached, not allocated)";
+    }
+    return line;
+}
+
+std::string share_line(const OomShare& s, const OomMoment& m) {
+    return std::string(to_string(s.finding->severity)) + " " + printable(s.finding->plugin) + " (" +
+           tag_text(s.finding->layer, s.finding->phase) + ") held " + human_bytes(s.bytes) +
+           " of the " + human_bytes(m.allocated) + " allocated, in " + u(s.count) +
+           " allocation(s)";
+}
+
+void text_oom(std::string& out, const Report& report, const RankReport& r, const OomMoment& m) {
+    const TraceAnalysis& a = r.analysis;
+    out += oom_headline(a, m) + "\n  " + oom_held(m) + "\n";
+    if (m.stack) {
+        out += "  requested at:\n";
+        for (const std::string& line : stack_lines(r, m.stack, 8, 8))
+            out += "      " + line + "\n";
+    }
+    const std::vector<OomShare> shares = oom_shares(report, r, m);
+    if (!shares.empty()) {
+        out += "  findings holding part of it:\n";
+        size_t infos = 0;
+        for (const OomShare& s : shares) {
+            if (s.finding->severity == Severity::info && infos++ >= kOomInfoShares) continue;
+            out += "      " + share_line(s, m) + "\n";
+        }
+        if (infos > kOomInfoShares)
+            out +=
+                "      ... " + u(infos - kOomInfoShares) + " more info finding(s) (JSON report)\n";
+    }
+    if (!m.by_tag.empty()) {
+        out += "  live at that moment by (layer, phase):\n";
+        for (const TagLive& t : m.by_tag) {
+            out += "      " + pad(tag_text(t.layer, t.phase), 48) + rpad(human_bytes(t.bytes), 11) +
+                   rpad(u(t.count), 8) + "\n";
+        }
+    }
+    text_sites(out, r, m.sites, "  live at that moment by site");
+}
+
+void json_oom(std::string& out, const Report& report, const RankReport& r, const OomMoment& m) {
+    const TraceAnalysis& a = r.analysis;
+    out += "{\"rank\": " + std::to_string(a.header.rank) + ", \"pid\": " + u(a.header.pid) +
+           ", \"trace\": " + json_quote(a.path) + ", \"seq\": " + u(m.seq) +
+           ", \"t_ns\": " + u(m.t_ns) + ", \"step\": " + u(m.step) + ", \"tid\": " + u(m.tid) +
+           ", \"layer\": " + json_quote(m.layer) + ", \"phase\": " + json_quote(m.phase) +
+           ", \"requested\": " + u(m.requested) + ", \"device\": " + std::to_string(m.device) +
+           ", \"device_free\": " + u(m.device_free) + ", \"api\": " + json_quote(m.api) +
+           ", \"by_allocator\": " + (m.by_allocator ? "true" : "false") +
+           ", \"continued\": " + (m.continued ? "true" : "false") +
+           ", \"failed_calls\": " + u(m.failed_calls) + ",\n     \"allocated\": " + u(m.allocated) +
+           ", \"allocated_count\": " + u(m.allocated_count) +
+           ", \"reserved\": " + (m.reserved_known ? u(m.reserved) : std::string("null")) +
+           ", \"stack\": " + u(m.stack) + ", \"frames\": ";
+    auto it = r.stacks.find(m.stack);
+    json_string_list(out, it == r.stacks.end() ? std::vector<std::string>{} : it->second);
+    out += ",\n     \"findings\": [";
+    const std::vector<OomShare> shares = oom_shares(report, r, m);
+    for (size_t k = 0; k < shares.size(); ++k) {
+        const Finding& f = *shares[k].finding;
+        out += (k ? ", " : "") + std::string("{\"plugin\": ") + json_quote(f.plugin) +
+               ", \"severity\": " + json_quote(to_string(f.severity)) +
+               ", \"layer\": " + json_quote(f.layer) + ", \"phase\": " + json_quote(f.phase) +
+               ", \"bytes\": " + u(shares[k].bytes) + ", \"count\": " + u(shares[k].count) + "}";
+    }
+    out += "],\n     \"by_tag\": [";
+    for (size_t k = 0; k < m.by_tag.size(); ++k) {
+        const TagLive& t = m.by_tag[k];
+        out += (k ? ", " : "") + std::string("{\"layer\": ") + json_quote(t.layer) +
+               ", \"phase\": " + json_quote(t.phase) + ", \"bytes\": " + u(t.bytes) +
+               ", \"count\": " + u(t.count) + "}";
+    }
+    out += "],\n     \"sites\": ";
+    json_sites(out, r, m.sites);
+    out += "}";
+}
+
 }  // namespace
+
+std::vector<OomShare> oom_shares(const Report& report, const RankReport& r, const OomMoment& m) {
+    std::vector<OomShare> out;
+    if (!report.findings_found) return out;
+    const int mine = int(&r - report.ranks.data());
+    for (const Finding& f : report.findings.findings) {
+        if (rank_index(report, f.rank) != mine) continue;
+        OomShare s{&f, 0, 0};
+        for (const Evidence& ev : f.evidence) {
+            if (ev.alloc_seq == 0 || ev.alloc_seq > m.seq) continue;
+            if (ev.free_seq != 0 && ev.free_seq <= m.seq) continue;
+            s.bytes += ev.size;
+            ++s.count;
+        }
+        if (s.count) out.push_back(s);
+    }
+    // Problems first, then by bytes.
+    std::stable_sort(out.begin(), out.end(), [](const OomShare& x, const OomShare& y) {
+        return std::tie(x.finding->severity, x.bytes) > std::tie(y.finding->severity, y.bytes);
+    });
+    return out;
+}
+
+std::string oom_summary(const Report& report, const RankReport& r, const OomMoment& m) {
+    std::string out = oom_headline(r.analysis, m) + "\n  " + oom_held(m) + "\n";
+    for (const std::string& line : stack_lines(r, m.stack, 3, 2))
+        out += "    " + line + "\n";
+    size_t infos = 0;
+    for (const OomShare& s : oom_shares(report, r, m)) {
+        if (s.finding->severity == Severity::info)
+            ++infos;
+        else
+            out += "  " + share_line(s, m) + "\n";
+    }
+    if (infos) out += "  " + u(infos) + " info finding(s) hold parts of it (report.txt)\n";
+    return out;
+}
 
 std::vector<TagStats> merged_tags(const Report& report) {
     std::map<std::pair<std::string, std::string>, TagStats> by_tag;
@@ -182,6 +331,19 @@ std::string render_text(const Report& report) {
     std::string out = "allocscope report: " + std::to_string(report.ranks.size()) + " trace(s)\n";
     for (const std::string& note : report.notes)
         out += "note: " + printable(note) + "\n";
+    // What ended the run comes first.
+    bool any_oom = false;
+    for (const RankReport& r : report.ranks) {
+        const TraceAnalysis& a = r.analysis;
+        if (a.ooms.empty()) continue;
+        if (!any_oom) out += "\n== out of memory ==\n";
+        any_oom = true;
+        if (a.oom_moments_total > a.ooms.size())
+            out += rank_name(a) + ": " + u(a.oom_moments_total) +
+                   " out-of-memory moments, the last " + u(a.ooms.size()) + " shown\n";
+        for (const OomMoment& m : a.ooms)
+            text_oom(out, report, r, m);
+    }
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
         out += "\n== " + rank_name(a) + ": " + printable(a.path) + " (pid " +
@@ -209,7 +371,9 @@ std::string render_text(const Report& report) {
             out += "  " + pad(c.what, 32) + rpad(u(c.n), 10) + "\n";
         if (a.oom_events) {
             out += "failed allocations (oom): " + u(a.oom_events) + ", largest request " +
-                   human_bytes(a.largest_failed_request) + "\n";
+                   human_bytes(a.largest_failed_request) + "; " + u(a.oom_moments_total) +
+                   " out-of-memory moment(s), " + u(a.recovered_failures) +
+                   " failed call(s) recovered from (the allocator retried)\n";
         }
         out += "\n  " + pad("pool", 16) + rpad("allocations", 12) + rpad("allocated", 12) +
                rpad("peak", 12) + "  at\n";
@@ -267,7 +431,16 @@ std::string render_text(const Report& report) {
 std::string render_json(const Report& report) {
     std::string out = "{\n  \"allocscope_report\": 1,\n  \"notes\": ";
     json_string_list(out, report.notes);
-    out += ",\n  \"ranks\": [";
+    out += ",\n  \"out_of_memory\": [";
+    bool first_oom = true;
+    for (const RankReport& r : report.ranks) {
+        for (const OomMoment& m : r.analysis.ooms) {
+            out += first_oom ? "\n    " : ",\n    ";
+            first_oom = false;
+            json_oom(out, report, r, m);
+        }
+    }
+    out += "],\n  \"ranks\": [";
     for (size_t i = 0; i < report.ranks.size(); ++i) {
         const RankReport& r = report.ranks[i];
         const TraceAnalysis& a = r.analysis;
@@ -277,6 +450,9 @@ std::string render_json(const Report& report) {
             ", \"rank\": " + std::to_string(a.header.rank) + ", \"pid\": " + u(a.header.pid) +
             ", \"events\": " + u(a.events) + ", \"span_ns\": " + u(a.span_ns) +
             ", \"steps\": " + u(a.steps) + ", \"truncated\": " + (a.truncated ? "true" : "false") +
+            ", \"oom_events\": " + u(a.oom_events) +
+            ", \"oom_moments\": " + u(a.oom_moments_total) +
+            ", \"recovered_failures\": " + u(a.recovered_failures) +
             ", \"owner_pool\": " + json_quote(to_string(a.owner)) + ",\n     \"events_by_kind\": {";
         for (size_t k = 0; k < a.events_by_kind.size(); ++k) {
             out += (k ? ", " : "") + json_quote(a.events_by_kind[k].what) + ": " +

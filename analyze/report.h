@@ -50,6 +50,22 @@ std::vector<TagStats> merged_tags(const Report& report);
 // rank when there is one); -1 when none matches.
 int rank_index(const Report& report, int32_t rank);
 
+// The part of an out-of-memory moment that a finding accounts for: the
+// bytes and count of its evidence allocations alive at the moment (made
+// before it, freed after it or never).
+struct OomShare {
+    const Finding* finding = nullptr;
+    uint64_t bytes = 0;
+    uint64_t count = 0;
+};
+// The findings of rank `r` (an element of report.ranks) that hold part of
+// the memory live at `m`: errors, then warnings, then info, each by bytes.
+std::vector<OomShare> oom_shares(const Report& report, const RankReport& r, const OomMoment& m);
+
+// A few lines on a moment for a terminal: who asked for how much, where,
+// what was allocated and reserved, and the findings' share.
+std::string oom_summary(const Report& report, const RankReport& r, const OomMoment& m);
+
 std::string render_text(const Report& report);
 std::string render_json(const Report& report);
 std::string render_html(const Report& report);

@@ -22,6 +22,7 @@ th{background:#f5f7f9;font-weight:600} td.n{text-align:right;font-variant-numeri
 details{margin:2px 0} summary{cursor:pointer} pre{margin:4px 0 8px 16px;font-size:12px;background:#f7f8fa;padding:6px;overflow-x:auto}
 .legend span{display:inline-block;margin:2px 10px 2px 0;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:-1px}
 .heat td.c{text-align:right;font-size:12px;min-width:70px} svg{max-width:100%;height:auto}
+.oom{border-left:4px solid #b3261e;padding:2px 12px;margin:8px 0;background:#fdf3f2}
 )";
 
 const char* const kLayerColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
@@ -334,6 +335,64 @@ std::string findings_panel(const Report& report) {
     return out + "</div>";
 }
 
+// The out-of-memory moments of every rank: what was asked, what was live,
+// and the findings' share of it.
+std::string oom_panel(const Report& report) {
+    std::string out;
+    for (const RankReport& r : report.ranks) {
+        const TraceAnalysis& a = r.analysis;
+        for (const OomMoment& m : a.ooms) {
+            char t[32];
+            std::snprintf(t, sizeof t, "%.3f s", double(m.t_ns) / 1e9);
+            out += "<div class=oom><h3>" + h(rank_title(a)) + ": out of memory at step " +
+                   u(m.step) + ", " + h(m.layer.empty() ? "(untagged)" : m.layer) + " " +
+                   h(m.phase) + " <span class=muted>" + t + "</span></h3><p><b>" +
+                   h(human_bytes(m.requested)) + " requested</b>";
+            if (m.device >= 0) out += " on device " + std::to_string(m.device);
+            out += m.by_allocator ? " &mdash; the caching allocator gave up"
+                                  : " &mdash; " + h(m.api) + " failed";
+            if (m.failed_calls && m.by_allocator)
+                out += " after " + u(m.failed_calls) + " failed device allocation(s)";
+            if (m.device_free) out += "; device free " + h(human_bytes(m.device_free));
+            if (m.continued) out += "; the program went on allocating after it";
+            out += ".<br>Allocated " + h(human_bytes(m.allocated)) + " in " + u(m.allocated_count) +
+                   " allocation(s)";
+            if (m.reserved_known) {
+                out += "; reserved " + h(human_bytes(m.reserved));
+                if (m.reserved > m.allocated)
+                    out +=
+                        " (" + h(human_bytes(m.reserved - m.allocated)) + " cached, not allocated)";
+            }
+            out += ".</p>" + frames_block(r, m.stack);
+            const std::vector<OomShare> shares = oom_shares(report, r, m);
+            if (!shares.empty()) {
+                out +=
+                    "<table><tr><th>finding</th><th>layer</th><th>phase</th>"
+                    "<th>held at this moment</th><th>allocations</th></tr>";
+                size_t infos = 0;
+                for (const OomShare& s : shares) {
+                    const Finding& f = *s.finding;
+                    if (f.severity == Severity::info && infos++ >= 5) continue;
+                    out += "<tr><td><span class=sev-" + h(to_string(f.severity)) + ">" +
+                           h(to_string(f.severity)) + "</span> " + h(f.plugin) + "</td>" +
+                           tag_cell(f.layer, f.phase) + "<td class=n>" + h(human_bytes(s.bytes)) +
+                           " of " + h(human_bytes(m.allocated)) + "</td><td class=n>" + u(s.count) +
+                           "</td></tr>";
+                }
+                out += "</table>";
+            }
+            out += "<table><tr><th>layer</th><th>phase</th><th>live</th><th>allocations</th></tr>";
+            for (const TagLive& t2 : m.by_tag) {
+                out += "<tr>" + tag_cell(t2.layer, t2.phase) + "<td class=n>" +
+                       h(human_bytes(t2.bytes)) + "</td><td class=n>" + u(t2.count) + "</td></tr>";
+            }
+            out +=
+                "</table><h3>Live at that moment by site</h3>" + sites_table(r, m.sites) + "</div>";
+        }
+    }
+    return out;
+}
+
 }  // namespace
 
 std::string html_escape(std::string_view text) {
@@ -376,6 +435,8 @@ std::string render_html(const Report& report) {
     for (const std::string& note : report.notes)
         out += "<div class=note>" + h(note) + "</div>";
 
+    if (const std::string oom = oom_panel(report); !oom.empty())
+        out += "<h2 id=oom>Out of memory</h2>" + oom + "\n";
     out += "<h2 id=findings>Findings</h2>" + findings_panel(report) + "\n";
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;

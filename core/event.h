@@ -10,11 +10,16 @@
 namespace allocscope {
 
 enum class EventKind : uint8_t {
-    alloc = 1,     // memory handed out (segment or block level)
-    free = 2,      // memory returned; `result` != 0 means the real call failed
-    map = 3,       // reserved (never written): driver-level mappings are recorded
-    unmap = 4,     // as alloc/free with api cuMemMap/cuMemUnmap, see Api
-    oom = 5,       // the real allocation call failed; `size` is the request
+    alloc = 1,  // memory handed out (segment or block level)
+    free = 2,   // memory returned; `result` != 0 means the real call failed
+    map = 3,    // reserved (never written): driver-level mappings are recorded
+    unmap = 4,  // as alloc/free with api cuMemMap/cuMemUnmap, see Api
+    // A request that failed; `size` is the request. Level segment: a runtime
+    // or driver call failed (`result` is its code; an allocator may free its
+    // cache and retry). Level block: the caching allocator gave up on it
+    // (allocscope_block_oom), so the program saw an out-of-memory error.
+    // `address` is the device's free bytes when it failed, 0 if not known.
+    oom = 5,
     tag_push = 6,  // layer/phase entered on thread `tid`
     tag_pop = 7,   // layer/phase left on thread `tid`
     step = 8,      // the training step counter changed to `step`
@@ -106,7 +111,7 @@ enum EventFlag : uint32_t {
 struct Event {
     uint64_t seq = 0;      // global order; per address, free follows alloc
     uint64_t t_ns = 0;     // CLOCK_MONOTONIC nanoseconds since the trace began
-    uint64_t address = 0;  // pointer for alloc/free/oom(0)
+    uint64_t address = 0;  // pointer for alloc/free; oom: device free bytes (0 unknown)
     uint64_t size = 0;     // bytes (for free: size of the freed record, 0 if unknown)
     uint64_t stream = 0;   // cudaStream_t as an integer, 0 = legacy default
     uint64_t step = 0;

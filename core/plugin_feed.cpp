@@ -2,6 +2,7 @@
 // interposer's ring or of a recorded trace become allocscope_event_v1 with
 // interned tags, the live table the plugins read is kept, and step changes
 // and events are delivered to every enabled plugin.
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -24,6 +25,7 @@ void PluginHost::start_stream(uint32_t source) {
     param_index_.clear();
     step_ = 0;
     live_ = std::make_unique<LiveSet[]>(2);
+    failing_.clear();
 }
 
 void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
@@ -47,6 +49,23 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
         const Pool pool = pool_of(e);
         if (pool == Pool::physical || pool == Pool::address_range) return;
         if (is_direct_driver_allocation(e.api)) return;
+    }
+    // After a failed allocation, a thread's pops wait for it to allocate
+    // again (plugin_host.h). Few threads ever fail: a short list.
+    if (!failing_.empty() || e.kind == EventKind::oom) {
+        auto it = std::find_if(failing_.begin(), failing_.end(),
+                               [&](const auto& f) { return f.first == e.tid; });
+        if (e.kind == EventKind::oom) {
+            if (it == failing_.end()) failing_.emplace_back(e.tid, std::vector<HeldPop>{});
+        } else if (it != failing_.end() && e.kind == EventKind::tag_pop) {
+            it->second.push_back({e, layer, phase});
+            return;
+        } else if (it != failing_.end() && e.kind == EventKind::alloc) {
+            std::vector<HeldPop> held = std::move(it->second);
+            failing_.erase(it);
+            for (const HeldPop& h : held)
+                deliver(h.event, h.layer, h.phase, EventText{}, source);
+        }
     }
     allocscope_event_v1 ev{};
     ev.seq = e.seq;

@@ -24,6 +24,14 @@
 //   * PARAM events add to the param registry; event->param_index is the
 //     registry index (baseline params stay registered when the run begins,
 //     so pointers from param() live until finish);
+//   * a thread whose allocation failed (an OOM event) and that has not
+//     allocated since is unwinding an error or dying of it: its TAG_POP
+//     events are held back, because the scopes it leaves did not complete
+//     (a detector judging "alive at the end of the scope" would judge the
+//     unwinding). When the thread allocates again (the program caught the
+//     error and went on), the held pops are delivered, in order, before that
+//     allocation; when it never does, they never are, as for a process
+//     killed inside its scopes;
 //   * a change of `source` between feed() calls starts a new stream: the live
 //     table is emptied and the step restarts at 0.
 //
@@ -178,6 +186,14 @@ class PluginHost {
     std::vector<uint32_t> mapped_;
     // The stream's live allocations, by address: [0] segments, [1] blocks.
     std::unique_ptr<LiveSet[]> live_;
+    // Threads after a failed allocation, and the TAG_POP events held back
+    // meanwhile (see the top of this file), with their interned tag ids.
+    struct HeldPop {
+        Event event;
+        uint32_t layer;
+        uint32_t phase;
+    };
+    std::vector<std::pair<uint32_t, std::vector<HeldPop>>> failing_;
     uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
     uint64_t step_ = 0;
     bool finished_ = false;

@@ -86,6 +86,16 @@ ALLOCSCOPE_EXPORT void allocscope_block_alloc(void* ptr, size_t size, int device
         ptr, 0);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_block_oom(size_t size, int device, void* stream,
+                                            uint64_t device_free) {
+    allocscope::recorder::HookGuard guard;
+    if (!guard.recording()) return;
+    allocscope::recorder::record_oom(
+        {allocscope::Api::block_alloc, allocscope::Level::block, allocscope::MemoryKind::device,
+         size, reinterpret_cast<uint64_t>(stream), device},
+        2 /* cudaErrorMemoryAllocation */, device_free);
+}
+
 ALLOCSCOPE_EXPORT uint64_t allocscope_python_frame(const char* function, const char* file,
                                                    int line) {
     return allocscope::recorder::python_frame(function, file, line);

@@ -158,6 +158,30 @@ void fill_common(Event& e, EventKind kind) noexcept {
     e.phase = tag.phase;
 }
 
+// cudaErrorMemoryAllocation, for a failure reported without a code.
+constexpr int kOutOfMemory = 2;
+
+// The thread's Python frames from the registered provider (set_outer_frames),
+// written to `buffer`; empty when none is registered.
+std::span<const uint64_t> provider_frames(uint64_t (&buffer)[kMaxOuterFrames]) noexcept {
+    OuterFrames provider = g_outer_frames.load(std::memory_order_acquire);
+    if (!provider) return {};
+    const size_t n = provider(buffer, kMaxOuterFrames);
+    return {buffer, std::min(n, kMaxOuterFrames)};
+}
+
+// The request's fields of an alloc or oom event.
+void fill_request(Event& e, const AllocInfo& info, uint32_t stack, int result) noexcept {
+    e.size = info.size;
+    e.stream = info.stream;
+    e.stack = stack;
+    e.device = info.device;
+    e.result = result;
+    e.level = info.level;
+    e.memory = info.memory;
+    e.api = info.api;
+}
+
 }  // namespace
 
 // Reserves a slot (every field is written: slots are reused).
@@ -181,30 +205,35 @@ HookGuard::~HookGuard() {
 
 __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address, int result,
                                             std::span<const uint64_t> outer) noexcept {
+    if (result != 0 || address == nullptr) [[unlikely]] {
+        record_oom(info, result != 0 ? result : kOutOfMemory, 0);
+        return;
+    }
     if (!ensure_started()) return;
-    const bool ok = result == 0 && address != nullptr;
     // No frames given (a runtime or driver hook): ask the registered
     // provider (set_outer_frames) for the thread's Python frames.
     uint64_t provided[kMaxOuterFrames];
-    if (ok && outer.data() == nullptr && g->config.stack_depth != 0) {
-        if (OuterFrames provider = g_outer_frames.load(std::memory_order_acquire)) {
-            const size_t n = provider(provided, kMaxOuterFrames);
-            outer = {provided, std::min(n, kMaxOuterFrames)};
-        }
-    }
-    const uint32_t stack = ok ? capture_stack_id(outer) : 0;
-    EventRing::Slot* slot = begin_event(ok ? EventKind::alloc : EventKind::oom);
+    if (outer.data() == nullptr && g->config.stack_depth != 0) outer = provider_frames(provided);
+    const uint32_t stack = capture_stack_id(outer);
+    EventRing::Slot* slot = begin_event(EventKind::alloc);
     if (!slot) return;
     Event& e = slot->event;
-    e.address = ok ? reinterpret_cast<uint64_t>(address) : 0;
-    e.size = info.size;
-    e.stream = info.stream;
-    e.stack = stack;
-    e.device = info.device;
-    e.result = result;
-    e.level = info.level;
-    e.memory = info.memory;
-    e.api = info.api;
+    e.address = reinterpret_cast<uint64_t>(address);
+    fill_request(e, info, stack, 0);
+    EventRing::publish(slot);
+}
+
+void record_oom(const AllocInfo& info, int result, uint64_t device_free) noexcept {
+    if (!ensure_started()) return;
+    uint64_t provided[kMaxOuterFrames];
+    std::span<const uint64_t> outer;
+    if (g->config.stack_depth != 0) outer = provider_frames(provided);
+    const uint32_t stack = capture_stack_id(outer);
+    EventRing::Slot* slot = begin_event(EventKind::oom);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.address = device_free;
+    fill_request(e, info, stack, result);
     EventRing::publish(slot);
 }
 

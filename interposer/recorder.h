@@ -55,14 +55,22 @@ struct AllocInfo {
     int32_t device;
 };
 
-// A successful allocation at `address`, or a failed one (`result` != 0,
-// recorded as oom with the requested size). `outer` frames, at most
+// A successful allocation at `address`, or a failed one (`result` != 0 or
+// a null address: record_oom). `outer` frames, at most
 // kMaxOuterFrames, are appended to the captured native stack (Python frames
 // from python_frame()); without any (a null `outer`), those of the
 // set_outer_frames provider, if one is registered.
 inline constexpr size_t kMaxOuterFrames = 32;
 void record_alloc(const AllocInfo& info, void* address, int result,
                   std::span<const uint64_t> outer = {}) noexcept;
+
+// A request that failed: a runtime or driver call that returned `result`
+// (record_alloc sends those here), or a caching allocator's verdict
+// (allocscope_block_oom, level block). Recorded as an oom event with the
+// requested size, the thread's tag, step and stack (the provider's Python
+// frames appended), and `device_free` in the event's address field (the
+// device's free bytes as the allocator measured them; 0 when not known).
+void record_oom(const AllocInfo& info, int result, uint64_t device_free) noexcept;
 
 // The pseudo-address of a Python frame (core/event.h, python_frame_address):
 // its text is interned once. 0 when not recording. Callable inside a hook.

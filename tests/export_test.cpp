@@ -27,6 +27,7 @@
 #include "json.h"
 #include "replay.h"
 #include "support.h"
+#include "trace_builder.h"
 #include "trace_reader.h"
 #include "trace_writer.h"
 
@@ -40,116 +41,6 @@ using namespace allocscope::test;
 size_t lines_in(const std::string& text) {
     return size_t(std::count(text.begin(), text.end(), '\n'));
 }
-
-// A trace built event by event. Allocations take the tag on top of their
-// thread's stack, as the interposer records them.
-struct TraceBuilder {
-    TraceHeader header;
-    std::vector<std::string> strings{""};
-    std::vector<std::vector<uint64_t>> stacks{{}};
-    std::vector<Event> events;
-    std::map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> tags;  // per tid
-    uint64_t seq = 0, t_ns = 0;
-
-    TraceBuilder(int32_t rank = 0) {
-        header.rank = rank;
-        header.world_size = 2;
-        header.pid = 4000 + uint32_t(rank + 1);
-        header.start_wall_ns = 1'700'000'000'000'000'000ull;
-    }
-
-    uint32_t str(const std::string& s) {
-        auto it = std::find(strings.begin(), strings.end(), s);
-        if (it != strings.end()) return uint32_t(it - strings.begin());
-        strings.push_back(s);
-        return uint32_t(strings.size() - 1);
-    }
-    uint32_t stack(std::vector<uint64_t> frames) {
-        stacks.push_back(std::move(frames));
-        return uint32_t(stacks.size() - 1);
-    }
-    Event& add(EventKind kind, uint32_t tid) {
-        Event e;
-        e.seq = ++seq;
-        e.t_ns = (t_ns += 1500);
-        e.kind = kind;
-        e.tid = tid;
-        e.device = 0;
-        const auto& s = tags[tid];
-        if (!s.empty()) e.layer = s.back().first, e.phase = s.back().second;
-        events.push_back(e);
-        return events.back();
-    }
-    void push(const std::string& layer, const std::string& phase, uint32_t tid = 1) {
-        tags[tid].emplace_back(str(layer), str(phase));
-        add(EventKind::tag_push, tid).level = Level::none;
-    }
-    void pop(uint32_t tid = 1) {
-        Event& e = add(EventKind::tag_pop, tid);
-        if (!tags[tid].empty()) tags[tid].pop_back();
-        (void)e;
-    }
-    void step(uint64_t n, uint32_t tid = 1) { add(EventKind::step, tid).step = n; }
-    uint64_t segment(uint64_t address, uint64_t size, uint32_t stack_id = 0, uint32_t tid = 1,
-                     MemoryKind memory = MemoryKind::device) {
-        Event& e = add(EventKind::alloc, tid);
-        e.level = Level::segment;
-        e.memory = memory;
-        e.api = memory == MemoryKind::host_pinned ? Api::cudaMallocHost : Api::cudaMalloc;
-        e.address = address;
-        e.size = size;
-        e.stack = stack_id;
-        return e.seq;
-    }
-    void segment_free(uint64_t address, uint32_t tid = 1) {
-        Event& e = add(EventKind::free, tid);
-        e.level = Level::segment;
-        e.api = Api::cudaFree;
-        e.address = address;
-    }
-    uint64_t block(uint64_t address, uint64_t size, uint32_t stack_id = 0, uint32_t tid = 1) {
-        Event& e = add(EventKind::alloc, tid);
-        e.level = Level::block;
-        e.memory = MemoryKind::device;
-        e.api = Api::block_alloc;
-        e.address = address;
-        e.size = size;
-        e.stack = stack_id;
-        e.stream = 7;
-        return e.seq;
-    }
-    void block_free(uint64_t address, uint32_t tid = 1) {
-        Event& e = add(EventKind::free, tid);
-        e.level = Level::block;
-        e.api = Api::block_free;
-        e.address = address;
-    }
-    void oom(uint64_t size, uint32_t tid = 1) {
-        Event& e = add(EventKind::oom, tid);
-        e.level = Level::segment;
-        e.memory = MemoryKind::device;
-        e.api = Api::cudaMalloc;
-        e.size = size;
-        e.result = 2;
-    }
-
-    std::string write(const fs::path& path) const {
-        TraceWriter w;
-        std::string error;
-        REQUIRE_MESSAGE(w.open(path.string(), header, error), error);
-        for (uint32_t i = 1; i < strings.size(); ++i)
-            w.string(i, strings[i]);
-        for (uint32_t i = 1; i < stacks.size(); ++i)
-            w.stack(i, stacks[i]);
-        for (const Event& e : events)
-            w.event(e);
-        FooterRecord footer;
-        footer.events = events.size();
-        footer.end_mono_ns = t_ns;
-        w.close(footer);
-        return path.string();
-    }
-};
 
 // --- Perfetto JSON --------------------------------------------------------------
 
@@ -275,6 +166,8 @@ json.dump({'unknown_opcodes': sorted(used - known), 'protocol': proto,
            'total_size': sum(s['total_size'] for s in segs), 'active_blocks': active,
            'active_bytes': active_bytes, 'tiled': tiled, 'keys_ok': keys_ok,
            'devices': len(snap['device_traces']), 'actions': actions,
+           'oom_device_free': [e['device_free'] for t in snap['device_traces'] for e in t
+                               if e['action'] == 'oom'],
            'first_frames': [f['name'] for f in next((e['frames'] for t in snap['device_traces']
                                                       for e in t if e['frames']), [])]},
           sys.stdout)
@@ -493,7 +386,8 @@ TEST_CASE("memory-viz: blocks tile their segments and the history has every acti
     b.block_free(0x14000);
     b.block_free(0x14000);  // a double free frees nothing
     b.segment_free(0x40000);
-    b.oom(uint64_t{1} << 40);
+    b.oom(uint64_t{1} << 40);                 // the failed cudaMalloc: not in PyTorch's snapshots
+    b.block_oom(uint64_t{1} << 40, 5 << 20);  // the allocator's verdict: an "oom" entry
     b.segment(0x900000, 4096, 0, 1, MemoryKind::host_pinned);  // not device memory
     const Trace trace = load_trace(b.write(t / "rank0.trace"));
 
@@ -517,6 +411,8 @@ TEST_CASE("memory-viz: blocks tile their segments and the history has every acti
     CHECK(action_count(v, "free_completed") == 1);
     CHECK(action_count(v, "segment_free") == 1);
     CHECK(action_count(v, "oom") == 1);
+    REQUIRE(v.at("oom_device_free").items.size() == 1);
+    CHECK(v.at("oom_device_free").items[0].as_u64() == 5u << 20);
     const auto& frames = v.at("first_frames").items;
     REQUIRE(frames.size() == 2);
     CHECK(frames[0].text == "0x401000");  // innermost first, as torch's

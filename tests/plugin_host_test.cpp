@@ -783,6 +783,81 @@ TEST_CASE("tag strings come interned: one address per text until finish, over bo
     CHECK(v["unreadable"] == "0");
 }
 
+namespace {
+
+// (kind, seq) of every event delivered, in order.
+std::vector<std::pair<uint32_t, uint64_t>> g_delivered;
+
+allocscope_plugin_status order_init(const allocscope_host_v1*, void** state) {
+    *state = nullptr;
+    g_delivered.clear();
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status order_event(void*, const allocscope_event_v1* e) {
+    g_delivered.emplace_back(e->kind, e->seq);
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status order_finish(void*) {
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+const allocscope_plugin_v1 kOrderPlugin{sizeof(allocscope_plugin_v1),
+                                        ALLOCSCOPE_PLUGIN_ABI_VERSION,
+                                        "order",
+                                        "records the order of events",
+                                        ALLOCSCOPE_EVENT_ALL,
+                                        order_init,
+                                        order_event,
+                                        nullptr,
+                                        order_finish};
+
+std::vector<std::pair<uint32_t, uint64_t>> delivered(const Stream& s) {
+    Captured c;
+    PluginHost host(settings_for(c, {}, 0, true));
+    host.add(&kOrderPlugin, "order");
+    s.feed(host, ALLOCSCOPE_SOURCE_RUN);
+    host.finish();
+    return g_delivered;
+}
+
+constexpr uint32_t kPop = ALLOCSCOPE_EVENT_TAG_POP, kAlloc = ALLOCSCOPE_EVENT_ALLOC,
+                   kFree = ALLOCSCOPE_EVENT_FREE, kOom = ALLOCSCOPE_EVENT_OOM;
+
+}  // namespace
+
+TEST_CASE(
+    "after a failed allocation a thread's pops are held: dropped when it never allocates again") {
+    Stream s;
+    s.push("layers.0", "forward");
+    s.alloc(0x1000, 64, Level::block);     // seq 2
+    s.add(EventKind::oom).size = 1 << 30;  // 3: the error unwinds ...
+    s.free(0x1000, 64, Level::block);      // 4
+    s.pop();                               // 5: ... out of the scope, which did not complete
+    const auto d = delivered(s);
+    CHECK(std::find(d.begin(), d.end(), std::make_pair(kOom, uint64_t(3))) != d.end());
+    CHECK(std::find(d.begin(), d.end(), std::make_pair(kFree, uint64_t(4))) != d.end());
+    CHECK(std::find(d.begin(), d.end(), std::make_pair(kPop, uint64_t(5))) == d.end());
+}
+
+TEST_CASE("pops held after a failed allocation come, in order, before the thread's next one") {
+    Stream s;
+    s.push("layers.0", "forward");
+    s.push("layers.0.mlp", "forward");
+    s.add(EventKind::oom).size = 1 << 30;  // 3
+    s.pop();                               // 4
+    s.pop();                               // 5
+    s.alloc(0x2000, 64, Level::block);     // 6: caught, and the program went on
+    s.push("layers.1", "forward");         // 7
+    s.pop();                               // 8
+    const auto d = delivered(s);
+    std::vector<std::pair<uint32_t, uint64_t>> tail(d.end() - 5, d.end());
+    CHECK(tail ==
+          std::vector<std::pair<uint32_t, uint64_t>>{
+              {kPop, 4}, {kPop, 5}, {kAlloc, 6}, {ALLOCSCOPE_EVENT_TAG_PUSH, 7}, {kPop, 8}});
+}
+
 // --- end to end -------------------------------------------------------------------
 
 namespace {

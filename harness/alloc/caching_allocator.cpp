@@ -108,6 +108,7 @@ void* CachingAllocator::allocate(size_t bytes, Stream stream) {
         }
         if (block == nullptr) {
             ++stats_.num_ooms;
+            if (events_.on_oom) events_.on_oom(size, device_, stream);
             throw OutOfMemoryError(bytes, segment_size, stats_);
         }
     }

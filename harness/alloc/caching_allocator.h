@@ -92,9 +92,13 @@ SegmentSource cuda_runtime_segments(int device);
 struct BlockEventSink {
     std::function<void(void* ptr, size_t size, int device, Stream stream)> on_alloc;
     std::function<void(void* ptr)> on_free;
+    // A request the allocator gave up on (after releasing its cached
+    // segments and retrying), right before OutOfMemoryError is thrown:
+    // the rounded size. May be empty.
+    std::function<void(size_t size, int device, Stream stream)> on_oom;
 };
 
-// allocscope_dl_block_alloc / allocscope_dl_block_free: recorded by the
+// allocscope_dl_block_alloc / _free / _oom: recorded by the
 // interposer when it is preloaded, no-ops otherwise.
 BlockEventSink allocscope_block_events();
 

@@ -70,6 +70,10 @@ BlockEventSink allocscope_block_events() {
             allocscope_dl_block_alloc(ptr, size, device, stream);
         },
         [](void* ptr) { allocscope_dl_block_free(ptr); },
+        // The device's free memory is not measured here (0: not known).
+        [](size_t size, int device, Stream stream) {
+            allocscope_dl_block_oom(size, device, stream, 0);
+        },
     };
 }
 

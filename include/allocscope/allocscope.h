@@ -126,6 +126,18 @@ void allocscope_derived(const void* ptr, const char* layer, const char* name, co
 void allocscope_block_alloc(void* ptr, size_t size, int device, void* stream);
 void allocscope_block_free(void* ptr);
 
+/* A request the caching allocator could not serve, after freeing what it had
+ * cached and retrying: the program sees an out-of-memory error for it.
+ * `size` is the request as the allocator rounded it, `device_free` the
+ * device's free memory as the allocator measured it when it gave up (0:
+ * not known). Recorded as an `oom` event at level "block" with the calling
+ * thread's tag, step and stack (Python frames included, as for blocks);
+ * reports open with it. Failed runtime and driver calls (a cudaMalloc that
+ * returns cudaErrorMemoryAllocation) are recorded by the interposer itself;
+ * the allocator's own verdict is what tells a retried failure from the one
+ * that ended in an error. */
+void allocscope_block_oom(size_t size, int device, void* stream, uint64_t device_free);
+
 /* Python frames for block allocations (a bridge into a Python program's
  * caching allocator, e.g. tools/torch_bridge). allocscope_python_frame
  * returns a pseudo-address naming the frame (0 when not recording): call it

@@ -37,6 +37,7 @@ typedef struct allocscope_dl_table {
     void (*derived)(const void*, const char*, const char*, const char*);
     void (*block_alloc)(void*, size_t, int, void*);
     void (*block_free)(void*);
+    void (*block_oom)(size_t, int, void*, uint64_t);
     uint64_t (*check_begin)(const char*, const char*, char*, size_t);
     int (*check_end)(uint64_t, allocscope_check_visitor, void*, char*, size_t);
 } allocscope_dl_table;
@@ -50,6 +51,7 @@ static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
     *(void**)&t->derived = dlsym(RTLD_DEFAULT, "allocscope_derived");
     *(void**)&t->block_alloc = dlsym(RTLD_DEFAULT, "allocscope_block_alloc");
     *(void**)&t->block_free = dlsym(RTLD_DEFAULT, "allocscope_block_free");
+    *(void**)&t->block_oom = dlsym(RTLD_DEFAULT, "allocscope_block_oom");
     *(void**)&t->check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
     *(void**)&t->check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
 }
@@ -122,6 +124,11 @@ static inline void allocscope_dl_block_alloc(void* ptr, size_t size, int device,
 static inline void allocscope_dl_block_free(void* ptr) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->block_free) t->block_free(ptr);
+}
+static inline void allocscope_dl_block_oom(size_t size, int device, void* stream,
+                                           uint64_t device_free) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->block_oom) t->block_oom(size, device, stream, device_free);
 }
 
 /* Checks: without the interposer, begin returns 0 and end -1, both saying

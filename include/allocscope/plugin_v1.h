@@ -119,7 +119,8 @@ typedef struct allocscope_event_v1 {
     uint64_t seq;     /* global order within the stream */
     uint64_t t_ns;    /* monotonic ns since the stream began */
     uint64_t step;    /* the training step current at the event */
-    uint64_t address; /* ALLOC/FREE/MAP/UNMAP */
+    uint64_t address; /* ALLOC/FREE/MAP/UNMAP; OOM: the device's free bytes as the
+                       * allocator measured them, 0 when not known */
     uint64_t size;    /* ALLOC/OOM: requested bytes; FREE: the freed allocation's */
     uint32_t kind;    /* allocscope_event_kind_v1 */
     uint32_t level;   /* allocscope_level_v1 */

@@ -57,7 +57,8 @@ inline std::string how_to_settle(bool provenance_on) {
 }
 
 // Per layer, the window (one forward or backward of it) that retained the
-// most bytes, with its evidence held in an EvidenceWatch; layers in the
+// most bytes (the latest among equals), with its evidence held in an
+// EvidenceWatch; layers in the
 // order first seen.
 class RetentionByLayer {
   public:
@@ -83,7 +84,10 @@ class RetentionByLayer {
         }
         Entry& entry = entries_[it->second];
         ++entry.windows;
-        if (bytes <= entry.bytes) return;  // ties keep the earliest window
+        // Ties keep the latest window: its copies are the ones a run that
+        // ends (or dies) now still holds, and an out-of-memory moment's
+        // report can show them among what was live (analyze/report.h).
+        if (bytes < entry.bytes) return;
         watch_.release(entry.evidence);
         entry.bytes = bytes;
         entry.count = evidence.size();

@@ -74,18 +74,20 @@ struct Event {
 // Relies on the allocator calling its sink under its lock: no lock here.
 struct EventLog {
     std::vector<Event> events;
+    std::vector<size_t> ooms;  // the sizes of the requests given up on
     BlockEventSink sink() {
         return {[this](void* ptr, size_t size, int device, Stream stream) {
                     events.push_back({true, ptr, size, device, stream});
                 },
                 [this](void* ptr) {
                     events.push_back({false, ptr, 0, -1, nullptr});
-                }};
+                },
+                [this](size_t size, int, Stream) { ooms.push_back(size); }};
     }
 };
 
 BlockEventSink ignore_events() {
-    return {[](void*, size_t, int, Stream) {}, [](void*) {}};
+    return {[](void*, size_t, int, Stream) {}, [](void*) {}, nullptr};
 }
 
 void* at(void* base, size_t offset) {
@@ -107,6 +109,16 @@ extern "C" void allocscope_block_alloc(void* ptr, size_t size, int device, void*
 }
 extern "C" void allocscope_block_free(void* ptr) {
     g_hook_events.push_back({false, ptr, 0, -1, nullptr});
+}
+struct HookOom {
+    size_t size;
+    int device;
+    uint64_t device_free;
+    bool operator==(const HookOom&) const = default;
+};
+std::vector<HookOom> g_hook_ooms;
+extern "C" void allocscope_block_oom(size_t size, int device, void*, uint64_t device_free) {
+    g_hook_ooms.push_back({size, device, device_free});
 }
 
 TEST_CASE("request sizes are rounded up to a multiple of 512 B, at least 512 B") {
@@ -409,6 +421,7 @@ TEST_CASE(
     CHECK(s.allocated_bytes.current == 1024 + 14 * MiB);
     CHECK(device.releases == 1);
     CHECK(log.events.size() == events_before);
+    CHECK(log.ooms == std::vector<size_t>{12 * MiB});  // reported once, after the retry
     allocator.free(small);
     allocator.free(y);
 }
@@ -473,7 +486,8 @@ TEST_CASE("threads allocating and freeing at once keep totals exact and events c
                         [&](void* ptr) {
                             consistent &= live.erase(ptr) == 1;
                             ++events;
-                        }};
+                        },
+                        nullptr};
     CachingAllocator allocator(0, device.source(), sink);
     constexpr int kThreads = 8;
     constexpr int kSteps = 3000;
@@ -545,15 +559,20 @@ TEST_CASE(
     CHECK(cudaFree(p) == cudaErrorInvalidValue);
 }
 
-TEST_CASE("through the CUDA runtime: a failed cudaMalloc releases the cache and is retried") {
+TEST_CASE(
+    "through the CUDA runtime: a failed cudaMalloc releases the cache and is retried, and the "
+    "request given up on reaches allocscope's oom hook") {
     REQUIRE(sim_limit_set == 0);  // a 64 MiB sim device
-    CachingAllocator allocator(0, cuda_runtime_segments(0), ignore_events());
+    g_hook_ooms.clear();
+    CachingAllocator allocator(0, cuda_runtime_segments(0), allocscope_block_events());
     allocator.free(allocator.allocate(30 * MiB));  // a cached 30 MiB segment, too small below
     void* other = allocator.allocate(40 * MiB);    // 30 + 40 > 64: retried after the release
     CHECK(allocator.stats().num_alloc_retries == 1);
     CHECK(allocator.stats().reserved_bytes.current == 40 * MiB);
+    CHECK(g_hook_ooms.empty());  // a retry that succeeds is no out-of-memory error
     CHECK_THROWS_AS(allocator.allocate(30 * MiB), OutOfMemoryError);
     CHECK(allocator.stats().num_ooms == 1);
+    CHECK(g_hook_ooms == std::vector<HookOom>{{30 * MiB, 0, 0}});
     allocator.free(other);
 }
 

@@ -206,7 +206,8 @@ std::vector<Live> live_per_step(const Options& o) {
                                [&](void* p) {
                                    --live.count;
                                    live.bytes -= int64_t(sizes[p]);
-                               }};
+                               },
+                               nullptr};
     alloc::CachingAllocator allocator(0, alloc::cuda_runtime_segments(0), sink);
     std::vector<Live> out;
     {

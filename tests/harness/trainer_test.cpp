@@ -34,7 +34,8 @@ Run run(const Options& options, fp8::Arch arch = fp8::Arch::sm90) {
                                },
                                [&](void*) {
                                    out.block_events.push_back({0, false});
-                               }};
+                               },
+                               nullptr};
     alloc::CachingAllocator allocator(0, alloc::cuda_runtime_segments(0), sink);
     {
         std::unique_ptr<Compute> compute = make_host_compute(comm, layer_config(options.shape));

@@ -313,13 +313,13 @@ TEST_CASE("seed-like copies kept until backward: one finding per layer and the t
             CHECK(f.phase == "forward");
             CHECK(f.bytes == c.per_layer);
             CHECK(f.count == c.allocations);
-            // Every step retains the same: the first (earliest) is reported.
+            // Every step retains the same: the latest is reported.
             std::vector<uint64_t> seqs;
             uint64_t evidence_bytes = 0;
             for (const auto& e : f.evidence) {
                 seqs.push_back(e.alloc_seq);
                 evidence_bytes += e.size;
-                CHECK(e.step == 1);
+                CHECK(e.step == 3);
                 CHECK(e.phase == "forward/quantize");
                 CHECK(e.layer.rfind(run.layer(i) + ".", 0) == 0);
                 CHECK(e.stack_id != 0);
@@ -328,7 +328,7 @@ TEST_CASE("seed-like copies kept until backward: one finding per layer and the t
                                        run.layer(i) + "'s forward",
                                    0) == 0);
             }
-            CHECK(seqs == run.kept(1, i));
+            CHECK(seqs == run.kept(3, i));
             CHECK(evidence_bytes == c.per_layer);
             CHECK(f.summary.find("retained in 3 forwards") != std::string::npos);
         }

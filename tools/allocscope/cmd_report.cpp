@@ -30,7 +30,11 @@ constexpr const char* kReportHelp =
 
 An attribution report of a run. PATH is an output directory (every *.trace
 in it, and its findings.json) or trace files (with findings.<name>.json
-next to each when there is one). Per rank, and merged over ranks:
+next to each when there is one). A trace that ran out of memory opens with
+that moment: the request (rank, step, layer/phase, size, stack), what was
+live then by (layer, phase) and by site, the allocator's cached but
+unallocated bytes, and the findings whose allocations were part of it.
+Per rank, and merged over ranks:
   * peak and live bytes per pool (device segments, caching-allocator
     blocks, pinned host memory);
   * a per (layer, phase) table: bytes allocated, the most one scope of it
@@ -59,6 +63,12 @@ std::set<uint32_t> stacks_shown(const TraceAnalysis& a, const FindingsFile& find
     std::set<uint32_t> ids;
     for (const auto* sites : {&a.sites_at_peak, &a.sites_at_exit}) {
         for (const Site& s : *sites) {
+            if (s.stack) ids.insert(s.stack);
+        }
+    }
+    for (const OomMoment& m : a.ooms) {
+        if (m.stack) ids.insert(m.stack);
+        for (const Site& s : m.sites) {
             if (s.stack) ids.insert(s.stack);
         }
     }
@@ -170,6 +180,15 @@ bool write_run_reports(const std::string& out_dir) {
         write_text_file(out_dir + "/report.txt", render_text(report));
         write_text_file(out_dir + "/report.html", render_html(report));
         std::fprintf(stderr, "allocscope: wrote %s/report.txt and report.html\n", out_dir.c_str());
+        // A run that ran out of memory: each rank's last moment, last.
+        for (const RankReport& r : report.ranks) {
+            if (r.analysis.ooms.empty()) continue;
+            std::string text = oom_summary(report, r, r.analysis.ooms.back());
+            if (r.analysis.oom_moments_total > 1)
+                text += "  (" + std::to_string(r.analysis.oom_moments_total) +
+                        " out-of-memory moments in this trace; report.txt has the last ones)\n";
+            std::fprintf(stderr, "allocscope: %s", text.c_str());
+        }
         return true;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "allocscope: no report written: %s\n", e.what());

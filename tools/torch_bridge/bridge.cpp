@@ -19,7 +19,12 @@
 //   FREE_COMPLETED   -> ignored (the free was reported at FREE_REQUESTED)
 //   SEGMENT_*        -> ignored: cudaMalloc/cudaFree and cuMemMap/cuMemUnmap
 //                       are recorded at the runtime/driver level already
-//   OOM, SNAPSHOT    -> ignored (the failed cudaMalloc is recorded as oom)
+//   OOM              -> allocscope_block_oom(size, device, stream, addr): the
+//                       allocator gave up on the request after freeing its
+//                       cache and retrying (the failed cudaMalloc calls
+//                       before it are recorded at the runtime level); PyTorch
+//                       puts the device's free bytes (cudaMemGetInfo) in addr_
+//   SNAPSHOT         -> ignored
 //
 // The interposer entry points are looked up with dlsym, so the bridge loads
 // (and does nothing) without the interposer. The callback never throws and
@@ -90,10 +95,12 @@ using allocscope::pyframes::python_frames;
 #endif
 using BlockAlloc = void (*)(void*, size_t, int, void*);
 using BlockFree = void (*)(void*);
+using BlockOom = void (*)(size_t, int, void*, uint64_t);
 
 std::atomic<BlockAlloc> g_block_alloc{nullptr};
 std::atomic<PythonFrame> g_python_frame{nullptr};
 std::atomic<BlockFree> g_block_free{nullptr};
+std::atomic<BlockOom> g_block_oom{nullptr};
 std::atomic<int> g_attached{0};
 
 uint64_t mono_ns() noexcept {
@@ -159,18 +166,22 @@ template <class Entry>
 void on_entry(const Entry& e) noexcept {
     using Action = typename Entry::Action;
     const Action action = e.action_;
+    int device = 0;
+    if constexpr (requires(const Entry& x) { x.device_; }) device = static_cast<int>(e.device_);
+    void* stream = nullptr;
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(e.stream_)>>)
+        stream = reinterpret_cast<void*>(e.stream_);
     if (action == Action::ALLOC) {
-        int device = 0;
-        if constexpr (requires(const Entry& x) { x.device_; }) device = static_cast<int>(e.device_);
-        void* stream = nullptr;
-        if constexpr (std::is_pointer_v<std::decay_t<decltype(e.stream_)>>)
-            stream = reinterpret_cast<void*>(e.stream_);
         void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_));
         const size_t size = rounded(static_cast<size_t>(e.size_));
         // Python frames come from outer_frames, which the interposer calls.
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
         if (alloc)
             timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
+    } else if (action == Action::OOM) {
+        // Python frames come from outer_frames, as for blocks.
+        if (BlockOom oom = g_block_oom.load(std::memory_order_relaxed))
+            oom(static_cast<size_t>(e.size_), device, stream, static_cast<uint64_t>(e.addr_));
     } else if (action == Action::FREE_REQUESTED) {
         BlockFree release = g_block_free.load(std::memory_order_relaxed);
         if (!release) return;
@@ -250,6 +261,7 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
             reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
         g_block_free.store(
             reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
+        g_block_oom.store(reinterpret_cast<BlockOom>(dlsym(RTLD_DEFAULT, "allocscope_block_oom")));
         try {
             a->attachAllocatorTraceTracker([](const auto& entry) { on_entry(entry); });
         } catch (...) {

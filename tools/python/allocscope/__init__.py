@@ -34,6 +34,7 @@ __all__ = [
     "derived",
     "block_alloc",
     "block_free",
+    "block_oom",
     "scope",
     "rank",
     "library_path",
@@ -63,6 +64,7 @@ _SIGNATURES = {
     "derived": ([_ptr, _str, _str, _str], None),
     "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
     "block_free": ([_ptr], None),
+    "block_oom": ([ctypes.c_size_t, ctypes.c_int, _ptr, _u64], None),
 }
 
 
@@ -204,6 +206,15 @@ def block_free(ptr):
     api = _get()
     if api is not None:
         api.block_free(ptr)
+
+
+def block_oom(size, device=0, stream=None, device_free=0):
+    """Caching-allocator hook: a request of `size` bytes could not be served
+    (the program sees an out-of-memory error). `device_free`: the device's
+    free bytes when it failed, 0 when not known."""
+    api = _get()
+    if api is not None:
+        api.block_oom(int(size), int(device), stream, int(device_free))
 
 
 class scope:

@@ -10,8 +10,10 @@ import torch
 import allocscope as _allocscope
 
 from ._common import _lock, _say
+from ._oom import record_ooms
 
 _bridge_state = None  # None: not tried; True: attached or not needed; False: failed
+_sees_ooms = False  # the bridge is attached to the native allocator's trace
 
 
 def _bridge_candidates():
@@ -49,7 +51,13 @@ def attach_bridge():
         if _bridge_state is not None:
             return _bridge_state
         _bridge_state = _attach()
-        return _bridge_state
+    # The allocator's out-of-memory verdicts: from the bridge's trace
+    # entries when it is attached, else from Python (_oom.py).
+    try:
+        record_ooms(_sees_ooms)
+    except Exception as e:
+        _say("oom", "out-of-memory errors are not recorded: %s" % e)
+    return _bridge_state
 
 
 def _attach():
@@ -85,8 +93,10 @@ def _attach():
     except (OSError, AttributeError) as e:
         _say("bridge", "the PyTorch bridge %s cannot be loaded: %s" % (path, e))
         return asynchronous
+    global _sees_ooms
     error = ctypes.create_string_buffer(512)
     rc = attach(error, len(error))
+    _sees_ooms = rc in (0, 2)
     if rc < 0:
         _say(
             "bridge",

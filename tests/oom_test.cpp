@@ -1,0 +1,317 @@
+// Out-of-memory moments (analyze/analysis.h, OomMoment): which failed
+// requests are moments, what was live at them, and how the text, JSON and
+// HTML reports, the diff and the exports show them, on constructed traces
+// where every number is known.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "diff.h"
+#include "export.h"
+#include "findings.h"
+#include "json.h"
+#include "report.h"
+#include "support.h"
+#include "trace_builder.h"
+#include "trace_reader.h"
+
+using namespace allocscope;
+using namespace allocscope::test;
+
+namespace {
+
+constexpr uint64_t MiB = 1 << 20;
+
+// A 64 MiB segment; layers.0 and layers.1 keep 30 and 20 MiB; layers.2's
+// forward asks for 20 MiB: two cudaMalloc calls fail, then the allocator
+// gives up with 1 MiB free on the device. Returns the seq of layers.0's block.
+struct OomRun {
+    TraceBuilder b{0};
+    uint64_t kept_seq = 0, freed_seq = 0, freed_free_seq = 0;
+    uint32_t request_stack = 0;
+    OomRun() {
+        request_stack = b.stack({0x401000, 0x402000});
+        b.step(3);
+        b.segment(0x10000000, 64 * MiB);
+        b.push("layers.0", "forward");
+        kept_seq = b.block(0x10000000, 30 * MiB, b.stack({0x403000}));
+        freed_seq = b.block(0x12000000, 1 * MiB);
+        b.block_free(0x12000000);
+        freed_free_seq = b.seq;
+        b.pop();
+        b.push("layers.1", "forward");
+        b.block(0x13000000, 20 * MiB);
+        b.pop();
+        b.push("layers.2", "forward");
+        b.oom(20 * MiB);
+        b.oom(20 * MiB);
+        Event& verdict = b.add(EventKind::oom, 1);
+        verdict.level = Level::block;
+        verdict.memory = MemoryKind::device;
+        verdict.api = Api::block_alloc;
+        verdict.size = 20 * MiB;
+        verdict.address = 1 * MiB;
+        verdict.stack = request_stack;
+        verdict.result = 2;
+        b.pop();
+    }
+};
+
+Report report_of(const Trace& trace, FindingsFile findings = {}) {
+    Report report;
+    RankReport r;
+    r.analysis = analyze(trace);
+    report.ranks.push_back(std::move(r));
+    report.findings = std::move(findings);
+    report.findings_found = !report.findings.findings.empty();
+    return report;
+}
+
+Finding weight_copies(uint64_t alive_seq, uint64_t freed_seq, uint64_t freed_free_seq) {
+    Finding f;
+    f.plugin = "weight-copy-accumulation";
+    f.severity = Severity::error;
+    f.rank = 0;
+    f.layer = "layers.0";
+    f.phase = "forward";
+    f.basis = "proven";
+    Evidence alive;
+    alive.size = 30 * MiB;
+    alive.alloc_seq = alive_seq;
+    Evidence freed;
+    freed.size = 1 * MiB;
+    freed.alloc_seq = freed_seq;
+    freed.free_seq = freed_free_seq;
+    f.evidence = {alive, freed};
+    f.bytes = 31 * MiB;
+    f.count = 2;
+    return f;
+}
+
+}  // namespace
+
+TEST_CASE("the out-of-memory moment is the allocator's verdict, with what was live at it") {
+    TempDir t;
+    OomRun run;
+    const Trace trace = load_trace(run.b.write(t / "rank0.trace"));
+    const TraceAnalysis a = analyze(trace);
+    CHECK(a.oom_events == 3);
+    CHECK(a.oom_moments_total == 1);
+    CHECK(a.recovered_failures == 0);
+    REQUIRE(a.ooms.size() == 1);
+    const OomMoment& m = a.ooms[0];
+    CHECK(m.by_allocator);
+    CHECK_FALSE(m.continued);
+    CHECK(m.failed_calls == 2);
+    CHECK(m.requested == 20 * MiB);
+    CHECK(m.device_free == 1 * MiB);
+    CHECK(m.step == 3);
+    CHECK(m.layer == "layers.2");
+    CHECK(m.phase == "forward");
+    CHECK(m.stack == run.request_stack);
+    CHECK(m.allocated == 50 * MiB);
+    CHECK(m.allocated_count == 2);
+    CHECK(m.reserved_known);
+    CHECK(m.reserved == 64 * MiB);
+    REQUIRE(m.by_tag.size() == 2);
+    CHECK(m.by_tag[0].layer == "layers.0");
+    CHECK(m.by_tag[0].bytes == 30 * MiB);
+    CHECK(m.by_tag[1].layer == "layers.1");
+    CHECK(m.by_tag[1].bytes == 20 * MiB);
+    REQUIRE(m.sites.size() == 2);
+    CHECK(m.sites[0].bytes == 30 * MiB);
+}
+
+TEST_CASE("a failed call followed by a successful allocation on its thread was recovered from") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 8 * MiB);
+    b.oom(16 * MiB);  // cudaMalloc fails, the cache is freed ...
+    b.segment_free(0x10000000);
+    b.segment(0x20000000, 16 * MiB);  // ... and the retry succeeds
+    b.oom(32 * MiB, 2);               // another thread: fails and never allocates again
+    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")));
+    CHECK(a.oom_events == 2);
+    CHECK(a.recovered_failures == 1);
+    CHECK(a.oom_moments_total == 1);
+    REQUIRE(a.ooms.size() == 1);
+    const OomMoment& m = a.ooms[0];
+    CHECK_FALSE(m.by_allocator);
+    CHECK(m.tid == 2);
+    CHECK(m.requested == 32 * MiB);
+    CHECK(m.api == "cudaMalloc");
+    CHECK(m.failed_calls == 1);
+    // Without blocks, allocated is the device segments; reserved is not separate.
+    CHECK_FALSE(m.reserved_known);
+    CHECK(m.allocated == 16 * MiB);
+}
+
+TEST_CASE("an out-of-memory error the program caught stays a moment, marked as continued") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 8 * MiB);
+    b.block_oom(64 * MiB);
+    b.block(0x10000000, 1 * MiB);  // it went on with a smaller request
+    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")));
+    REQUIRE(a.ooms.size() == 1);
+    CHECK(a.ooms[0].by_allocator);
+    CHECK(a.ooms[0].continued);
+    CHECK(a.ooms[0].allocated == 0);
+}
+
+TEST_CASE("of many out-of-memory moments the last ones are kept in full, all are counted") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 8 * MiB);
+    for (int i = 0; i < 6; ++i) {
+        b.block_oom(uint64_t(i + 1) * MiB);
+        b.block(0x10000000, 1024);
+        b.block_free(0x10000000);
+    }
+    AnalysisOptions options;
+    options.oom_moments = 4;
+    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")), options);
+    CHECK(a.oom_moments_total == 6);
+    REQUIRE(a.ooms.size() == 4);
+    CHECK(a.ooms.front().requested == 3 * MiB);
+    CHECK(a.ooms.back().requested == 6 * MiB);
+}
+
+TEST_CASE("the reports open with the out-of-memory moment and the findings' share of it") {
+    TempDir t;
+    OomRun run;
+    const Trace trace = load_trace(run.b.write(t / "rank0.trace"));
+    FindingsFile findings;
+    findings.findings.push_back(weight_copies(run.kept_seq, run.freed_seq, run.freed_free_seq));
+    const Report report = report_of(trace, findings);
+
+    const std::vector<OomShare> shares =
+        oom_shares(report, report.ranks[0], report.ranks[0].analysis.ooms[0]);
+    REQUIRE(shares.size() == 1);
+    CHECK(shares[0].bytes == 30 * MiB);  // the freed 1 MiB copy is not part of it
+    CHECK(shares[0].count == 1);
+
+    const std::string text = render_text(report);
+    const size_t oom = text.find("== out of memory ==");
+    REQUIRE(oom != std::string::npos);
+    CHECK(oom < text.find("== rank 0"));
+    CHECK(text.find("rank 0: out of memory at step 3, layers.2 forward") != std::string::npos);
+    CHECK(text.find("20.0 MiB requested on device 0 (the caching allocator gave up after 2 failed "
+                    "device allocation(s)); device free 1.00 MiB") != std::string::npos);
+    CHECK(text.find("allocated 50.0 MiB in 2 allocation(s); reserved 64.0 MiB (14.0 MiB cached, "
+                    "not allocated)") != std::string::npos);
+    CHECK(text.find("error weight-copy-accumulation (layers.0 forward) held 30.0 MiB of the 50.0 "
+                    "MiB allocated, in 1 allocation(s)") != std::string::npos);
+    CHECK(text.find("failed allocations (oom): 3, largest request 20.0 MiB; 1 out-of-memory "
+                    "moment(s), 0 failed call(s) recovered from") != std::string::npos);
+
+    const json::Value v = json::parse(render_json(report));
+    const json::Value& moments = v.at("out_of_memory");
+    REQUIRE(moments.items.size() == 1);
+    const json::Value& m = moments.items[0];
+    CHECK(m.at("rank").as_i64() == 0);
+    CHECK(m.at("requested").as_u64() == 20 * MiB);
+    CHECK(m.at("device_free").as_u64() == 1 * MiB);
+    CHECK(m.at("allocated").as_u64() == 50 * MiB);
+    CHECK(m.at("reserved").as_u64() == 64 * MiB);
+    CHECK(m.at("by_allocator").boolean);
+    CHECK(m.at("failed_calls").as_u64() == 2);
+    REQUIRE(m.at("findings").items.size() == 1);
+    CHECK(m.at("findings").items[0].at("bytes").as_u64() == 30 * MiB);
+    CHECK(m.at("by_tag").items[0].at("layer").text == "layers.0");
+    CHECK(v.at("ranks").items[0].at("oom_moments").as_u64() == 1);
+
+    const std::string html = render_html(report);
+    const size_t section = html.find("<h2 id=oom>Out of memory</h2>");
+    REQUIRE(section != std::string::npos);
+    CHECK(section < html.find("<h2 id=findings>"));
+    CHECK(html.find("20.0 MiB requested") != std::string::npos);
+    CHECK(html.find("30.0 MiB of 50.0 MiB") != std::string::npos);
+
+    const std::string summary =
+        oom_summary(report, report.ranks[0], report.ranks[0].analysis.ooms[0]);
+    CHECK(summary.starts_with("rank 0: out of memory at step 3, layers.2 forward"));
+    CHECK(summary.find("held 30.0 MiB of the 50.0 MiB allocated") != std::string::npos);
+}
+
+TEST_CASE("a report without an out-of-memory moment has no such section") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 8 * MiB);
+    b.oom(16 * MiB);
+    b.segment(0x20000000, 16 * MiB);  // recovered
+    const Report report = report_of(load_trace(b.write(t / "rank0.trace")));
+    CHECK(render_text(report).find("== out of memory ==") == std::string::npos);
+    CHECK(render_html(report).find("id=oom") == std::string::npos);
+    CHECK(json::parse(render_json(report)).at("out_of_memory").items.empty());
+}
+
+TEST_CASE("diff measures a run that ran out of memory up to there and says so") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 64 * MiB);
+    uint64_t address = 0x10000000;
+    for (uint64_t step = 0; step < 3; ++step) {
+        b.step(step);
+        for (int layer = 0; layer < 2; ++layer) {
+            b.push("layers." + std::to_string(layer), "forward");
+            b.block(address, 1 * MiB);
+            address += 1 * MiB;
+            b.pop();
+        }
+        b.push("layers.1", "backward");
+        if (step == 2) {
+            b.block_oom(40 * MiB);  // dies in the last step's backward
+            break;
+        }
+        b.pop();
+        b.push("", "optimizer");
+        b.pop();
+    }
+    const RunMeasure m = measure_run(load_trace(b.write(t / "rank0.trace")));
+    REQUIRE(m.oom.has_value());
+    CHECK(m.oom->step == 2);
+    CHECK(m.oom->layer == "layers.1");
+    CHECK(m.oom->phase == "backward");
+    CHECK(m.oom->requested == 40 * MiB);
+    CHECK(m.backward_steps == 1);  // steps 0 and 1 complete, the first dropped as warm-up
+    CHECK(m.forward_steps == 2);   // step 2's forward did end
+    const RankDiff d = diff_runs(m, m, {});
+    CHECK(diff_text({d}, {}).find("CAND ran out of memory at step 2, layers.1 backward (40.0 MiB "
+                                  "requested)") != std::string::npos);
+    CHECK(json::parse(diff_json({d}, {}))
+              .at("ranks")
+              .items[0]
+              .at("cand")
+              .at("oom")
+              .at("step")
+              .as_u64() == 2);
+}
+
+TEST_CASE("perfetto marks every failed request, the allocator's verdict as out of memory") {
+    TempDir t;
+    OomRun run;
+    const Trace trace = load_trace(run.b.write(t / "rank0.trace"));
+    ExportWriter out;
+    PerfettoExport perfetto(out, trace.header.start_wall_ns);
+    perfetto.add(trace, {});
+    perfetto.finish();
+    const json::Value v = json::parse(out.str());
+    int verdicts = 0, failed = 0;
+    for (const json::Value& e : v.at("traceEvents").items) {
+        if (e.at("ph").text != "i" || e.at("cat").text != "oom") continue;
+        if (e.at("name").text == "out of memory") {
+            ++verdicts;
+            CHECK(e.at("args").at("requested").as_u64() == 20 * MiB);
+            CHECK(e.at("args").at("device_free").as_u64() == 1 * MiB);
+            CHECK(e.at("args").at("layer").text == "layers.2");
+        } else {
+            CHECK(e.at("name").text == "failed allocation");
+            ++failed;
+        }
+    }
+    CHECK(verdicts == 1);
+    CHECK(failed == 2);
+}
