@@ -76,6 +76,7 @@ Config parse_config(const EnvLookup& env) {
     flag("ALLOCSCOPE_DISABLE", c.disabled);
     flag("ALLOCSCOPE_DRIVER_HOOKS", c.driver_hooks);
     flag("ALLOCSCOPE_WALK_CYCLES", c.walk_cycles);
+    flag("ALLOCSCOPE_SIGTERM", c.sigterm);
     if (const char* v = env("ALLOCSCOPE_OUT")) {
         if (*v) {
             c.out_dir = v;

@@ -34,6 +34,7 @@ struct Config {
     bool disabled = false;                      // ALLOCSCOPE_DISABLE
     bool driver_hooks = true;                   // ALLOCSCOPE_DRIVER_HOOKS
     bool walk_cycles = false;  // ALLOCSCOPE_WALK_CYCLES (with ALLOCSCOPE_LOG=debug)
+    bool sigterm = true;       // ALLOCSCOPE_SIGTERM: finish the trace on SIGTERM
     int32_t rank = -1;         // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
     int32_t world_size = -1;   // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
 

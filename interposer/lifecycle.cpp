@@ -1,11 +1,13 @@
 // The recorder's lifecycle: the process-wide state, brought up by the first
 // hook or API call (initialize), switched off in a forked child, and
-// finished at exit (the writer drains, the plugins finish); and how the
-// library was loaded.
+// finished at exit (the writer drains, the plugins finish) or on SIGTERM;
+// and how the library was loaded.
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +35,10 @@ namespace {
 constexpr int kExitDrainMs = 5000;
 // How long exit then waits for the plugins' finish and the findings file.
 constexpr int kExitPluginsMs = 10000;
+// On SIGTERM the trace gets the exit's time (kExitDrainMs), the plugins
+// less: a launcher sends SIGKILL some seconds after SIGTERM (torchrun 30 s,
+// the harness 5 s), and findings not written are replayed by the CLI.
+constexpr int kTermPluginsMs = 3000;
 
 constinit pthread_mutex_t g_init_mutex = PTHREAD_MUTEX_INITIALIZER;
 // The loader guard (recorder_internal.h): forks waiting to start, and
@@ -42,6 +48,119 @@ constinit std::atomic<int> g_forks_pending{0};
 constinit std::atomic<int> g_loader_calls{0};
 // The storage of *g.
 alignas(State) unsigned char g_storage[sizeof(State)];
+
+// --- SIGTERM ------------------------------------------------------------------
+//
+// A process that dies by SIGTERM's default action runs no exit path: its
+// trace ends without a footer and its plugins never finish. When recording
+// starts and SIGTERM's disposition is still SIG_DFL (the program has no
+// handler of its own, and does not ignore it), on_sigterm is installed. It
+// does only async-signal-safe things: atomic stores and loads (lock-free, so
+// no lock), clock_gettime, nanosleep, write, sigaction, raise, sigprocmask.
+// It switches recording off and sets the writer's stop flag, exactly as the
+// exit destructor does; the writer thread (all signals blocked, so the
+// handler never runs there) notices within one sleep (at most 20 ms), drains
+// the ring, writes the footer, runs the plugins' finish and the findings
+// file, and sets trace_done / writer_done, which the handler waits for with
+// a time limit. Then it restores SIG_DFL, re-raises and unblocks SIGTERM:
+// the process dies by SIGTERM as it would have without allocscope. Flags,
+// not a pipe: a program may close or dup2 over descriptors it does not know
+// (daemons, closefrom before exec), and the writer already polls its flag.
+//
+// The finish runs on a normal thread, but the thread the signal interrupted
+// may hold a lock the writer or a plugin needs (malloc's arena, the loader's
+// lock, allocscope's definitions lock inside a hook). Then the writer stalls,
+// the handler gives up after the time limit and the process dies as before:
+// the trace is cut (the CLI replays it), nothing worse.
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "the SIGTERM handler needs lock-free atomics");
+
+void write_stderr(const char* text) noexcept {
+    ssize_t ignored = ::write(STDERR_FILENO, text, std::strlen(text));
+    (void)ignored;
+}
+
+// Async-signal-safe: waits until `flag` is set or `deadline_ns` has passed.
+bool wait_until(const std::atomic<bool>& flag, uint64_t deadline_ns) noexcept {
+    while (!flag.load(std::memory_order_acquire)) {
+        if (mono_ns() >= deadline_ns) return false;
+        timespec pause{0, 1000000};
+        nanosleep(&pause, nullptr);
+    }
+    return true;
+}
+
+// SIGTERM's default action, from inside the handler (SIGTERM is blocked
+// there): the disposition back to SIG_DFL, the signal raised (it stays
+// pending) and unblocked, which ends the process.
+void die_by_sigterm() noexcept {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGTERM, &dfl, nullptr);
+    raise(SIGTERM);
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_UNBLOCK, &term, nullptr);
+}
+
+void on_sigterm(int) {
+    const int saved_errno = errno;
+    State* s = g;
+    // Only the recording process waits for its writer: a forked child (its
+    // copy of the state is off, and its writer does not exist) and a process
+    // not recording die at once.
+    if (s && getpid() == s->owner_pid) {
+        int expected = kRecording;
+        if (g_state.compare_exchange_strong(expected, kOff, std::memory_order_acq_rel)) {
+            s->stop.store(true, std::memory_order_release);
+        }
+        // A finish under way (this SIGTERM's, an earlier one's on another
+        // thread, or the exit's) is waited for, within its time limits.
+        if (s->stop.load(std::memory_order_acquire)) {
+            const uint64_t start = mono_ns();
+            if (!wait_until(s->trace_done, start + kExitDrainMs * 1000000ull)) {
+                write_stderr(
+                    "allocscope: SIGTERM: the trace writer did not finish in time; the trace "
+                    "may lack its footer and last events\n");
+            } else if (!wait_until(s->writer_done, mono_ns() + kTermPluginsMs * 1000000ull)) {
+                write_stderr(
+                    "allocscope: SIGTERM: plugins did not finish in time; findings "
+                    "not written\n");
+            }
+        }
+    }
+    die_by_sigterm();
+    errno = saved_errno;  // reached only if SIGTERM did not end the process
+}
+
+// Whether SIGTERM's current disposition is on_sigterm.
+bool sigterm_is_ours() noexcept {
+    struct sigaction current {};
+    if (sigaction(SIGTERM, nullptr, &current) != 0) return false;
+    return !(current.sa_flags & SA_SIGINFO) && current.sa_handler == on_sigterm;
+}
+
+// When recording starts: on_sigterm, only over SIG_DFL (ALLOCSCOPE_SIGTERM=0:
+// never). A handler of the program's, or SIG_IGN, is left alone; one the
+// program installs later replaces on_sigterm.
+void install_sigterm_handler() {
+    if (!g->config.sigterm) return;
+    struct sigaction current {};
+    if (sigaction(SIGTERM, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL) {
+        log_line(LogLevel::debug,
+                 "allocscope: the program handles SIGTERM itself; left to its handler");
+        return;
+    }
+    struct sigaction ours {};
+    ours.sa_handler = on_sigterm;
+    sigemptyset(&ours.sa_mask);
+    ours.sa_flags = SA_RESTART | SA_ONSTACK;
+    if (sigaction(SIGTERM, &ours, nullptr) == 0)
+        log_line(LogLevel::debug, "allocscope: SIGTERM finishes the trace before the process ends");
+}
 
 void initialize() {
     g = new (g_storage) State();
@@ -86,6 +205,7 @@ void initialize() {
     }
     log_line(LogLevel::debug, "allocscope: recording to " + g->writer.path());
     g_state.store(kRecording, std::memory_order_release);
+    install_sigterm_handler();
 }
 
 }  // namespace
@@ -143,6 +263,14 @@ void after_fork_parent() {
 
 void on_fork_child() {
     g_state.store(kOff, std::memory_order_release);
+    // The child records nothing: SIGTERM gets its default action back (the
+    // handler would re-raise at once anyway: the child is not the owner).
+    if (sigterm_is_ours()) {
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(SIGTERM, &dfl, nullptr);
+    }
     g_forks_pending.fetch_sub(1, std::memory_order_seq_cst);
 }
 

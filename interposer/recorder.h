@@ -5,8 +5,19 @@
 //
 // Lifecycle: uninitialized -> (first hook or API call) -> recording | off.
 // `off` covers ALLOCSCOPE_DISABLE=1, an output that could not be created,
-// a forked child, and the time after the final flush at exit. In `off` every
-// hook forwards to the real function and records nothing.
+// a forked child, and the time after the final flush at exit or on SIGTERM.
+// In `off` every hook forwards to the real function and records nothing.
+//
+// SIGTERM: when recording starts and the program leaves SIGTERM at SIG_DFL
+// (no handler of its own, not ignored; ALLOCSCOPE_SIGTERM=0: never), a
+// handler finishes the trace first: it only flips atomics (recording off,
+// the writer's stop flag) and waits, with exit's time limits, for the writer
+// thread, which drains, writes the footer and the plugins' findings as at
+// exit; then it restores SIG_DFL and re-raises, so the process still dies by
+// SIGTERM. A program's own handler, installed before or after, is left
+// alone. If the interrupted thread holds a lock the writer needs, the wait
+// times out and the trace is cut, as without the handler. A forked child
+// gets SIG_DFL back. docs/DESIGN.md (SIGTERM) has the reasons.
 //
 // Fork policy: a child created by fork() without exec stops recording (its
 // copy of the state is never touched again, so locks held by threads that do

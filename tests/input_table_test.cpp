@@ -47,6 +47,7 @@ const std::vector<EnvCase>& env_cases() {
          {"off", "enable", "-1"},
          "1, 0, true, false, yes, no"},
         {"ALLOCSCOPE_WALK_CYCLES", {"1", "false"}, {"on"}, "1, 0, true, false, yes, no"},
+        {"ALLOCSCOPE_SIGTERM", {"0", "1", "no"}, {"off", "2"}, "1, 0, true, false, yes, no"},
         {"ALLOCSCOPE_OUT", {"/tmp/x", "relative/dir", "a b"}, {""}, "directory path"},
         {"ALLOCSCOPE_STACK_DEPTH",
          {"0", "1", "128"},
@@ -112,6 +113,7 @@ TEST_CASE("a bad value keeps that setting's default and leaves the others alone"
     all_bad["ALLOCSCOPE_PLUGIN_DIR"] = "/opt/plugins";
     const Config cfg = parse(all_bad);
     CHECK(cfg.disabled == d.disabled);
+    CHECK(cfg.sigterm == d.sigterm);
     CHECK(cfg.out_dir == d.out_dir);
     CHECK(cfg.stack_depth == d.stack_depth);
     CHECK(cfg.log == d.log);

@@ -26,6 +26,13 @@
 //                use its C API and allocator hooks around more CUDA calls
 //   until-killed allocate in a loop (steps, tags, some kept) until killed;
 //                creates $E2E_READY after the first 2000 allocations
+//   term-handler FILE [late]  until-killed with a SIGTERM handler of its own
+//                (it creates FILE and _exits 7), installed before the first
+//                CUDA call, or with `late` after it (replacing allocscope's)
+//   term-threads until-killed while a second thread allocates without pause
+//   fork-term    start recording, fork; the child reports its SIGTERM
+//                disposition and sends itself SIGTERM; the parent reports
+//                how the child ended (tests/e2e/sigterm_test.cpp)
 //   fail-calls   allocations the runtime refuses (out of memory with
 //                ALLOCSCOPE_SIM_MEMORY_LIMIT, invalid value), bad frees, and
 //                a free of live memory refused (the 4th cudaFree, with
@@ -44,6 +51,8 @@
 // end tests run, so they all go through the same linked runtime.
 #include <allocscope/allocscope_dl.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -564,6 +573,25 @@ int run_keyed_tags() {
     return g_failures == 0 ? 0 : 1;
 }
 
+// The program's own SIGTERM handler (term-handler): async-signal-safe.
+const char* g_term_marker = nullptr;
+void own_sigterm_handler(int) {
+    const int fd = open(g_term_marker, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+        ssize_t ignored = write(fd, "handled\n", 8);
+        (void)ignored;
+        close(fd);
+    }
+    _exit(7);
+}
+
+void install_own_sigterm_handler() {
+    struct sigaction sa {};
+    sa.sa_handler = own_sigterm_handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
 int run_until_killed() {
     const char* ready = std::getenv("E2E_READY");
     std::vector<void*> kept;
@@ -583,6 +611,30 @@ int run_until_killed() {
         }
         if (i >= 2000) usleep(200);
     }
+}
+
+int run_fork_term() {
+    checked_free(checked_malloc(5555));  // recording starts: the handler goes in
+    struct sigaction parent {};
+    sigaction(SIGTERM, nullptr, &parent);
+    std::printf("parent: SIGTERM %s\n", parent.sa_handler == SIG_DFL ? "default" : "handled");
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) {
+        alarm(10);  // a child that hangs ends by SIGALRM
+        struct sigaction mine {};
+        sigaction(SIGTERM, nullptr, &mine);
+        std::printf("child: SIGTERM %s\n", mine.sa_handler == SIG_DFL ? "default" : "handled");
+        std::fflush(stdout);
+        checked_free(checked_malloc(6666));
+        kill(getpid(), SIGTERM);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    std::printf("child ended by %s\n",
+                WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM ? "SIGTERM" : "something else");
+    return 0;
 }
 
 int run_fail_calls() {
@@ -737,6 +789,26 @@ int main(int argc, char** argv) {
     if (mode == "fork-alloc") return run_fork_alloc();
     if (mode == "dlopen-late" && argc > 2) return run_dlopen_late(argv[2]);
     if (mode == "until-killed") return run_until_killed();
+    if (mode == "term-handler" && argc > 2) {
+        g_term_marker = argv[2];
+        const bool late = argc > 3 && std::strcmp(argv[3], "late") == 0;
+        if (!late) install_own_sigterm_handler();
+        checked_free(checked_malloc(7777));  // recording starts
+        if (late) install_own_sigterm_handler();
+        return run_until_killed();
+    }
+    if (mode == "term-threads") {
+        std::thread([] {
+            for (uint64_t i = 0;; ++i) {
+                allocscope_dl_push("busy", "forward");
+                void* p = nullptr;
+                if (cudaMalloc(&p, 4096 + (i % 8) * 512) == cudaSuccess) cudaFree(p);
+                allocscope_dl_pop();
+            }
+        }).detach();
+        return run_until_killed();
+    }
+    if (mode == "fork-term") return run_fork_term();
     if (mode == "fail-calls") return run_fail_calls();
     if (mode == "hostile-symbol") {
         hostile_entry();
