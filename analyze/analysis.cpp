@@ -20,6 +20,7 @@ struct Live {
     uint32_t group = kNone;  // index into the layer groups
     uint32_t scope = kNone;  // the scope it was made in
     uint32_t stack = 0;
+    uint64_t seq = 0;  // of its allocation
 };
 
 struct Scope {
@@ -58,6 +59,7 @@ class Tables {
         l.tag = tag(e.layer, e.phase);
         l.group = group(e.layer);
         l.stack = e.stack;
+        l.seq = e.seq;
         return l;
     }
 
@@ -161,6 +163,8 @@ struct OomSeeds {
     uint64_t recovered_failures = 0;
 };
 
+constexpr int32_t kOutOfMemoryCode = 2;
+
 OomSeeds find_oom_moments(const Trace& t) {
     struct Episode {
         bool open = false;
@@ -184,7 +188,10 @@ OomSeeds find_oom_moments(const Trace& t) {
     };
     for (size_t i = 0; i < t.events.size(); ++i) {
         const Event& e = t.events[i];
-        if (e.kind == EventKind::oom) {
+        // Out of memory: cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
+        // (both 2); a call refused for another reason (an invalid value) is
+        // no shortage of memory.
+        if (e.kind == EventKind::oom && e.result == kOutOfMemoryCode) {
             Episode& ep = open[e.tid];
             ep.open = true;
             ep.last = i;
@@ -234,7 +241,9 @@ OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const 
         TagLive& row = by_tag[l.tag];
         row.bytes += l.size;
         ++row.count;
+        m.live_seqs.push_back(l.seq);
     });
+    std::sort(m.live_seqs.begin(), m.live_seqs.end());
     for (auto& [tag, row] : by_tag) {
         row.layer = tables.tags[tag].layer;
         row.phase = tables.tags[tag].phase;

@@ -111,6 +111,8 @@ struct TagLive {
 // event at level block) when there is one, else its last failed call. An
 // episode without a verdict that ends with a successful allocation on the
 // thread was recovered from (the allocator retried) and is not a moment.
+// Only failures for want of memory count (result 2: cudaErrorMemoryAllocation,
+// CUDA_ERROR_OUT_OF_MEMORY), not calls refused as invalid.
 struct OomMoment {
     uint64_t seq = 0;
     uint64_t t_ns = 0;
@@ -135,6 +137,9 @@ struct OomMoment {
     bool reserved_known = false;  // the owner is blocks, so reserved is separate
     std::vector<TagLive> by_tag;  // largest first
     std::vector<Site> sites;      // largest first
+    // The seqs of the owner-pool allocations live then, ascending: a
+    // finding's evidence is part of the moment when its alloc_seq is here.
+    std::vector<uint64_t> live_seqs;
 };
 
 struct AnalysisOptions {

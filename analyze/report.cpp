@@ -264,8 +264,7 @@ std::vector<OomShare> oom_shares(const Report& report, const RankReport& r, cons
         if (rank_index(report, f.rank) != mine) continue;
         OomShare s{&f, 0, 0};
         for (const Evidence& ev : f.evidence) {
-            if (ev.alloc_seq == 0 || ev.alloc_seq > m.seq) continue;
-            if (ev.free_seq != 0 && ev.free_seq <= m.seq) continue;
+            if (!std::binary_search(m.live_seqs.begin(), m.live_seqs.end(), ev.alloc_seq)) continue;
             s.bytes += ev.size;
             ++s.count;
         }

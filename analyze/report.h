@@ -51,8 +51,9 @@ std::vector<TagStats> merged_tags(const Report& report);
 int rank_index(const Report& report, int32_t rank);
 
 // The part of an out-of-memory moment that a finding accounts for: the
-// bytes and count of its evidence allocations alive at the moment (made
-// before it, freed after it or never).
+// bytes and count of its evidence allocations among those the moment's
+// allocated bytes are made of (OomMoment::live_seqs; evidence in another
+// pool, such as segments of a block trace, is not part of it).
 struct OomShare {
     const Finding* finding = nullptr;
     uint64_t bytes = 0;

@@ -359,6 +359,28 @@ TEST_CASE("broken plugins running live: one message each, the others run on, pro
     CHECK(trace.footer.has_value());
 }
 
+TEST_CASE(
+    "a program dying of out-of-memory without a caching allocator: the report opens with the "
+    "request, and the run's last lines say it") {
+    TempDir t;
+    const fs::path out = t / "out";
+    Run r = run(cli() + " run --out " + out.string() + " -- " + program() + " oom-exit");
+    CHECK(r.status == 1);  // the program's own
+    CHECK(contains(r.out, "cudaMalloc(1 PiB) = 2\n"));
+    const size_t summary = r.err.rfind("out of memory at step 2, layers.3 forward");
+    REQUIRE(summary != std::string::npos);
+    CHECK(summary > r.err.find("wrote " + out.string() + "/report.txt"));  // last
+    CHECK(contains(r.err, "1.00 PiB requested on device 0 (cudaMalloc failed)"));
+    CHECK(contains(r.err, "allocated 1.00 MiB in 1 allocation(s)"));
+    const std::string report = slurp(out / "report.txt");
+    const size_t section = report.find("== out of memory ==");
+    REQUIRE(section != std::string::npos);
+    CHECK(section < report.find("== pid "));
+    CHECK(contains(report, "live at that moment by (layer, phase):"));
+    CHECK(contains(report, "layers.3 forward"));
+    CHECK(contains(slurp(out / "report.html"), "<h2 id=oom>Out of memory</h2>"));
+}
+
 TEST_CASE("failing CUDA calls: every error is passed through unchanged and recorded as such") {
     TempDir t;
     const fs::path out = t / "out";
@@ -373,6 +395,14 @@ TEST_CASE("failing CUDA calls: every error is passed through unchanged and recor
     CHECK(contains(plain.out, "cudaMalloc(NULL, 4096) = 1\n"));
     CHECK(contains(plain.out, "cudaFree(refused) = 719, last error 719\n"));
     CHECK(contains(plain.out, "cudaFree(again) = 0\n"));
+    // The program went on after each refusal: no out-of-memory moment; the
+    // two refused for want of memory were recovered from, the invalid ones
+    // are no shortage of memory.
+    const std::string written = slurp(out / "report.txt");
+    CHECK(contains(written,
+                   "failed allocations (oom): 4, largest request 1.00 PiB; 0 "
+                   "out-of-memory moment(s), 2 failed call(s) recovered from"));
+    CHECK_FALSE(contains(written, "== out of memory =="));
     Trace trace = load_trace(traces_in(out).at(0).string());
     struct Oom {
         std::string api;

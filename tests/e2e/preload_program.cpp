@@ -38,6 +38,9 @@
 //                a free of live memory refused (the 4th cudaFree, with
 //                ALLOCSCOPE_SIM_REFUSE_FREE=4) then repeated; prints every
 //                return code and cudaGetLastError
+//   oom-exit     in layers.3's forward at step 2, keeps 1 MiB, then asks
+//                for 1 PiB and exits 1 when the runtime refuses (a program
+//                without a caching allocator dying of out-of-memory)
 //   hostile-symbol  keeps 32 MiB allocated from a function whose symbol
 //                name is markup (x86-64; elsewhere an ordinary name)
 //
@@ -637,6 +640,17 @@ int run_fork_term() {
     return 0;
 }
 
+int run_oom_exit() {
+    allocscope_dl_step(2);
+    allocscope_dl_push("layers.3", "forward");
+    void* kept = checked_malloc(1 << 20);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, size_t{1} << 50);
+    std::printf("cudaMalloc(1 PiB) = %d\n", int(rc));
+    (void)kept;
+    return rc == cudaErrorMemoryAllocation ? 1 : 2;
+}
+
 int run_fail_calls() {
     // Out of memory: above ALLOCSCOPE_SIM_MEMORY_LIMIT (or no GPU's size).
     void* p = reinterpret_cast<void*>(0x1234);
@@ -810,6 +824,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "fork-term") return run_fork_term();
     if (mode == "fail-calls") return run_fail_calls();
+    if (mode == "oom-exit") return run_oom_exit();
     if (mode == "hostile-symbol") {
         hostile_entry();
         std::printf("hostile-symbol done\n");

@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "analysis.h"
 #include "diff.h"
+#include "findings.h"
+#include "findings_reader.h"
 #include "fp8/layout.h"
 #include "replay.h"
 #include "report.h"
@@ -35,6 +38,71 @@ void run_harness(const fs::path& dir, const std::string& args) {
 }
 
 }  // namespace
+
+TEST_CASE(
+    "a sim harness run out of device memory: the report opens with the moment, the seed's "
+    "copies are part of it, and the fixed configuration gets no error or warning from it") {
+    for (const std::string te : {"seed", "fixed"}) {
+        CAPTURE(te);
+        // The limit: 1 MiB below the device segments' peak of the same run
+        // without one, so the run fails where it needs the most.
+        TempDir free_run;
+        run_harness(free_run.dir, "--recipe delayed --te " + te);
+        const TraceAnalysis whole = analyze(load_trace((free_run / "rank0.trace").string()));
+        REQUIRE(whole.pool(Pool::device_segment) != nullptr);
+        const uint64_t limit = whole.pool(Pool::device_segment)->peak_bytes - (1 << 20);
+        TempDir t;
+        std::string out, err;
+        const int rc =
+            sh("ALLOCSCOPE_SIM_MEMORY_LIMIT=" + std::to_string(limit) + " " + env("E2E_CLI") +
+                   " run --force --out " + t.dir.string() + " -- " + env("HARNESS") +
+                   " --backend sim" + kShape + " --recipe delayed --te " + te,
+               &out, &err);
+        CHECK(rc == 1);  // the rank that ran out exits 1, and so does the launcher
+        CHECK(contains(err, "allocscope-harness: out of device memory"));
+        const size_t summary = err.rfind(": out of memory at step ");
+        REQUIRE(summary != std::string::npos);
+        CHECK(summary > err.find("report.txt and report.html"));  // the run's last lines
+        const std::string text = slurp(t / "report.txt");
+        const size_t section = text.find("== out of memory ==");
+        REQUIRE(section != std::string::npos);
+        CHECK(section < text.find("== rank 0:"));
+        CHECK(contains(slurp(t / "report.html"), "<h2 id=oom>Out of memory</h2>"));
+
+        size_t moments = 0;
+        std::vector<uint64_t> live_at_moment;
+        for (const char* rank : {"rank0.trace", "rank1.trace"}) {
+            const TraceAnalysis a = analyze(load_trace((t / rank).string()));
+            for (const OomMoment& m : a.ooms) {
+                ++moments;
+                CHECK(m.by_allocator);
+                CHECK(m.failed_calls >= 1);  // cudaMalloc failed, the cache went, it failed again
+                CHECK(m.requested > 0);
+                CHECK(m.reserved_known);
+                CHECK(m.reserved <= limit);
+                CHECK(m.allocated <= m.reserved);
+                CHECK_FALSE(m.layer.empty());
+                CHECK(contains(text, "rank " + std::to_string(a.header.rank) +
+                                         ": out of memory at step " + std::to_string(m.step)));
+                live_at_moment.insert(live_at_moment.end(), m.live_seqs.begin(), m.live_seqs.end());
+            }
+        }
+        CHECK(moments >= 1);
+        // Both ranks' findings: the one that ran out exited through its own
+        // exit path, the other finished on the launcher's SIGTERM.
+        const FindingsFile findings = read_findings_file((t / "findings.json").string());
+        std::set<int32_t> ranks;
+        for (const RankRun& r : findings.ranks)
+            ranks.insert(r.rank);
+        CHECK(ranks == std::set<int32_t>{0, 1});
+        if (te == "fixed") {
+            CHECK(count_at_least(findings, Severity::warning) == 0);
+        } else {
+            CHECK(count_at_least(findings, Severity::error) > 0);
+            CHECK(contains(text, "error weight-copy-accumulation (layers."));  // a share
+        }
+    }
+}
 
 TEST_CASE("allocscope run writes report.txt and report.html covering every rank and finding") {
     TempDir t;
