@@ -383,6 +383,9 @@ def main():
     parser.add_argument("--record-history", choices=("python", "all"),
                         help="torch.cuda.memory._record_memory_history(stacks=...) for the run, "
                              "the PyTorch-native recording allocscope is compared with")
+    parser.add_argument("--memory-limit-mib", type=float, metavar="MIB",
+                        help="cap this process's CUDA memory "
+                             "(torch.cuda.set_per_process_memory_fraction), to run out of memory")
     args = parser.parse_args()
     if args.grad_accum < 1:
         parser.error("--grad-accum must be 1 or more")
@@ -398,6 +401,9 @@ def main():
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    if args.memory_limit_mib:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(args.memory_limit_mib * 2**20 / total)
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
     world = dist.get_world_size()
@@ -444,6 +450,7 @@ def main():
             # --concurrent pairs their steps in time).
             print("STEP_MS rank %d step %d %.3f %.6f" % (rank, step, elapsed_ms, time.time()),
                   flush=True)
+    print("rank %d peak reserved %d" % (rank, torch.cuda.max_memory_reserved()), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
