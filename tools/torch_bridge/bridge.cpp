@@ -86,6 +86,15 @@
 
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
+namespace allocscope::torch_bridge {
+// Whether a tensor's storage is an allocation of its own in the trace: a
+// block of the native allocator (the tracker is attached) or, under
+// cudaMallocAsync, a runtime call. Otherwise a storage lies inside a
+// segment, and provenance.cpp declares nothing: an address that is also a
+// segment's base would make the whole segment "derived from a weight".
+std::atomic<bool> g_tensors_visible{false};
+}  // namespace allocscope::torch_bridge
+
 namespace {
 
 using allocscope::pyframes::PythonFrame;
@@ -254,7 +263,10 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
         }
         provide_python_frames();
         const std::string name = a->name();
-        if (name == "cudaMallocAsync") return 1;
+        if (name == "cudaMallocAsync") {
+            allocscope::torch_bridge::g_tensors_visible.store(true);
+            return 1;
+        }
         int expected = 0;
         if (!g_attached.compare_exchange_strong(expected, 1)) return 2;
         g_block_alloc.store(
@@ -268,6 +280,7 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
             g_attached.store(0);
             throw;
         }
+        allocscope::torch_bridge::g_tensors_visible.store(true);
         return 0;
     } catch (const std::exception& e) {
         // c10::Error derives from std::exception; keep its first line.

@@ -105,6 +105,10 @@
 
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
+namespace allocscope::torch_bridge {
+extern std::atomic<bool> g_tensors_visible;  // bridge.cpp
+}  // namespace allocscope::torch_bridge
+
 namespace {
 
 using Derived = void (*)(const void*, const char*, const char*, const char*);
@@ -452,6 +456,8 @@ void end(const at::RecordFunction& fn, Context& ctx) {
                 });
         }
     }
+    // Only where a storage is an allocation of its own (bridge.cpp).
+    if (!allocscope::torch_bridge::g_tensors_visible.load(std::memory_order_relaxed)) return;
     for (const Declaration& d : declare)
         s.derived(d.ptr, d.param->layer.c_str(), d.param->name.c_str(), d.how.c_str());
     s.declared.fetch_add(declare.size(), std::memory_order_relaxed);

@@ -14,6 +14,7 @@ from ._oom import record_ooms
 
 _bridge_state = None  # None: not tried; True: attached or not needed; False: failed
 _sees_ooms = False  # the bridge is attached to the native allocator's trace
+_tensors_visible = False  # each tensor is an allocation of its own (bridge.cpp)
 
 
 def _bridge_candidates():
@@ -57,6 +58,14 @@ def attach_bridge():
         record_ooms(_sees_ooms)
     except Exception as e:
         _say("oom", "out-of-memory errors are not recorded: %s" % e)
+    from . import _provenance
+
+    if _provenance._provenance_param is not None and not _tensors_visible:
+        _say(
+            "provenance",
+            "provenance is off: the caching allocator's tensors are not visible as allocations "
+            "(the bridge is not attached to it), and a declaration would name a whole segment",
+        )
     return _bridge_state
 
 
@@ -65,13 +74,14 @@ def _attach():
     # is still loaded there for the Python frames of those allocations
     # (allocscope_torch_bridge_attach registers them and answers 1).
     asynchronous = _allocator_backend() == "cudaMallocAsync"
-    if os.environ.get("ALLOCSCOPE_TORCH_BLOCKS", "1") == "0":
-        if not asynchronous:
-            _say(
-                "bridge",
-                "the PyTorch bridge is not attached (ALLOCSCOPE_TORCH_BLOCKS=0): per-tensor "
-                "blocks of the caching allocator are not recorded",
-            )
+    # (Under cudaMallocAsync attaching records no blocks: it registers the
+    # Python frames and tells provenance that tensors are allocations.)
+    if os.environ.get("ALLOCSCOPE_TORCH_BLOCKS", "1") == "0" and not asynchronous:
+        _say(
+            "bridge",
+            "the PyTorch bridge is not attached (ALLOCSCOPE_TORCH_BLOCKS=0): per-tensor "
+            "blocks of the caching allocator are not recorded",
+        )
         return True
     candidates = _bridge_candidates()
     path = _bridge_path()
@@ -93,10 +103,11 @@ def _attach():
     except (OSError, AttributeError) as e:
         _say("bridge", "the PyTorch bridge %s cannot be loaded: %s" % (path, e))
         return asynchronous
-    global _sees_ooms
+    global _sees_ooms, _tensors_visible
     error = ctypes.create_string_buffer(512)
     rc = attach(error, len(error))
     _sees_ooms = rc in (0, 2)
+    _tensors_visible = rc in (0, 1, 2)
     if rc < 0:
         _say(
             "bridge",
