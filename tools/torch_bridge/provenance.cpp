@@ -419,6 +419,7 @@ struct Declaration {
     const void* ptr;
     const Param* param;
     std::string how;
+    bool cuda;  // a CUDA storage: declared only where it is an allocation (bridge.cpp)
 };
 
 void mark(State& s, const c10::Storage& storage, const ChainPtr& chain,
@@ -426,7 +427,7 @@ void mark(State& s, const c10::Storage& storage, const ChainPtr& chain,
     s.known.emplace(storage.unsafeGetStorageImpl(), Entry{storage.getWeakStorageImpl(), chain});
     s.marked.fetch_add(1, std::memory_order_relaxed);
     const void* ptr = storage.unsafeGetStorageImpl()->data_ptr().get();
-    if (ptr) out.push_back({ptr, chain->param, chain_text(*chain)});
+    if (ptr) out.push_back({ptr, chain->param, chain_text(*chain), storage.device().is_cuda()});
 }
 
 void end(const at::RecordFunction& fn, Context& ctx) {
@@ -456,10 +457,14 @@ void end(const at::RecordFunction& fn, Context& ctx) {
                 });
         }
     }
-    // Only where a storage is an allocation of its own (bridge.cpp).
-    if (!allocscope::torch_bridge::g_tensors_visible.load(std::memory_order_relaxed)) return;
-    for (const Declaration& d : declare)
+    // A CUDA storage only where it is an allocation of its own (bridge.cpp);
+    // other storages are never allocations of the trace, and a declaration
+    // about one names nothing a detector follows.
+    const bool visible = allocscope::torch_bridge::g_tensors_visible.load(std::memory_order_relaxed);
+    for (const Declaration& d : declare) {
+        if (d.cuda && !visible) continue;
         s.derived(d.ptr, d.param->layer.c_str(), d.param->name.c_str(), d.how.c_str());
+    }
     s.declared.fetch_add(declare.size(), std::memory_order_relaxed);
 }
 
