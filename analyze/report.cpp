@@ -537,7 +537,8 @@ std::string render_json(const Report& report) {
 bool caching_allocator_frame(std::string_view frame) noexcept {
     return frame.starts_with("c10::cuda::CUDACachingAllocator::") ||
            frame.starts_with("c10::CachingDeviceAllocator::") ||
-           frame.find("on_entry<c10::") != std::string_view::npos;  // tools/torch_bridge
+           frame.find("on_entry<c10::") != std::string_view::npos ||  // tools/torch_bridge
+           frame.find("allocscope_torch_bridge_attach") != std::string_view::npos;
 }
 
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
