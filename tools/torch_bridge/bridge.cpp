@@ -87,12 +87,7 @@
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace allocscope::torch_bridge {
-// Whether a tensor's storage is an allocation of its own in the trace: a
-// block of the native allocator (the tracker is attached) or, under
-// cudaMallocAsync, a runtime call. Otherwise a storage lies inside a
-// segment, and provenance.cpp declares nothing: an address that is also a
-// segment's base would make the whole segment "derived from a weight".
-std::atomic<bool> g_tensors_visible{false};
+extern std::atomic<bool> g_tensors_visible;  // provenance.cpp: set when attached here
 }  // namespace allocscope::torch_bridge
 
 namespace {

@@ -106,7 +106,13 @@
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace allocscope::torch_bridge {
-extern std::atomic<bool> g_tensors_visible;  // bridge.cpp
+// Whether a CUDA tensor's storage is an allocation of its own in the trace:
+// a block of the native allocator (bridge.cpp attached its tracker) or,
+// under cudaMallocAsync, a runtime call. Otherwise a storage lies inside a
+// segment, and nothing is declared about it: an address that is also a
+// segment's base would make the whole segment "derived from a weight".
+// Here, not in bridge.cpp: the CPU test library has no bridge.
+std::atomic<bool> g_tensors_visible{false};
 }  // namespace allocscope::torch_bridge
 
 namespace {
@@ -460,7 +466,8 @@ void end(const at::RecordFunction& fn, Context& ctx) {
     // A CUDA storage only where it is an allocation of its own (bridge.cpp);
     // other storages are never allocations of the trace, and a declaration
     // about one names nothing a detector follows.
-    const bool visible = allocscope::torch_bridge::g_tensors_visible.load(std::memory_order_relaxed);
+    const bool visible =
+        allocscope::torch_bridge::g_tensors_visible.load(std::memory_order_relaxed);
     for (const Declaration& d : declare) {
         if (d.cuda && !visible) continue;
         s.derived(d.ptr, d.param->layer.c_str(), d.param->name.c_str(), d.how.c_str());
