@@ -8,12 +8,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trace_writer.h"
@@ -155,6 +158,14 @@ inline void write_tagged_trace(const fs::path& path, const std::string& layer,
     w.event(a);
     w.event(event(EventKind::tag_pop));
     w.close(FooterRecord{});
+}
+
+// Polls `done` every 20 ms until it holds or `seconds` pass; its last answer.
+inline bool wait_for(const std::function<bool()>& done, int seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return done();
 }
 
 }  // namespace allocscope::test

@@ -29,13 +29,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-bool wait_for(const std::function<bool()>& done, int seconds) {
-    const auto deadline = clock_type::now() + std::chrono::seconds(seconds);
-    while (!done() && clock_type::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return done();
-}
-
 // The preload program under the interposer, started directly (no CLI, no
 // shell left in between): its pid is the program's, its status its own.
 struct Traced {

@@ -29,15 +29,6 @@ using namespace allocscope::test;
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-bool wait_for(const std::function<bool()>& done, int seconds) {
-    const auto deadline = clock_type::now() + std::chrono::seconds(seconds);
-    while (!done() && clock_type::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return done();
-}
-
 // The highest step a (possibly growing) trace has reached, -1 if unreadable.
 int64_t last_step(const fs::path& trace) {
     try {
