@@ -928,7 +928,7 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
         run_shell(cli() + " replay " + out.string() + " --plugin-dir " + plugin_dir() +
                   kPluginArgs + " -o " + (s / "replay.json").string());
     INFO(replay.err);
-    CHECK(replay.status == 0);
+    CHECK(replay.status == 4);  // test-throw and test-error did not run to the end
     const FindingsFile offline = read_findings_file((s / "replay.json").string());
     CHECK(offline == live);
     CHECK(slurp(s / "replay.json") == slurp(out / "findings.json"));
@@ -1035,13 +1035,56 @@ TEST_CASE("run --check and check gate on the findings' severity") {
     CHECK(contains(corrupt.err, "corrupt.json: line 1"));
     CHECK(corrupt.out.empty());
 
-    // --check without plugins cannot vouch for anything.
+    // --check without plugins cannot vouch for anything: it fails closed.
     ShellResult none = run_shell(base + " --check --plugins none -- " + program() + " exit 0");
-    CHECK(none.status == 2);
+    CHECK(none.status == 2);  // refused before the program runs
     ShellResult no_files = run_shell("ALLOCSCOPE_PLUGINS=none " + cli() + " run --out " +
                                      out.string() + " --force --check -- " + program() + " exit 0");
-    CHECK(no_files.status == 2);
-    CHECK(contains(no_files.err, "no findings files"));
+    CHECK(no_files.status == 4);
+    CHECK(contains(no_files.err, "check failed: nothing was checked: no findings files"));
+}
+
+TEST_CASE(
+    "gates fail closed: a plugin that did not run or a run that wrote no trace is exit 4, not a "
+    "pass") {
+    TempDir s;
+    const fs::path out = s / "out";
+    const std::string base =
+        cli() + " run --out " + out.string() + " --force --plugin-dir " + plugin_dir();
+    // Without --check the program's status stands, whatever did not load.
+    ShellResult plain =
+        run_shell(base + " --plugins test-count,nosuch -- " + program() + " exit 0");
+    CHECK(plain.status == 0);
+    // A mistyped plugin name: test-count ran and found nothing at error,
+    // but nosuch checked nothing.
+    ShellResult typo =
+        run_shell(base + " --plugins test-count,nosuch --check -- " + program() + " exit 0");
+    CHECK(typo.status == 4);
+    CHECK(count_lines(typo.err, "check failed: not everything was checked: plugin nosuch") == 1);
+    ShellResult check = run_shell(cli() + " check " + out.string());
+    CHECK(check.status == 4);
+    CHECK(contains(check.out, "plugin nosuch on "));
+    // Findings at or above the threshold still say 3.
+    ShellResult both = run_shell(base +
+                                 " --plugins test-count,nosuch --plugin-option "
+                                 "test-count.severity=error --check -- " +
+                                 program() + " exit 0");
+    CHECK(both.status == 3);
+    // No process recorded (recording disabled): nothing was checked.
+    ShellResult disabled = run_shell("ALLOCSCOPE_DISABLE=1 " + base +
+                                     " --plugins test-count --check -- " + program() + " exit 0");
+    CHECK(disabled.status == 4);
+    CHECK(contains(disabled.err, "nothing was checked: no process wrote a trace"));
+    // replay: a plugin that did not run is exit 4 with one line; the
+    // others' findings are still written.
+    ShellResult written = run_shell(base + " --plugins test-count -- " + program() + " exit 0");
+    REQUIRE(written.status == 0);
+    ShellResult replay =
+        run_shell(cli() + " replay " + out.string() + " --plugin-dir " + plugin_dir() +
+                  " --plugins test-count,typo -o " + (s / "replayed.json").string());
+    CHECK(replay.status == 4);
+    CHECK(count_lines(replay.err, "not everything was replayed: plugin typo") == 1);
+    CHECK(fs::exists(s / "replayed.json"));
 }
 
 TEST_CASE("plugins never run in a forked child; the parent's findings cover its own stream") {

@@ -17,6 +17,10 @@ namespace allocscope::cli {
 inline constexpr int kExitUsage = 2;
 // check, run --check: a finding at or above the --fail-on severity.
 inline constexpr int kExitFindings = 3;
+// check, run --check, replay: something was not checked (a plugin did not
+// load or was disabled, no process wrote a trace or ran plugins). A gate
+// that cannot see fails closed.
+inline constexpr int kExitUnchecked = 4;
 
 int run_command(const std::vector<std::string>& args);
 int report_command(const std::vector<std::string>& args);
@@ -65,6 +69,14 @@ FindingsFile merge_findings_files(const std::vector<std::string>& files);
 
 // The one-line-per-finding summary, then a totals line.
 void print_findings(const FindingsFile& file, std::FILE* out);
+// What `file` shows was not checked: one line per plugin that did not run
+// to the end of a process's stream ("plugin X on rank 1: <reason>"), and one
+// when no process's stream is in it. Empty when everything ran.
+std::vector<std::string> unchecked(const FindingsFile& file);
+// A gate's verdict on `file`, printed on `out`: kExitFindings when a
+// finding is at or above `threshold`, else kExitUnchecked when something
+// was not checked (unchecked()), else 0.
+int gate(const FindingsFile& file, Severity threshold, std::FILE* out);
 
 // Parses a --fail-on value; false (after printing nothing) when invalid.
 bool parse_fail_on(const std::string& text, Severity& severity);

@@ -19,6 +19,9 @@ constexpr const char* kCheckHelp = R"(usage: allocscope check PATH [--fail-on in
 Reads a findings file (PATH, or PATH/findings.json when PATH is a directory
 such as an `allocscope run` output), prints one line per finding and exits
   3  when any finding is at or above the --fail-on severity (default error)
+  4  otherwise, when not everything was checked: a plugin did not load or
+     was disabled (a bad option, an error) on some process, or no process
+     ran plugins; one line says what
   0  otherwise
   2  when PATH is missing or not a valid findings file (one message says why)
 
@@ -94,14 +97,7 @@ int check_command(const std::vector<std::string>& args) {
         }
     }
     print_findings(file, stdout);
-    const size_t over = count_at_least(file, threshold);
-    const std::string sev(to_string(threshold));
-    if (over > 0) {
-        std::printf("allocscope: check failed: %zu finding(s) at or above %s\n", over, sev.c_str());
-        return kExitFindings;
-    }
-    std::printf("allocscope: check passed: no finding at or above %s\n", sev.c_str());
-    return 0;
+    return gate(file, threshold, stdout);
 }
 
 }  // namespace allocscope::cli

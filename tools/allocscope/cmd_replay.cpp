@@ -49,7 +49,10 @@ options:
   -o FILE               write the findings JSON to FILE (`-` for stdout)
 
 exit status: 0 when the plugins ran (whatever they found; use `allocscope
-check` on the -o file to gate on findings), 2 on bad input.
+check` on the -o file to gate on findings), 4 when a plugin did not run on
+some trace (not found, failed to load, disabled by a bad option or an
+error: one line says which; the others' findings are still written), 2 on
+bad input.
 
 example:
   allocscope replay fp8-run --baseline bf16-run -o findings.json
@@ -169,6 +172,7 @@ int replay_command(const std::vector<std::string>& args) {
     const FindingsFile merged = merge_findings(per_trace);
     const bool json_to_stdout = output == "-";
     print_findings(merged, json_to_stdout ? stderr : stdout);
+    const std::vector<std::string> missing = unchecked(merged);
     if (json_to_stdout) {
         std::fputs(to_json(merged).c_str(), stdout);
     } else if (!output.empty()) {
@@ -177,6 +181,13 @@ int replay_command(const std::vector<std::string>& args) {
         } catch (const FindingsError& e) {
             return fail(e.what());
         }
+    }
+    if (!missing.empty()) {
+        std::fprintf(
+            stderr, "allocscope: not everything was replayed: %s%s\n", missing.front().c_str(),
+            missing.size() > 1 ? (" (and " + std::to_string(missing.size() - 1) + " more)").c_str()
+                               : "");
+        return kExitUnchecked;
     }
     return 0;
 }

@@ -63,8 +63,12 @@ options:
                      an option for plugin NAME (repeatable; added to
                      ALLOCSCOPE_PLUGIN_OPTIONS)
   --check            after CMD, exit 3 when a finding is at or above the
-                     --fail-on severity; CMD's own failure status wins, and
-                     no readable findings at all exits 2
+                     --fail-on severity, else 4 when not everything was
+                     checked (a plugin did not load or was disabled by a
+                     bad option or an error, an unknown plugin name, no
+                     process wrote a trace or ran plugins; one line says
+                     what); CMD's own failure status wins, and findings
+                     that cannot be read or written exit 2
   --fail-on SEV      info, warning or error (default error); implies --check
   --nvtx             also make liballocscope.so CMD's NVTX injection library
                      (NVTX_INJECTION64_PATH), so NVTX ranges tag allocations:
@@ -321,10 +325,13 @@ int merge_and_report(const fs::path& out_dir, bool check, Severity threshold,
     if (rank_findings_files_in(out_dir).empty() && recovered.replayed.empty()) {
         if (!check) return 0;
         std::fprintf(stderr,
-                     "allocscope: --check: no findings files in %s (no process ran plugins, "
-                     "or none reached its exit)\n",
+                     trace_files_in(out_dir).empty()
+                         ? "allocscope: check failed: nothing was checked: no process wrote a "
+                           "trace in %s (it may not be writable, or nothing used CUDA)\n"
+                         : "allocscope: check failed: nothing was checked: no findings files in "
+                           "%s (no process ran plugins)\n",
                      out_dir.c_str());
-        return kExitUsage;
+        return kExitUnchecked;
     }
     FindingsFile merged;
     const std::string target = (out_dir / "findings.json").string();
@@ -337,8 +344,7 @@ int merge_and_report(const fs::path& out_dir, bool check, Severity threshold,
     }
     print_findings(merged, stderr);
     std::fprintf(stderr, "allocscope: findings in %s\n", target.c_str());
-    if (check && count_at_least(merged, threshold) > 0) return kExitFindings;
-    return 0;
+    return check ? gate(merged, threshold, stderr) : 0;
 }
 
 }  // namespace

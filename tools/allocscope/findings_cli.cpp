@@ -109,6 +109,38 @@ void print_findings(const FindingsFile& file, std::FILE* out) {
                  file.findings.size(), by[2], by[1], by[0]);
 }
 
+std::vector<std::string> unchecked(const FindingsFile& file) {
+    std::vector<std::string> out;
+    if (file.ranks.empty()) out.push_back("no process's stream (no process ran plugins)");
+    for (const RankRun& r : file.ranks) {
+        const std::string who = r.rank >= 0 ? "rank " + std::to_string(r.rank) : r.trace;
+        for (const DisabledPlugin& d : r.disabled)
+            out.push_back(printable("plugin " + d.plugin + " on " + who + ": " + d.reason));
+    }
+    return out;
+}
+
+int gate(const FindingsFile& file, Severity threshold, std::FILE* out) {
+    const size_t over = count_at_least(file, threshold);
+    const std::string sev(to_string(threshold));
+    const std::vector<std::string> missing = unchecked(file);
+    if (over > 0) {
+        std::fprintf(out, "allocscope: check failed: %zu finding(s) at or above %s\n", over,
+                     sev.c_str());
+        return kExitFindings;
+    }
+    if (!missing.empty()) {
+        std::fprintf(out, "allocscope: check failed: not everything was checked: %s%s\n",
+                     missing.front().c_str(),
+                     missing.size() > 1
+                         ? (" (and " + std::to_string(missing.size() - 1) + " more)").c_str()
+                         : "");
+        return kExitUnchecked;
+    }
+    std::fprintf(out, "allocscope: check passed: no finding at or above %s\n", sev.c_str());
+    return 0;
+}
+
 bool parse_fail_on(const std::string& text, Severity& severity) {
     auto parsed = parse_severity(text);
     if (!parsed) return false;
