@@ -282,6 +282,18 @@ bool resolve(F& out, const char* name) {
 
 }  // namespace
 
+// The torch this library was compiled against, "<torch.__version__>
+// cxx11abi=<0|1>": its structs' layouts (TraceEntry, RecordFunction,
+// StorageImpl) are that torch's, so allocscope.torch loads it only into the
+// same torch (tools/python/allocscope/torch/_bridge.py).
+ALLOCSCOPE_BRIDGE_EXPORT const char* allocscope_torch_bridge_built_for() {
+#ifdef ALLOCSCOPE_TORCH_BUILT_FOR
+    return ALLOCSCOPE_TORCH_BUILT_FOR;
+#else
+    return "";
+#endif
+}
+
 ALLOCSCOPE_BRIDGE_EXPORT PyObject* allocscope_torch_bridge_ops(uint32_t forward_kind,
                                                                uint32_t backward_kind) {
     TagApi api;

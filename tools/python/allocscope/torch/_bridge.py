@@ -31,8 +31,68 @@ def _bridge_candidates():
     return out
 
 
+_refused = None  # why the bridge that exists is not used (built for another torch)
+
+
+def _running_torch():
+    """The running torch as the bridge records the one it was built for."""
+    return "%s cxx11abi=%d" % (torch.__version__, int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)))
+
+
+def _built_for(path):
+    """The torch `path` was compiled against ("<version> cxx11abi=<0|1>"),
+    or why it cannot say."""
+    try:
+        stamp = ctypes.CDLL(os.path.abspath(path)).allocscope_torch_bridge_built_for
+        stamp.argtypes = []
+        stamp.restype = ctypes.c_char_p
+        return (stamp() or b"").decode("utf-8", "replace") or "(unknown)"
+    except (OSError, AttributeError) as e:
+        return "(unknown: %s)" % e
+
+
 def _bridge_path():
-    return next((p for p in _bridge_candidates() if os.path.exists(p)), None)
+    """The bridge library to use: found, and built for the running torch
+    (its structs' layouts are that torch's). Otherwise None; a bridge built
+    for another torch is refused once, in one line, and the run goes on as
+    where none is built (backend:cudaMallocAsync when CUDA has not started
+    and no backend is set)."""
+    global _refused
+    path = next((p for p in _bridge_candidates() if os.path.exists(p)), None)
+    if path is None or _refused is not None:
+        return None
+    built, running = _built_for(path), _running_torch()
+    if built == running:
+        return path
+    _refused = "the PyTorch bridge %s was built for torch %s, this is torch %s" % (
+        path,
+        built,
+        running,
+    )
+    fallback = _fall_back_to_async()
+    _say(
+        "bridge",
+        "%s: not loaded (no per-tensor blocks, bridge tag hooks or provenance%s; rebuild "
+        "allocscope against this torch)"
+        % (_refused, "; backend:cudaMallocAsync records every tensor" if fallback else ""),
+    )
+    return None
+
+
+def _fall_back_to_async():
+    """What `allocscope run` does where no bridge is built: every tensor a
+    cudaMallocAsync call, when CUDA has not started and no backend is set."""
+    try:
+        if torch.cuda.is_initialized():
+            return False
+    except Exception:
+        return False
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if "backend" in os.environ.get(var, ""):
+            return False
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = (conf + "," if conf else "") + "backend:cudaMallocAsync"
+    return True
 
 
 def _allocator_backend():
@@ -86,7 +146,7 @@ def _attach():
     candidates = _bridge_candidates()
     path = _bridge_path()
     if path is None:
-        if asynchronous:
+        if asynchronous or _refused is not None:  # _refused: said already
             return True
         _say(
             "bridge",

@@ -22,6 +22,11 @@ def _install_provenance():
         return False
     path = _bridge_path()
     if path is None:
+        from . import _bridge
+
+        if _bridge._refused is not None:
+            _say("provenance", "provenance is off: %s" % _bridge._refused)
+            return False
         _say(
             "provenance",
             "provenance is off: the PyTorch bridge is not built (looked for %s)"
