@@ -4,6 +4,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -158,6 +159,23 @@ inline void write_tagged_trace(const fs::path& path, const std::string& layer,
     w.event(a);
     w.event(event(EventKind::tag_pop));
     w.close(FooterRecord{});
+}
+
+// Starts `sh -c command` in a child with SIGTERM as a shell gives it
+// (default, unblocked, whatever the test runner left); its pid, -1 when
+// fork failed. The caller waits for it.
+inline pid_t spawn_shell(const std::string& command) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGTERM, SIG_DFL);
+        sigset_t term;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &term, nullptr);
+        execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    return pid;
 }
 
 // Polls `done` every 20 ms until it holds or `seconds` pass; its last answer.

@@ -46,19 +46,8 @@ struct Traced {
             " ALLOCSCOPE_PLUGIN_DIR=" + env("TEST_PLUGIN_DIR") + " ALLOCSCOPE_PLUGINS=test-count " +
             env("E2E_PROGRAM") + " " + args + " >" + (t / "stdout").string() + " 2>" +
             (t / "stderr").string();
-        pid = fork();
+        pid = spawn_shell(command);
         REQUIRE(pid >= 0);
-        if (pid == 0) {
-            // SIGTERM as a shell gives it: default, unblocked (whatever the
-            // test runner left).
-            signal(SIGTERM, SIG_DFL);
-            sigset_t term;
-            sigemptyset(&term);
-            sigaddset(&term, SIGTERM);
-            sigprocmask(SIG_UNBLOCK, &term, nullptr);
-            execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-            _exit(127);
-        }
     }
     ~Traced() {
         if (!reaped) {

@@ -59,17 +59,8 @@ Killed run_and_kill(const fs::path& out, int sig) {
                                 " --backend sim --ranks 2 --layers 2 --steps 100000 --warmup 1"
                                 " --recipe delayed --te seed >" +
                                 (t / "stdout").string() + " 2>" + (t / "stderr").string();
-    const pid_t cli_pid = fork();
+    const pid_t cli_pid = spawn_shell(command);
     REQUIRE(cli_pid >= 0);
-    if (cli_pid == 0) {
-        signal(SIGTERM, SIG_DFL);
-        sigset_t term;
-        sigemptyset(&term);
-        sigaddset(&term, SIGTERM);
-        sigprocmask(SIG_UNBLOCK, &term, nullptr);
-        execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-        _exit(127);
-    }
     const fs::path rank1 = out / "rank1.trace";
     const bool reached = wait_for([&] { return last_step(rank1) >= kKillAfterStep; }, 300);
     pid_t victim = 0;
