@@ -145,41 +145,6 @@ void json_sites(std::string& out, const RankReport& r, const std::vector<Site>& 
 // Info findings (who owns memory) listed under a moment; problems are all listed.
 constexpr size_t kOomInfoShares = 3;
 
-std::string who(const TraceAnalysis& a) {
-    return rank_name(a);
-}
-
-// The first line of a moment: who ran out, where, how much was asked.
-std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
-    std::string line = who(a) + ": out of memory at step " + u(m.step) + ", " +
-                       tag_text(m.layer, m.phase) + ", " + seconds(m.t_ns) + ": " +
-                       human_bytes(m.requested) + " requested";
-    if (m.device >= 0) line += " on device " + std::to_string(m.device);
-    if (m.by_allocator) {
-        line += " (the caching allocator gave up";
-        if (m.failed_calls) line += " after " + u(m.failed_calls) + " failed device allocation(s)";
-        line += ")";
-    } else {
-        line += " (" + printable(m.api) + " failed";
-        if (m.failed_calls > 1) line += ", " + u(m.failed_calls) + " attempts";
-        line += ")";
-    }
-    if (m.device_free) line += "; device free " + human_bytes(m.device_free);
-    if (m.continued) line += "; the program went on allocating after it";
-    return line;
-}
-
-std::string oom_held(const OomMoment& m) {
-    std::string line =
-        "allocated " + human_bytes(m.allocated) + " in " + u(m.allocated_count) + " allocation(s)";
-    if (m.reserved_known) {
-        line += "; reserved " + human_bytes(m.reserved);
-        if (m.reserved > m.allocated)
-            line += " (" + human_bytes(m.reserved - m.allocated) + " cached, not allocated)";
-    }
-    return line;
-}
-
 std::string share_line(const OomShare& s, const OomMoment& m) {
     return std::string(to_string(s.finding->severity)) + " " + printable(s.finding->plugin) + " (" +
            tag_text(s.finding->layer, s.finding->phase) + ") held " + human_bytes(s.bytes) +
@@ -255,6 +220,37 @@ void json_oom(std::string& out, const Report& report, const RankReport& r, const
 }
 
 }  // namespace
+
+// The first line of a moment: who ran out, where, how much was asked.
+std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
+    std::string line = rank_name(a) + ": out of memory at step " + u(m.step) + ", " +
+                       tag_text(m.layer, m.phase) + ", " + seconds(m.t_ns) + ": " +
+                       human_bytes(m.requested) + " requested";
+    if (m.device >= 0) line += " on device " + std::to_string(m.device);
+    if (m.by_allocator) {
+        line += " (the caching allocator gave up";
+        if (m.failed_calls) line += " after " + u(m.failed_calls) + " failed device allocation(s)";
+        line += ")";
+    } else {
+        line += " (" + printable(m.api) + " failed";
+        if (m.failed_calls > 1) line += ", " + u(m.failed_calls) + " attempts";
+        line += ")";
+    }
+    if (m.device_free) line += "; device free " + human_bytes(m.device_free);
+    if (m.continued) line += "; the program went on allocating after it";
+    return line;
+}
+
+std::string oom_held(const OomMoment& m) {
+    std::string line =
+        "allocated " + human_bytes(m.allocated) + " in " + u(m.allocated_count) + " allocation(s)";
+    if (m.reserved_known) {
+        line += "; reserved " + human_bytes(m.reserved);
+        if (m.reserved > m.allocated)
+            line += " (" + human_bytes(m.reserved - m.allocated) + " cached, not allocated)";
+    }
+    return line;
+}
 
 std::vector<OomShare> oom_shares(const Report& report, const RankReport& r, const OomMoment& m) {
     std::vector<OomShare> out;

@@ -63,6 +63,12 @@ struct OomShare {
 // the memory live at `m`: errors, then warnings, then info, each by bytes.
 std::vector<OomShare> oom_shares(const Report& report, const RankReport& r, const OomMoment& m);
 
+// A moment's first line (who ran out, where, how much was asked) and the
+// line on what was allocated and reserved then: plain text, for any
+// rendering (HTML escapes it).
+std::string oom_headline(const TraceAnalysis& a, const OomMoment& m);
+std::string oom_held(const OomMoment& m);
+
 // A few lines on a moment for a terminal: who asked for how much, where,
 // what was allocated and reserved, and the findings' share.
 std::string oom_summary(const Report& report, const RankReport& r, const OomMoment& m);

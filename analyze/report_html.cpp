@@ -342,28 +342,8 @@ std::string oom_panel(const Report& report) {
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
         for (const OomMoment& m : a.ooms) {
-            char t[32];
-            std::snprintf(t, sizeof t, "%.3f s", double(m.t_ns) / 1e9);
-            out += "<div class=oom><h3>" + h(rank_title(a)) + ": out of memory at step " +
-                   u(m.step) + ", " + h(m.layer.empty() ? "(untagged)" : m.layer) + " " +
-                   h(m.phase) + " <span class=muted>" + t + "</span></h3><p><b>" +
-                   h(human_bytes(m.requested)) + " requested</b>";
-            if (m.device >= 0) out += " on device " + std::to_string(m.device);
-            out += m.by_allocator ? " &mdash; the caching allocator gave up"
-                                  : " &mdash; " + h(m.api) + " failed";
-            if (m.failed_calls && m.by_allocator)
-                out += " after " + u(m.failed_calls) + " failed device allocation(s)";
-            if (m.device_free) out += "; device free " + h(human_bytes(m.device_free));
-            if (m.continued) out += "; the program went on allocating after it";
-            out += ".<br>Allocated " + h(human_bytes(m.allocated)) + " in " + u(m.allocated_count) +
-                   " allocation(s)";
-            if (m.reserved_known) {
-                out += "; reserved " + h(human_bytes(m.reserved));
-                if (m.reserved > m.allocated)
-                    out +=
-                        " (" + h(human_bytes(m.reserved - m.allocated)) + " cached, not allocated)";
-            }
-            out += ".</p>" + frames_block(r, m.stack);
+            out += "<div class=oom><h3>" + h(oom_headline(a, m)) + "</h3><p>" + h(oom_held(m)) +
+                   "</p>" + frames_block(r, m.stack);
             const std::vector<OomShare> shares = oom_shares(report, r, m);
             if (!shares.empty()) {
                 out +=

@@ -73,6 +73,8 @@ void print_findings(const FindingsFile& file, std::FILE* out);
 // to the end of a process's stream ("plugin X on rank 1: <reason>"), and one
 // when no process's stream is in it. Empty when everything ran.
 std::vector<std::string> unchecked(const FindingsFile& file);
+// unchecked()'s first line, and how many more there are ("" for none).
+std::string unchecked_line(const std::vector<std::string>& missing);
 // A gate's verdict on `file`, printed on `out`: kExitFindings when a
 // finding is at or above `threshold`, else kExitUnchecked when something
 // was not checked (unchecked()), else 0.

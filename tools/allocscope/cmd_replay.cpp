@@ -183,10 +183,8 @@ int replay_command(const std::vector<std::string>& args) {
         }
     }
     if (!missing.empty()) {
-        std::fprintf(
-            stderr, "allocscope: not everything was replayed: %s%s\n", missing.front().c_str(),
-            missing.size() > 1 ? (" (and " + std::to_string(missing.size() - 1) + " more)").c_str()
-                               : "");
+        std::fprintf(stderr, "allocscope: not everything was replayed: %s\n",
+                     unchecked_line(missing).c_str());
         return kExitUnchecked;
     }
     return 0;

@@ -120,6 +120,12 @@ std::vector<std::string> unchecked(const FindingsFile& file) {
     return out;
 }
 
+std::string unchecked_line(const std::vector<std::string>& missing) {
+    if (missing.empty()) return {};
+    return missing.front() +
+           (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : "");
+}
+
 int gate(const FindingsFile& file, Severity threshold, std::FILE* out) {
     const size_t over = count_at_least(file, threshold);
     const std::string sev(to_string(threshold));
@@ -130,11 +136,8 @@ int gate(const FindingsFile& file, Severity threshold, std::FILE* out) {
         return kExitFindings;
     }
     if (!missing.empty()) {
-        std::fprintf(out, "allocscope: check failed: not everything was checked: %s%s\n",
-                     missing.front().c_str(),
-                     missing.size() > 1
-                         ? (" (and " + std::to_string(missing.size() - 1) + " more)").c_str()
-                         : "");
+        std::fprintf(out, "allocscope: check failed: not everything was checked: %s\n",
+                     unchecked_line(missing).c_str());
         return kExitUnchecked;
     }
     std::fprintf(out, "allocscope: check passed: no finding at or above %s\n", sev.c_str());
