@@ -55,6 +55,11 @@ options:
   -o FILE      write to FILE instead of standard output
   --rank R     only the traces of rank R (memory-viz needs one process)
 
+exit status: 0 when the export is written (a trace cut short is exported up
+to where it ends, with a note), 2 on bad input: no or unreadable trace, a
+corrupt trace, no trace of rank R, more than one process for memory-viz, or
+an -o FILE that cannot be written (nothing is left half-written there).
+
 examples:
   allocscope export allocscope-out --format perfetto -o trace.json
   allocscope export allocscope-out --format collapsed | flamegraph.pl > peak.svg
