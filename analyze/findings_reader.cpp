@@ -134,8 +134,8 @@ class SchemaReader {
     Finding finding(const Value& v, const std::string& where) {
         need(v, Value::Type::object, where);
         check_members(v, where,
-                      {"plugin", "severity", "rank", "layer", "phase", "bytes", "count", "summary",
-                       "basis", "evidence"});
+                      {"plugin", "severity", "rank", "pid", "layer", "phase", "bytes", "count",
+                       "summary", "basis", "evidence"});
         Finding f;
         f.plugin = str(v, "plugin", where);
         const Value& sev = member(v, "severity", where);
@@ -148,6 +148,14 @@ class SchemaReader {
         }
         f.severity = *parsed;
         f.rank = rank(v, where);
+        if (find(v, "pid")) {  // optional: a process without a rank
+            const uint64_t pid = u64(v, "pid", where);
+            if (pid == 0 || pid > UINT32_MAX || f.rank >= 0) {
+                parser_.fail(member(v, "pid", where).offset,
+                             where + ": \"pid\" must be a process id > 0, and only without a rank");
+            }
+            f.pid = static_cast<uint32_t>(pid);
+        }
         f.layer = str(v, "layer", where);
         f.phase = str(v, "phase", where);
         f.bytes = u64(v, "bytes", where);

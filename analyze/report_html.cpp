@@ -280,9 +280,8 @@ std::string sites_table(const RankReport& r, const std::vector<Site>& sites) {
 std::string finding_details(const Report& report, const Finding& f) {
     const std::string sev(to_string(f.severity));
     std::string out = "<details class=finding><summary><span class=\"sev-" + sev + "\">" + h(sev) +
-                      "</span> <b>" + h(f.plugin) + "</b> " +
-                      (f.rank >= 0 ? "rank " + std::to_string(f.rank) : std::string("no rank")) +
-                      " " + h(f.layer.empty() ? "-" : f.layer) + " " + h(f.phase) + " &mdash; " +
+                      "</span> <b>" + h(f.plugin) + "</b> " + process_label(f.rank, f.pid) + " " +
+                      h(f.layer.empty() ? "-" : f.layer) + " " + h(f.phase) + " &mdash; " +
                       h(human_bytes(f.bytes)) + ": " + h(f.summary) +
                       (f.basis.empty() ? std::string() : " <i>(" + h(f.basis) + ")</i>") +
                       "</summary>";

@@ -121,6 +121,7 @@ std::string to_json(const FindingsFile& file) {
         out += "\"plugin\": " + json_quote(f.plugin);
         out += ", \"severity\": " + json_quote(to_string(f.severity));
         out += ", \"rank\": " + std::to_string(f.rank);
+        if (f.rank < 0 && f.pid != 0) out += ", \"pid\": " + std::to_string(f.pid);
         out += ", \"layer\": " + json_quote(f.layer);
         out += ", \"phase\": " + json_quote(f.phase);
         out += ", \"bytes\": ";
@@ -229,13 +230,18 @@ std::string printable(std::string_view s) {
     return out;
 }
 
+std::string process_label(int32_t rank, uint32_t pid) {
+    if (rank >= 0) return "rank " + std::to_string(rank);
+    return pid != 0 ? "pid " + std::to_string(pid) : std::string("no rank");
+}
+
 std::string summary_line(const Finding& f) {
     std::string where = f.layer.empty() ? "-" : printable(f.layer);
     if (!f.phase.empty()) where += "/" + printable(f.phase);
     std::string line = std::string(to_string(f.severity));
     line.resize(8, ' ');
     line += printable(f.plugin);
-    line += f.rank >= 0 ? "  rank " + std::to_string(f.rank) : std::string("  no rank");
+    line += "  " + process_label(f.rank, f.pid);
     line += "  " + where + "  " + human_bytes(f.bytes) + "  ";
     if (!f.basis.empty()) line += "[" + printable(f.basis) + "]  ";
     line += printable(f.summary);

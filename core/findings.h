@@ -29,6 +29,7 @@ struct Finding {
     std::string plugin;
     Severity severity = Severity::info;
     int32_t rank = -1;  // -1: the process had no rank
+    uint32_t pid = 0;   // the process, when it had no rank (0 otherwise, or unknown)
     std::string layer;  // "" when not attributed to a layer
     std::string phase;
     uint64_t bytes = 0;
@@ -99,6 +100,9 @@ size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept;
 // summary. Control characters in strings taken from the trace are replaced
 // so they cannot drive the terminal.
 std::string summary_line(const Finding& finding);
+// Who a finding or trace is about, for people: "rank 3", else "pid 4242" (a
+// process without a rank), else "no rank" (the pid is unknown).
+std::string process_label(int32_t rank, uint32_t pid);
 
 // "1.5 MiB" style sizes.
 std::string human_bytes(uint64_t bytes);

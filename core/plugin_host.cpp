@@ -414,6 +414,7 @@ void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
         out.plugin = in->name;
         out.severity = static_cast<Severity>(f->severity);
         out.rank = in->host->settings_.rank;
+        if (out.rank < 0) out.pid = in->host->settings_.pid;
         out.layer = cstr(f->layer);
         out.phase = cstr(f->phase);
         out.bytes = f->bytes;

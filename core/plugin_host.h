@@ -86,6 +86,7 @@ struct PluginStatus {
 
 struct HostSettings {
     int32_t rank = -1;       // -1: no rank
+    uint32_t pid = 0;        // the process, named in findings when it has no rank
     int32_t world_size = 0;  // 0: unknown
     bool has_baseline = false;
     PluginOptions options;  // "<plugin>.<key>" -> value

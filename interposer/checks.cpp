@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -173,6 +175,7 @@ void CheckSet::service(uint64_t next, const Tables& tables) {
         try {
             HostSettings hs;
             hs.rank = c->settings.rank;
+            hs.pid = static_cast<uint32_t>(getpid());
             hs.world_size = c->settings.world_size;
             hs.options = c->options;
             hs.warn = [&warnings](const std::string& line) { warnings.push_back(line); };

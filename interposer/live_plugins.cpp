@@ -2,6 +2,8 @@
 // writer thread, fed every event it writes; and the findings file they
 // leave next to the trace (checkpointed while the program runs, written at
 // exit).
+#include <unistd.h>
+
 #include <exception>
 #include <memory>
 #include <string>
@@ -65,6 +67,7 @@ void start_plugins() {
     try {
         HostSettings settings;
         settings.rank = g->config.rank;
+        settings.pid = static_cast<uint32_t>(getpid());
         settings.world_size = g->config.world_size > 0 ? g->config.world_size : 0;
         settings.options = g->config.plugin_options;
         settings.warn = [](const std::string& line) { log_line(LogLevel::quiet, line); };

@@ -107,7 +107,11 @@ TEST_CASE("a findings file round-trips with every field and large numbers") {
     f.findings[0].basis = "proven";
     f.findings[0].evidence[1].note = "derived from layers.3.fc1.weight: abs -> amax -> _to_copy";
     f.ranks.push_back({-1, "pid7.trace", {}, {}});
+    Finding unranked = make("peak-owner", Severity::info, -1, "");
+    unranked.pid = 7;  // a process without a rank is named by its pid
+    f.findings.push_back(unranked);
     const std::string json = to_json(f);
+    CHECK(contains(json, "\"rank\": -1, \"pid\": 7,"));
     CHECK(parse_findings(json, "mem") == f);
     CHECK(contains(json, "\"basis\": \"proven\""));
     CHECK(contains(json, "\"note\": \"derived from layers.3.fc1.weight"));
@@ -166,6 +170,10 @@ TEST_CASE("a corrupt or foreign findings file gives one error with line and colu
     CHECK(contains(with("\"bytes\": 51200", "\"bytes\": 18446744073709551616"),
                    "\"bytes\" must be an unsigned"));
     CHECK(contains(with("\"rank\": 0,", "\"rank\": -2,"), "\"rank\" must be an integer >= -1"));
+    CHECK(contains(with("\"rank\": 0,", "\"rank\": 0, \"pid\": 7,"),
+                   "\"pid\" must be a process id > 0, and only without a rank"));
+    CHECK(contains(with("\"rank\": 0,", "\"rank\": -1, \"pid\": 0,"),
+                   "\"pid\" must be a process id"));
     CHECK(contains(with("\"stack_id\": 4", "\"stack_id\": 4294967296"), "must fit in 32 bits"));
     CHECK(contains(with("\"summary\": \"p on l\"", "\"summary\": \"a\x01\""),
                    "control character inside a string"));
@@ -213,7 +221,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a summary line names severity, plugin, rank, where, bytes and never drives the terminal") {
+    "a summary line names severity, plugin, rank (or pid), where, bytes and never drives the "
+    "terminal") {
     Finding f = make("weight-copy-accumulation", Severity::error, 1, "layers.\x1b[2J3");
     f.summary = "2 FP8 copies\nretained";
     CHECK(summary_line(f) ==
@@ -224,6 +233,8 @@ TEST_CASE(
     f.phase = "";
     f.bytes = 100;
     CHECK(summary_line(f).rfind("error   weight-copy-accumulation  no rank  -  100 B  ", 0) == 0);
+    f.pid = 4242;
+    CHECK(summary_line(f).rfind("error   weight-copy-accumulation  pid 4242  -  100 B  ", 0) == 0);
     CHECK(human_bytes(1536) == "1.50 KiB");
     CHECK(human_bytes(uint64_t{3} << 30) == "3.00 GiB");
     CHECK(parse_severity("warning") == Severity::warning);

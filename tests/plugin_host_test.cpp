@@ -897,9 +897,11 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
     REQUIRE(rank_files.size() == 1);
     CHECK(rank_files[0].filename().string() == "findings." + traces[0].stem().string() + ".json");
     REQUIRE(fs::exists(out / "findings.json"));
-    // The run's summary: one line per finding.
-    CHECK(count_lines(run.err, "warning test-count  no rank") == 1);
-    CHECK(count_lines(run.err, "test-error  no rank") == 1);
+    // The run's summary: one line per finding, naming the process (it had
+    // no rank) by the pid its trace is named after.
+    const std::string who = "pid " + traces[0].stem().string().substr(3);
+    CHECK(count_lines(run.err, "warning test-count  " + who + "  ") == 1);
+    CHECK(count_lines(run.err, "test-error  " + who + "  ") == 1);
 
     const Trace trace = load_trace(traces[0].string());
     REQUIRE(trace.footer.has_value());
@@ -933,7 +935,8 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
     CHECK(offline == live);
     CHECK(slurp(s / "replay.json") == slurp(out / "findings.json"));
     // The summary went to stdout, the broken plugins' messages to stderr.
-    CHECK(count_lines(replay.out, "warning test-count  no rank") == 1);
+    CHECK(count_lines(replay.out, "warning test-count  " + who + "  ") == 1);
+    CHECK(count->pid == std::stoul(traces[0].stem().string().substr(3)));
     CHECK(count_lines(replay.err, "plugin test-throw disabled") == 1);
 }
 

@@ -28,7 +28,7 @@ std::vector<TraceRef> trace_refs(const std::string& path) {
     std::vector<TraceRef> refs;
     for (const std::string& f : files) {
         TraceReader reader(f);  // the header only; throws TraceError
-        refs.push_back({f, reader.header().rank, reader.header().world_size});
+        refs.push_back({f, reader.header().rank, reader.header().world_size, reader.header().pid});
     }
     return refs;
 }
@@ -64,6 +64,7 @@ FindingsFile replay_trace(const TraceRef& run, const TraceRef* baseline, const P
                           const std::function<void(const std::string&)>& warn) {
     HostSettings settings;
     settings.rank = run.rank;
+    settings.pid = run.pid;
     settings.world_size = run.world_size > 0 ? run.world_size : 0;
     settings.has_baseline = baseline != nullptr;
     settings.options = choice.options;

@@ -19,6 +19,7 @@ struct TraceRef {
     std::string path;
     int32_t rank = -1;
     int32_t world_size = -1;
+    uint32_t pid = 0;
 };
 
 // The traces of `path` (a trace file, or every *.trace of a directory), with
