@@ -102,10 +102,10 @@ Recovered recover_findings(const std::string& dir, const PluginChoice& choice,
             continue;
         }
         FindingsFile file;
-        int32_t rank = -1;
+        std::string who;
         try {
             const std::vector<TraceRef> ref = trace_refs(path);
-            rank = ref.at(0).rank;
+            who = process_label(ref.at(0).rank, ref[0].pid);
             file = replay_trace(ref[0], nullptr, choice, warn);
         } catch (const std::exception& e) {
             warn(std::string("allocscope: could not replay ") + path + ": " + e.what());
@@ -119,7 +119,6 @@ Recovered recover_findings(const std::string& dir, const PluginChoice& choice,
                  " (the replayed findings are used as they are)");
         }
         out.replayed[findings.filename().string()] = std::move(file);
-        const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : std::string("no rank");
         out.lines.push_back(who + " (" + name + "): " + why);
     }
     return out;
