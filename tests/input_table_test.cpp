@@ -235,6 +235,41 @@ TEST_CASE("every subcommand refuses bad or missing arguments with exit 2 and one
     }
 }
 
+TEST_CASE("allocscope --help names every option that each subcommand's --help lists") {
+    std::string usage;
+    REQUIRE(sh(env("E2E_CLI") + " --help", &usage) == 0);
+    const std::vector<std::string> commands = {"run",    "report", "diff",
+                                               "export", "replay", "check"};
+    // The usage's block of `cmd`: from its line to the next command's.
+    auto block_of = [&](const std::string& cmd) {
+        const size_t from = usage.find("\n  " + cmd + " ");
+        REQUIRE(from != std::string::npos);
+        size_t to = std::string::npos;
+        for (const std::string& other : commands) {
+            const size_t at = usage.find("\n  " + other + " ", from + 1);
+            if (at != std::string::npos && at < to) to = at;
+        }
+        return usage.substr(from, to == std::string::npos ? std::string::npos : to - from);
+    };
+    for (const std::string& cmd : commands) {
+        CAPTURE(cmd);
+        std::string help;
+        REQUIRE(sh(env("E2E_CLI") + " " + cmd + " --help", &help) == 0);
+        const std::string block = block_of(cmd);
+        std::istringstream lines(help);
+        size_t options = 0;
+        for (std::string line; std::getline(lines, line);) {
+            // An option's own line: two spaces, then "-o" or "--name".
+            if (line.rfind("  -", 0) != 0) continue;
+            const std::string option = line.substr(2, line.find(' ', 2) - 2);
+            CAPTURE(option);
+            ++options;
+            CHECK(contains(block, "[" + option) + contains(block, " " + option + " ") > 0);
+        }
+        CHECK(options >= (cmd == "check" ? 0u : 2u));
+    }
+}
+
 TEST_CASE("every subcommand's --help exits 0 with its usage; no command prints the usage, exit 2") {
     for (const std::string cmd : {"run", "report", "diff", "export", "replay", "check"}) {
         CAPTURE(cmd);

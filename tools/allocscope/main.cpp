@@ -18,15 +18,20 @@ constexpr const char* kUsage = R"(usage: allocscope <command> [options]
 Allocation attribution for CUDA training runs.
 
 commands:
-  run [--out DIR] [--force] [--stack-depth N] [--plugins LIST] [--check] -- CMD [ARGS...]
+  run [--out DIR] [--force] [--stack-depth N] [--plugins LIST] [--plugin-dir DIR]
+      [--plugin-option NAME.KEY=VALUE] [--check] [--fail-on SEV] [--nvtx]
+      [--no-python] [--provenance] -- CMD [ARGS...]
                     run CMD with the interposer preloaded, recording one trace
                     per process into DIR (default ./allocscope-out); detection
-                    plugins run live and their findings go to DIR/findings.json
-  report PATH... [--format text|json|html] [-o FILE]
+                    plugins run live and their findings go to DIR/findings.json;
+                    exits with CMD's status (--check: 3 on findings, 4 when
+                    not everything was checked)
+  report PATH... [--format text|json|html] [-o FILE] [--rank R] [--top N]
                     attribution report of traces (files or output
                     directories): per layer and phase, timeline, top
                     allocation sites with symbolized stacks, findings
   diff BASE CAND [--forward-threshold B] [--backward-threshold B]
+       [--format text|json] [-o FILE]
                     the reference test's comparison of two runs: per-layer
                     forward increments, post-backward deltas; exit 3 when a
                     threshold is exceeded
@@ -35,12 +40,17 @@ commands:
                     (memory counters, phase slices, findings), collapsed
                     stacks at the peak for flame graphs, a PyTorch memory
                     snapshot for pytorch.org/memory_viz
-  replay PATH... [--plugins LIST] [--baseline PATH] [-o FILE]
-                    run detection plugins on recorded traces
+  replay PATH... [--plugins LIST] [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]
+         [--baseline PATH] [-o FILE]
+                    run detection plugins on recorded traces; exit 4 when a
+                    plugin did not run
   check PATH [--fail-on info|warning|error]
                     exit 3 when a findings file holds a finding at or above
-                    the severity (default error), 0 otherwise
+                    the severity (default error), 4 when not everything was
+                    checked, 0 otherwise
 
+  options take their value as "--opt value" or "--opt=value"; 2 is the
+  exit status of bad input everywhere
   allocscope <command> --help   shows the options of a command
   allocscope --version          prints the version
 
