@@ -230,12 +230,17 @@ std::string printable(std::string_view s) {
 }
 
 std::string summary_line(const Finding& f) {
+    return summary_line(f, f.rank >= 0 ? "rank " + std::to_string(f.rank) : std::string("no rank"));
+}
+
+std::string summary_line(const Finding& f, std::string_view who) {
     std::string where = f.layer.empty() ? "-" : printable(f.layer);
     if (!f.phase.empty()) where += "/" + printable(f.phase);
     std::string line = std::string(to_string(f.severity));
     line.resize(8, ' ');
     line += printable(f.plugin);
-    line += f.rank >= 0 ? "  rank " + std::to_string(f.rank) : std::string("  no rank");
+    line += "  ";
+    line += who;
     line += "  " + where + "  " + human_bytes(f.bytes) + "  ";
     if (!f.basis.empty()) line += "[" + printable(f.basis) + "]  ";
     line += printable(f.summary);

@@ -99,6 +99,8 @@ size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept;
 // summary. Control characters in strings taken from the trace are replaced
 // so they cannot drive the terminal.
 std::string summary_line(const Finding& finding);
+// The same with `who` in place of "rank R" (the text report's "ranks 0–1").
+std::string summary_line(const Finding& finding, std::string_view who);
 
 // "1.5 MiB" style sizes.
 std::string human_bytes(uint64_t bytes);
