@@ -80,7 +80,7 @@ void text_sites(std::string& out, const RankReport& r, const std::vector<Site>& 
                std::to_string(s.count) + " allocation(s), mostly " + tag_text(s.layer, s.phase) +
                (s.stack ? ", stack " + std::to_string(s.stack) : std::string(", no stack")) + "\n";
         for (const std::string& line :
-             full ? all_stack_lines(r, s.stack) : stack_lines(r, s.stack, 4, 4))
+             full ? all_stack_lines(r, s.stack) : stack_lines(r, s.stack, 3, 3))
             out += "      " + line + "\n";
     }
     if (sites.size() > limit)
@@ -203,7 +203,7 @@ void text_oom(std::string& out, const Report& report, const RankReport& r, const
         if (rows < m.by_tag.size())
             out += "      ... " + u(m.by_tag.size() - rows) + " more rows (--full)\n";
     }
-    text_sites(out, r, m.sites, "  live at that moment by site", full, full ? SIZE_MAX : 3);
+    text_sites(out, r, m.sites, "  live at that moment by site", full, full ? SIZE_MAX : 2);
 }
 
 void json_oom(std::string& out, const Report& report, const RankReport& r, const OomMoment& m) {
@@ -781,10 +781,12 @@ std::string concise_text(const Report& report) {
         if (a.ooms.empty()) continue;
         if (!any_oom) out += "\n== out of memory ==\n";
         any_oom = true;
-        if (a.oom_moments_total > 1)
+        // Earlier moments in one line each, the last in detail.
+        if (a.oom_moments_total > a.ooms.size())
             out += rank_name(a) + ": " + u(a.oom_moments_total) +
-                   " out-of-memory moments, the last shown (--full: the last " + u(a.ooms.size()) +
-                   ")\n";
+                   " out-of-memory moments, the last " + u(a.ooms.size()) + " shown\n";
+        for (size_t k = 0; k + 1 < a.ooms.size(); ++k)
+            out += oom_headline(a, a.ooms[k]) + "\n";
         text_oom(out, report, r, a.ooms.back(), false);
     }
     out += "\n== run ==\n";

@@ -46,7 +46,11 @@ Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
 (rank<R>.trace, or pid<PID>.trace without a rank) into DIR. Detection plugins
 run inside each process and write findings.<rank<R>|pid<PID>>.json; at the end
-they are merged into DIR/findings.json and printed one line per finding. A
+they are merged into DIR/findings.json, and DIR/report.txt (the concise text
+report; allocscope report --full DIR for everything) and DIR/report.html are
+written. The terminal gets the errors and warnings, one line for what
+several ranks found alike, and one line "N errors, N warnings, N infos on R
+ranks — report: DIR/report.txt"; out-of-memory moments come last. A
 process that died before writing its final findings (killed, crashed: its
 trace ends without a footer, or its findings file is missing) has its trace
 replayed through the same plugins after CMD ends; one line names each such
