@@ -234,6 +234,42 @@ TEST_CASE(
     CHECK(contains(full, "__libc_start_main"));
 }
 
+TEST_CASE(
+    "the concise report of a recorded PyTorch FSDP2 run starts every site at the script's "
+    "Python line, the bridge, allocator, libtorch and interpreter frames folded") {
+    // Two ranks recorded on an H200 (tests/corpus/, labels.json): its module
+    // files are not here, so native frames are module+offset.
+    const std::string dir = env("CORPUS_DIR") + "/function-seed-t64";
+    std::string concise, full;
+    REQUIRE(sh(env("E2E_CLI") + " report " + dir, &concise) == 0);
+    REQUIRE(sh(env("E2E_CLI") + " report --full " + dir, &full) == 0);
+    const std::vector<std::string> lines = lines_of(concise);
+    MESSAGE("concise " << lines.size() << " lines, --full " << lines_of(full).size());
+    CHECK(lines.size() <= 200);
+    size_t sites = 0;
+    for (size_t k = 0; k < lines.size(); ++k) {
+        if (!lines[k].starts_with("  #")) continue;
+        CAPTURE(lines[k]);
+        REQUIRE(k + 2 < lines.size());
+        // One fold line: the bridge and c10's allocator, then libtorch.
+        CHECK(lines[k + 1].starts_with("      ... 6 allocator frames, "));
+        CHECK(contains(lines[k + 1], " framework frames"));
+        bool folded = false;
+        const std::string first = first_shown_frame(lines, k, "      ", folded);
+        CHECK(folded);
+        CHECK(contains(first, "/tests/gpu/fsdp2_fp8_train.py:"));
+        CHECK(python_frame_kind(first) == FrameKind::user);
+        ++sites;
+    }
+    CHECK(sites >= 5);
+    CHECK(contains(concise, "on ranks 0–1"));
+    // --full keeps them: the bridge's frame and torch's module wrappers.
+    CHECK(contains(full, "liballocscope_torch_bridge.so+0x"));
+    CHECK(contains(full, "libc10_cuda.so+0x"));
+    CHECK(contains(full, "Module._call_impl ("));
+    CHECK_FALSE(contains(concise, "Module._call_impl ("));
+}
+
 TEST_CASE("allocscope run prints errors and warnings once for both ranks, no info, one summary") {
     TempDir t;
     std::string out, err;
