@@ -700,9 +700,12 @@ void concise_findings(std::string& out, const Report& report) {
         ++by[static_cast<int>(f.severity)];
         if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
     }
-    out += u(all.size()) + (ranks.empty() ? "" : " on " + ranks_text(ranks)) + ": " + u(by[2]) +
-           " error, " + u(by[1]) + " warning, " + u(by[0]) +
-           " info (what several ranks found alike is shown once)\n";
+    auto counted = [](size_t n, const char* what) {
+        return u(n) + " " + what + (n == 1 ? "" : "s");
+    };
+    out += u(all.size()) + (ranks.empty() ? "" : " on " + ranks_text(ranks)) + ": " +
+           counted(by[2], "error") + ", " + counted(by[1], "warning") + ", " +
+           counted(by[0], "info") + " (what several ranks found alike is shown once)\n";
     std::vector<FindingGroup> groups = collapse_findings(report.findings);
     std::stable_sort(groups.begin(), groups.end(),
                      [](const FindingGroup& a, const FindingGroup& b) {

@@ -26,8 +26,8 @@ namespace allocscope::cli {
 namespace {
 
 constexpr const char* kReportHelp =
-    R"(usage: allocscope report PATH... [--format text|json|html] [--full] [-o FILE]
-                         [--rank R] [--top N]
+    R"(usage: allocscope report PATH... [--format text|json|html] [--full]
+                         [-o FILE] [--rank R] [--top N]
 
 An attribution report of a run. PATH is an output directory (every *.trace
 in it, and its findings.json) or trace files (with findings.<name>.json
