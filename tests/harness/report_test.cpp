@@ -230,6 +230,22 @@ TEST_CASE(
         }
     }
     CHECK(checked >= 10);
+    // And each finding's first evidence stack, from its rank's stacks.
+    const auto& ranks = report.at("ranks").items;
+    size_t evidence = 0;
+    for (const Finding& f : findings.findings) {
+        if (f.evidence.empty() || f.evidence[0].stack_id == 0) continue;
+        REQUIRE(f.rank >= 0);
+        REQUIRE(size_t(f.rank) < ranks.size());
+        const json::Value& frames =
+            ranks[size_t(f.rank)].at("stacks").at(std::to_string(f.evidence[0].stack_id));
+        std::string block;
+        for (const json::Value& frame : frames.items)
+            block += "        " + frame.text + "\n";
+        CHECK(contains(full, block));
+        ++evidence;
+    }
+    CHECK(evidence >= 6);
     CHECK(contains(full, "allocscope::harness::alloc::CachingAllocator::allocate"));
     CHECK(contains(full, "__libc_start_main"));
 }
