@@ -2,8 +2,11 @@
 #include "report.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace allocscope {
@@ -36,7 +39,7 @@ std::string rpad(const std::string& s, size_t width) {
 }
 
 // An ASCII chart of the owner pool's live bytes over the timeline.
-void text_timeline(std::string& out, const TraceAnalysis& a) {
+void text_timeline(std::string& out, const TraceAnalysis& a, const std::string& whose = {}) {
     const auto& pts = a.timeline.points;
     if (pts.empty()) return;
     constexpr size_t kWidth = 72, kHeight = 8;
@@ -51,8 +54,9 @@ void text_timeline(std::string& out, const TraceAnalysis& a) {
         const size_t c = i * kWidth / pts.size();
         col[c] = std::max(col[c], owner_bytes(pts[i]));
     }
-    out += "\nlive " + std::string(to_string(a.owner)) + " bytes over the trace (peak " +
-           human_bytes(top) + "; " + std::to_string(a.timeline.steps.size()) + " steps, " +
+    out += "\nlive " + std::string(to_string(a.owner)) + " bytes over the trace" +
+           (whose.empty() ? "" : " of " + whose) + " (peak " + human_bytes(top) + "; " +
+           std::to_string(a.timeline.steps.size()) + " steps, " +
            std::to_string(a.timeline.bands.size()) + " phase bands):\n";
     for (size_t row = kHeight; row-- > 0;) {
         out += "  |";
@@ -64,25 +68,41 @@ void text_timeline(std::string& out, const TraceAnalysis& a) {
     out += "   0 s" + std::string(kWidth - 10, ' ') + rpad(seconds(a.span_ns), 8) + "\n";
 }
 
+// Sites of one rank; concise: the first `limit` with stacks from the
+// program's code, full: all with every frame.
 void text_sites(std::string& out, const RankReport& r, const std::vector<Site>& sites,
-                const char* title) {
+                const char* title, bool full, size_t limit = SIZE_MAX) {
     if (sites.empty()) return;
     out += std::string("\n") + title + ":\n";
-    for (size_t k = 0; k < sites.size(); ++k) {
+    for (size_t k = 0; k < sites.size() && k < limit; ++k) {
         const Site& s = sites[k];
         out += "  #" + std::to_string(k + 1) + " " + human_bytes(s.bytes) + " in " +
                std::to_string(s.count) + " allocation(s), mostly " + tag_text(s.layer, s.phase) +
                (s.stack ? ", stack " + std::to_string(s.stack) : std::string(", no stack")) + "\n";
-        auto it = r.stacks.find(s.stack);
-        if (it == r.stacks.end()) continue;
-        for (const std::string& line : stack_lines(r, s.stack, 10, 8))
+        for (const std::string& line :
+             full ? all_stack_lines(r, s.stack) : stack_lines(r, s.stack, 3, 3))
             out += "      " + line + "\n";
     }
+    if (sites.size() > limit)
+        out += "  ... " + std::to_string(sites.size() - limit) + " more sites (--full)\n";
+}
+
+std::string tag_header() {
+    return "  " + pad("layer", 30) + pad("phase", 26) + rpad("allocated", 11) + rpad("allocs", 8) +
+           rpad("kept@end", 11) + rpad("@peak", 11) + rpad("@exit", 11) + "\n";
+}
+
+std::string tag_row(const TagStats& t) {
+    return "  " + pad(t.layer.empty() ? "(untagged)" : printable(t.layer), 29) + " " +
+           pad(t.phase.empty() ? "-" : printable(t.phase), 25) + " " +
+           rpad(human_bytes(t.allocated_bytes), 10) + rpad(std::to_string(t.allocations), 8) +
+           rpad(t.retained_max ? human_bytes(t.retained_max) : "-", 11) +
+           rpad(t.at_peak ? human_bytes(t.at_peak) : "-", 11) +
+           rpad(t.at_exit ? human_bytes(t.at_exit) : "-", 11) + "\n";
 }
 
 void text_tags(std::string& out, const std::vector<TagStats>& tags, size_t limit) {
-    out += "  " + pad("layer", 30) + pad("phase", 26) + rpad("allocated", 11) + rpad("allocs", 8) +
-           rpad("kept@end", 11) + rpad("@peak", 11) + rpad("@exit", 11) + "\n";
+    out += tag_header();
     size_t shown = 0;
     for (const TagStats& t : tags) {
         if (t.allocations == 0 && t.at_peak == 0) continue;
@@ -90,12 +110,7 @@ void text_tags(std::string& out, const std::vector<TagStats>& tags, size_t limit
             out += "  ... more tags in the JSON report\n";
             break;
         }
-        out += "  " + pad(t.layer.empty() ? "(untagged)" : printable(t.layer), 29) + " " +
-               pad(t.phase.empty() ? "-" : printable(t.phase), 25) + " " +
-               rpad(human_bytes(t.allocated_bytes), 10) + rpad(std::to_string(t.allocations), 8) +
-               rpad(t.retained_max ? human_bytes(t.retained_max) : "-", 11) +
-               rpad(t.at_peak ? human_bytes(t.at_peak) : "-", 11) +
-               rpad(t.at_exit ? human_bytes(t.at_exit) : "-", 11) + "\n";
+        out += tag_row(t);
     }
 }
 
@@ -152,12 +167,17 @@ std::string share_line(const OomShare& s, const OomMoment& m) {
            " allocation(s)";
 }
 
-void text_oom(std::string& out, const Report& report, const RankReport& r, const OomMoment& m) {
+// Rows of the per-moment (layer, phase) list shown in the concise report.
+constexpr size_t kOomConciseTags = 6;
+
+void text_oom(std::string& out, const Report& report, const RankReport& r, const OomMoment& m,
+              bool full) {
     const TraceAnalysis& a = r.analysis;
     out += oom_headline(a, m) + "\n  " + oom_held(m) + "\n";
     if (m.stack) {
         out += "  requested at:\n";
-        for (const std::string& line : stack_lines(r, m.stack, 8, 8))
+        for (const std::string& line :
+             full ? all_stack_lines(r, m.stack) : stack_lines(r, m.stack, 4, 4))
             out += "      " + line + "\n";
     }
     const std::vector<OomShare> shares = oom_shares(report, r, m);
@@ -174,12 +194,16 @@ void text_oom(std::string& out, const Report& report, const RankReport& r, const
     }
     if (!m.by_tag.empty()) {
         out += "  live at that moment by (layer, phase):\n";
-        for (const TagLive& t : m.by_tag) {
+        const size_t rows = full ? m.by_tag.size() : std::min(m.by_tag.size(), kOomConciseTags);
+        for (size_t k = 0; k < rows; ++k) {
+            const TagLive& t = m.by_tag[k];
             out += "      " + pad(tag_text(t.layer, t.phase), 48) + rpad(human_bytes(t.bytes), 11) +
                    rpad(u(t.count), 8) + "\n";
         }
+        if (rows < m.by_tag.size())
+            out += "      ... " + u(m.by_tag.size() - rows) + " more rows (--full)\n";
     }
-    text_sites(out, r, m.sites, "  live at that moment by site");
+    text_sites(out, r, m.sites, "  live at that moment by site", full, full ? SIZE_MAX : 2);
 }
 
 void json_oom(std::string& out, const Report& report, const RankReport& r, const OomMoment& m) {
@@ -322,7 +346,154 @@ int rank_index(const Report& report, int32_t rank) {
     return -1;
 }
 
-std::string render_text(const Report& report) {
+namespace {
+
+// A summary with its numbers masked: "1.50 MiB ... (step 5)" and
+// "1.48 MiB ... (step 4)" say the same thing.
+std::string masked(std::string_view text) {
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (!std::isdigit(static_cast<unsigned char>(text[i]))) {
+            out += text[i];
+            continue;
+        }
+        while (i + 1 < text.size() && (std::isdigit(static_cast<unsigned char>(text[i + 1])) ||
+                                       (text[i + 1] == '.' && i + 2 < text.size() &&
+                                        std::isdigit(static_cast<unsigned char>(text[i + 2])))))
+            ++i;
+        out += '#';
+    }
+    return out;
+}
+
+bool same_kind(const Finding& a, const Finding& b) {
+    return a.plugin == b.plugin && a.severity == b.severity && a.layer == b.layer &&
+           a.phase == b.phase && a.basis == b.basis;
+}
+
+// Whether `g` has a finding of `rank` (a finding without a rank is never
+// grouped with another).
+bool holds_rank(const FindingGroup& g, int32_t rank) {
+    return rank < 0 || std::any_of(g.members.begin(), g.members.end(),
+                                   [rank](const Finding* f) { return f->rank == rank; });
+}
+
+// How a finding's evidence reads on one line: count, bytes, steps.
+std::string evidence_digest(const Finding& f) {
+    uint64_t bytes = 0, first = UINT64_MAX, last = 0;
+    for (const Evidence& e : f.evidence) {
+        bytes += e.size;
+        first = std::min(first, e.step);
+        last = std::max(last, e.step);
+    }
+    std::string text = std::to_string(f.evidence.size()) + " allocation(s), " + human_bytes(bytes);
+    if (!f.evidence.empty()) {
+        text += first == last ? ", step " + std::to_string(first)
+                              : ", steps " + std::to_string(first) + "–" + std::to_string(last);
+    }
+    return text;
+}
+
+bool same_evidence(const Finding& a, const Finding& b) {
+    return std::equal(a.evidence.begin(), a.evidence.end(), b.evidence.begin(), b.evidence.end(),
+                      [](const Evidence& x, const Evidence& y) {
+                          return x.size == y.size && x.step == y.step && x.layer == y.layer &&
+                                 x.phase == y.phase;
+                      });
+}
+
+}  // namespace
+
+std::vector<FindingGroup> collapse_findings(const FindingsFile& file) {
+    std::vector<FindingGroup> groups;
+    // The same summary first, so that a rank's finding joins its exact twin.
+    for (const Finding& f : file.findings) {
+        auto g = std::find_if(groups.begin(), groups.end(), [&f](const FindingGroup& c) {
+            return same_kind(*c.members[0], f) && c.members[0]->summary == f.summary &&
+                   !holds_rank(c, f.rank);
+        });
+        if (g == groups.end()) {
+            groups.push_back({{&f}});
+        } else {
+            g->members.push_back(&f);
+        }
+    }
+    // Then the same but for numbers, between groups of other ranks.
+    std::vector<std::string> keys;
+    for (const FindingGroup& g : groups)
+        keys.push_back(masked(g.members[0]->summary));
+    for (size_t i = 0; i < groups.size(); ++i) {
+        for (size_t j = i + 1; j < groups.size();) {
+            const bool disjoint =
+                std::none_of(groups[j].members.begin(), groups[j].members.end(),
+                             [&](const Finding* f) { return holds_rank(groups[i], f->rank); });
+            if (disjoint && keys[i] == keys[j] &&
+                same_kind(*groups[i].members[0], *groups[j].members[0])) {
+                groups[i].members.insert(groups[i].members.end(), groups[j].members.begin(),
+                                         groups[j].members.end());
+                groups.erase(groups.begin() + long(j));
+                keys.erase(keys.begin() + long(j));
+            } else {
+                ++j;
+            }
+        }
+    }
+    for (FindingGroup& g : groups) {
+        std::stable_sort(g.members.begin(), g.members.end(),
+                         [](const Finding* a, const Finding* b) { return a->rank < b->rank; });
+    }
+    return groups;
+}
+
+std::string ranks_text(std::vector<int32_t> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    const bool rankless = !ranks.empty() && ranks.front() < 0;
+    std::erase_if(ranks, [](int32_t r) { return r < 0; });
+    std::string text;
+    for (size_t i = 0; i < ranks.size();) {
+        size_t j = i;
+        while (j + 1 < ranks.size() && ranks[j + 1] <= ranks[j] + 1)
+            ++j;
+        text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+        if (ranks[j] != ranks[i]) text += "–" + std::to_string(ranks[j]);
+        i = j + 1;
+    }
+    if (!text.empty()) {
+        const bool one = ranks.front() == ranks.back();
+        text = (one ? "rank " : "ranks ") + text;
+    }
+    if (rankless) text += text.empty() ? "no rank" : ", no rank";
+    return text;
+}
+
+std::vector<std::string> group_lines(const FindingGroup& group) {
+    std::vector<std::string> lines;
+    if (group.members.empty()) return lines;
+    const Finding& first = *group.members[0];
+    std::vector<int32_t> ranks;
+    for (const Finding* f : group.members)
+        ranks.push_back(f->rank);
+    // A process without a rank is named by its pid (it is never merged).
+    lines.push_back(summary_line(first, group.members.size() == 1 && first.rank < 0
+                                            ? process_label(first.rank, first.pid)
+                                            : ranks_text(ranks)));
+    for (size_t k = 1; k < group.members.size(); ++k) {
+        const Finding& f = *group.members[k];
+        const std::string who = ranks_text({f.rank});
+        if (f.bytes != first.bytes || f.count != first.count || f.summary != first.summary) {
+            lines.push_back("  " + who + ": " + human_bytes(f.bytes) + "  " + printable(f.summary));
+        } else if (!same_evidence(f, first)) {
+            lines.push_back("  " + who + ": evidence " + evidence_digest(f) + " (" +
+                            ranks_text({first.rank}) + ": " + evidence_digest(first) + ")");
+        }
+    }
+    return lines;
+}
+
+namespace {
+
+// Every rank's sections, every finding with its first evidence and every frame.
+std::string full_text(const Report& report) {
     std::string out = "allocscope report: " + std::to_string(report.ranks.size()) + " trace(s)\n";
     for (const std::string& note : report.notes)
         out += "note: " + printable(note) + "\n";
@@ -337,7 +508,7 @@ std::string render_text(const Report& report) {
             out += rank_name(a) + ": " + u(a.oom_moments_total) +
                    " out-of-memory moments, the last " + u(a.ooms.size()) + " shown\n";
         for (const OomMoment& m : a.ooms)
-            text_oom(out, report, r, m);
+            text_oom(out, report, r, m, true);
     }
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
@@ -385,8 +556,8 @@ std::string render_text(const Report& report) {
                " bytes: allocated; kept@end = the most one scope of it left alive at its end;"
                " live at the peak and at exit:\n";
         text_tags(out, a.tags, 40);
-        text_sites(out, r, a.sites_at_peak, "top allocation sites at the peak");
-        text_sites(out, r, a.sites_at_exit, "top allocation sites at exit");
+        text_sites(out, r, a.sites_at_peak, "top allocation sites at the peak", true);
+        text_sites(out, r, a.sites_at_exit, "top allocation sites at exit", true);
     }
     if (report.ranks.size() > 1) {
         out += "\n== all ranks ==\n";
@@ -414,13 +585,275 @@ std::string render_text(const Report& report) {
                    (ev.free_seq ? " freed at seq " + u(ev.free_seq) : std::string(" alive")) + "\n";
             if (!ev.note.empty()) out += "        " + printable(ev.note) + "\n";
             if (ri < 0) continue;
-            for (const std::string& line : stack_lines(report.ranks[size_t(ri)], ev.stack_id, 6, 4))
+            for (const std::string& line : all_stack_lines(report.ranks[size_t(ri)], ev.stack_id))
                 out += "        " + line + "\n";
         }
         if (f.evidence.size() > 3)
             out += "      ... " + std::to_string(f.evidence.size() - 3) + " more\n";
     }
     return out;
+}
+
+// The concise report's sizes: (layer, phase) rows in the top of any column,
+// sites, problem findings shown with evidence, info findings listed.
+constexpr size_t kTopAllocatedRows = 8, kTopColumnRows = 4;
+constexpr size_t kPeakSites = 5, kExitSites = 3;
+constexpr size_t kDetailedProblems = 8, kListedInfos = 3;
+
+// "ranks 0–1" for traces with ranks, else their names ("pid 42").
+std::string traces_text(const std::vector<const TraceAnalysis*>& traces) {
+    std::vector<int32_t> ranks;
+    std::string names;
+    bool rankless = false;
+    for (const TraceAnalysis* a : traces) {
+        ranks.push_back(a->header.rank);
+        rankless |= a->header.rank < 0;
+        names += (names.empty() ? "" : ", ") + rank_name(*a);
+    }
+    return rankless ? names : ranks_text(ranks);
+}
+
+// The (layer, phase) rows worth a line: the top of each column.
+void concise_tags(std::string& out, const std::vector<TagStats>& all) {
+    std::vector<const TagStats*> tags;
+    for (const TagStats& t : all) {
+        if (t.allocations || t.at_peak) tags.push_back(&t);
+    }
+    std::set<const TagStats*> chosen;
+    auto top = [&](size_t n, uint64_t TagStats::*column) {
+        std::vector<const TagStats*> by = tags;
+        std::stable_sort(by.begin(), by.end(), [column](const TagStats* x, const TagStats* y) {
+            return x->*column > y->*column;
+        });
+        for (size_t k = 0; k < by.size() && k < n && by[k]->*column; ++k)
+            chosen.insert(by[k]);
+    };
+    top(kTopAllocatedRows, &TagStats::allocated_bytes);
+    top(kTopColumnRows, &TagStats::retained_max);
+    top(kTopColumnRows, &TagStats::at_peak);
+    top(kTopColumnRows, &TagStats::at_exit);
+    out += tag_header();
+    for (const TagStats* t : tags) {
+        if (chosen.contains(t)) out += tag_row(*t);
+    }
+    if (tags.size() > chosen.size())
+        out += "  ... " + u(tags.size() - chosen.size()) + " more rows (--full)\n";
+}
+
+// One site of several ranks: the same frames and tag.
+struct SiteRow {
+    const RankReport* first = nullptr;
+    const Site* site = nullptr;
+    std::vector<std::pair<const TraceAnalysis*, const Site*>> ranks;
+    uint64_t bytes = 0;  // the most of any rank
+};
+
+void concise_sites(std::string& out, const Report& report, std::vector<Site> TraceAnalysis::*sites,
+                   const char* title, size_t limit) {
+    std::map<std::tuple<std::vector<std::string>, std::string, std::string>, size_t> index;
+    std::vector<SiteRow> rows;
+    for (const RankReport& r : report.ranks) {
+        for (const Site& s : r.analysis.*sites) {
+            if (s.bytes == 0) continue;
+            auto frames = r.stacks.find(s.stack);
+            auto key = std::make_tuple(
+                frames == r.stacks.end() ? std::vector<std::string>{} : frames->second, s.layer,
+                s.phase);
+            auto [it, added] = index.try_emplace(key, rows.size());
+            if (added) rows.push_back({&r, &s, {}, 0});
+            SiteRow& row = rows[it->second];
+            row.ranks.emplace_back(&r.analysis, &s);
+            row.bytes = std::max(row.bytes, s.bytes);
+        }
+    }
+    if (rows.empty()) return;
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const SiteRow& x, const SiteRow& y) { return x.bytes > y.bytes; });
+    out += std::string("\n") + title + ":\n";
+    for (size_t k = 0; k < rows.size() && k < limit; ++k) {
+        const SiteRow& row = rows[k];
+        std::vector<const TraceAnalysis*> traces;
+        std::string differ;
+        for (const auto& [a, s] : row.ranks) {
+            traces.push_back(a);
+            if (s->bytes != row.site->bytes || s->count != row.site->count)
+                differ += (differ.empty() ? " (" : "; ") + rank_name(*a) + ": " +
+                          human_bytes(s->bytes) + " in " + u(s->count);
+        }
+        if (!differ.empty()) differ += ")";
+        out += "  #" + u(k + 1) + " " + human_bytes(row.site->bytes) + " in " + u(row.site->count) +
+               " allocation(s) on " + traces_text(traces) + differ + ", mostly " +
+               tag_text(row.site->layer, row.site->phase) + "\n";
+        for (const std::string& line : stack_lines(*row.first, row.site->stack, 4, 4))
+            out += "      " + line + "\n";
+    }
+    if (rows.size() > limit) out += "  ... " + u(rows.size() - limit) + " more sites (--full)\n";
+}
+
+void concise_findings(std::string& out, const Report& report) {
+    out += "\nfindings: ";
+    if (!report.findings_found) {
+        out += "none recorded (no findings file next to the traces)\n";
+        return;
+    }
+    const std::vector<Finding>& all = report.findings.findings;
+    size_t by[3] = {0, 0, 0};
+    std::vector<int32_t> ranks;
+    for (const Finding& f : all) {
+        ++by[static_cast<int>(f.severity)];
+        if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
+    }
+    auto counted = [](size_t n, const char* what) {
+        return u(n) + " " + what + (n == 1 ? "" : "s");
+    };
+    out += u(all.size()) + (ranks.empty() ? "" : " on " + ranks_text(ranks)) + ": " +
+           counted(by[2], "error") + ", " + counted(by[1], "warning") + ", " +
+           counted(by[0], "info") + " (what several ranks found alike is shown once)\n";
+    std::vector<FindingGroup> groups = collapse_findings(report.findings);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [](const FindingGroup& a, const FindingGroup& b) {
+                         return a.members[0]->severity > b.members[0]->severity;
+                     });
+    size_t problems = 0;
+    std::vector<const FindingGroup*> infos;
+    std::map<std::string, size_t> infos_by_plugin;
+    for (const FindingGroup& g : groups) {
+        const Finding& f = *g.members[0];
+        if (f.severity == Severity::info) {
+            infos.push_back(&g);
+            for (const Finding* m : g.members)
+                ++infos_by_plugin[m->plugin];
+            continue;
+        }
+        const std::vector<std::string> lines = group_lines(g);
+        out += "  " + lines[0] + "\n";
+        for (size_t k = 1; k < lines.size(); ++k)
+            out += "    " + lines[k] + "\n";
+        if (problems++ >= kDetailedProblems || f.evidence.empty()) continue;
+        const Evidence& ev = f.evidence[0];
+        out += "      evidence: " + human_bytes(ev.size) + " " + tag_text(ev.layer, ev.phase) +
+               " step " + u(ev.step) + (ev.free_seq ? ", freed" : ", alive at exit") +
+               (g.members.size() > 1 ? " (" + ranks_text({f.rank}) + ")" : "") + "\n";
+        if (!ev.note.empty()) out += "        " + printable(ev.note) + "\n";
+        const int ri = rank_index(report, f.rank);
+        if (ri >= 0) {
+            for (const std::string& line : stack_lines(report.ranks[size_t(ri)], ev.stack_id, 3, 3))
+                out += "        " + line + "\n";
+        }
+        if (f.evidence.size() > 1)
+            out +=
+                "      ... " + u(f.evidence.size() - 1) + " more evidence allocation(s) (--full)\n";
+    }
+    if (infos.empty()) return;
+    std::string plugins;
+    for (const auto& [plugin, n] : infos_by_plugin)
+        plugins += (plugins.empty() ? "" : ", ") + printable(plugin) + " " + u(n);
+    out += "  info: " + u(by[0]) + " finding(s), " + u(infos.size()) + " distinct: " + plugins +
+           "; the largest:\n";
+    std::stable_sort(infos.begin(), infos.end(), [](const FindingGroup* a, const FindingGroup* b) {
+        return a->members[0]->bytes > b->members[0]->bytes;
+    });
+    for (size_t k = 0; k < infos.size() && k < kListedInfos; ++k)
+        out += "  " + group_lines(*infos[k])[0] + "\n";
+    if (infos.size() > kListedInfos)
+        out +=
+            "  ... " + u(infos.size() - kListedInfos) + " more distinct info findings (--full)\n";
+}
+
+// The directory of the traces, for the line on `--full`.
+std::string traces_dir(const Report& report) {
+    std::string dir;
+    for (const RankReport& r : report.ranks) {
+        const std::string& path = r.analysis.path;
+        const size_t slash = path.rfind('/');
+        const std::string mine = slash == std::string::npos ? "." : path.substr(0, slash);
+        if (!dir.empty() && mine != dir) return "TRACES...";
+        dir = mine;
+    }
+    return dir;
+}
+
+std::string concise_text(const Report& report) {
+    std::vector<const TraceAnalysis*> traces;
+    for (const RankReport& r : report.ranks)
+        traces.push_back(&r.analysis);
+    std::string out =
+        "allocscope report: " + u(report.ranks.size()) + " trace(s), " + traces_text(traces) + "\n";
+    for (const std::string& note : report.notes)
+        out += "note: " + printable(note) + "\n";
+    bool any_oom = false;
+    for (const RankReport& r : report.ranks) {
+        const TraceAnalysis& a = r.analysis;
+        if (a.ooms.empty()) continue;
+        if (!any_oom) out += "\n== out of memory ==\n";
+        any_oom = true;
+        // Earlier moments in one line each, the last in detail.
+        if (a.oom_moments_total > a.ooms.size())
+            out += rank_name(a) + ": " + u(a.oom_moments_total) +
+                   " out-of-memory moments, the last " + u(a.ooms.size()) + " shown\n";
+        for (size_t k = 0; k + 1 < a.ooms.size(); ++k)
+            out += oom_headline(a, a.ooms[k]) + "\n";
+        text_oom(out, report, r, a.ooms.back(), false);
+    }
+    out += "\n== run ==\n";
+    const TraceAnalysis* tallest = nullptr;
+    auto owner_peak = [](const TraceAnalysis& a) {
+        const PoolSummary* p = a.pool(a.owner);
+        return p ? p->peak_bytes : 0;
+    };
+    for (const RankReport& r : report.ranks) {
+        const TraceAnalysis& a = r.analysis;
+        if (!tallest || owner_peak(a) > owner_peak(*tallest)) tallest = &a;
+        if (a.truncated)
+            out += "warning: " + printable(a.truncation_message) + "; reporting what precedes it\n";
+        out += rank_name(a) + ": " + u(a.events) + " events over " + seconds(a.span_ns) + ", " +
+               u(a.steps) + " steps; tensors are " +
+               (a.owner == Pool::device_block ? "caching-allocator blocks"
+                                              : "device segments (no block events)") +
+               "\n";
+        std::string peak, exit;
+        for (const PoolSummary& p : a.pools) {
+            peak += std::string(peak.empty() ? "" : "; ") + to_string(p.pool) + " " +
+                    human_bytes(p.peak_bytes) + " at step " + u(p.peak_step) + ", " +
+                    tag_text(p.peak_layer, p.peak_phase);
+            exit += (exit.empty() ? "" : ", ") + std::string(to_string(p.pool)) + " " +
+                    human_bytes(p.live_bytes_at_exit);
+        }
+        if (!peak.empty()) out += "  peak " + peak + "\n  live at exit: " + exit + "\n";
+        if (a.unknown_frees || a.double_frees || a.failed_frees)
+            out += "  frees of unknown addresses: " + u(a.unknown_frees) +
+                   ", double frees: " + u(a.double_frees) + ", failed frees: " + u(a.failed_frees) +
+                   "\n";
+        if (a.oom_events) {
+            out += "  failed allocations (oom): " + u(a.oom_events) + ", largest request " +
+                   human_bytes(a.largest_failed_request) + "; " + u(a.oom_moments_total) +
+                   " out-of-memory moment(s), " + u(a.recovered_failures) +
+                   " failed call(s) recovered from (the allocator retried)\n";
+        }
+    }
+    if (tallest) text_timeline(out, *tallest, rank_name(*tallest));
+    const std::string pool = tallest ? std::string(to_string(tallest->owner)) : "owner";
+    out += "\nby (layer, phase), " + pool + " bytes" +
+           (report.ranks.size() > 1 ? ", all ranks added up" : "") +
+           ": allocated; kept@end = the most one scope of it left alive at its end;"
+           " live at the peak and at exit:\n";
+    concise_tags(out, report.ranks.size() > 1 ? merged_tags(report)
+                      : report.ranks.empty()  ? std::vector<TagStats>{}
+                                              : report.ranks[0].analysis.tags);
+    concise_sites(out, report, &TraceAnalysis::sites_at_peak, "top allocation sites at the peak",
+                  kPeakSites);
+    concise_sites(out, report, &TraceAnalysis::sites_at_exit, "top allocation sites at exit",
+                  kExitSites);
+    concise_findings(out, report);
+    out += "\nThis is the concise report: `allocscope report --full " + traces_dir(report) +
+           "` shows every rank, row, finding and frame; --format json or html for the rest.\n";
+    return out;
+}
+
+}  // namespace
+
+std::string render_text(const Report& report, TextDetail detail) {
+    return detail == TextDetail::full ? full_text(report) : concise_text(report);
 }
 
 std::string render_json(const Report& report) {
@@ -530,12 +963,56 @@ std::string render_json(const Report& report) {
     return out;
 }
 
-bool caching_allocator_frame(std::string_view frame) noexcept {
-    return frame.starts_with("c10::cuda::CUDACachingAllocator::") ||
-           frame.starts_with("c10::CachingDeviceAllocator::") ||
-           frame.find("on_entry<c10::") != std::string_view::npos ||  // tools/torch_bridge
-           frame.find("allocscope_torch_bridge_attach") != std::string_view::npos;
+std::vector<std::string> all_stack_lines(const RankReport& r, uint32_t stack) {
+    std::vector<std::string> lines;
+    auto it = r.stacks.find(stack);
+    if (it == r.stacks.end()) return lines;
+    for (const std::string& frame : it->second)
+        lines.push_back(printable(frame));
+    return lines;
 }
+
+namespace {
+
+// A run of frames that are not the program's, shown as one line.
+struct Fold {
+    size_t allocator = 0, framework = 0, runtime = 0;
+
+    void add(FrameKind k) {
+        if (k == FrameKind::framework) {
+            ++framework;
+        } else if (k == FrameKind::runtime) {
+            ++runtime;
+        } else {
+            ++allocator;  // allocscope's own frames count with the allocator's
+        }
+    }
+    void flush(std::vector<std::string>& lines) {
+        std::string line = "...";
+        const char* sep = " ";
+        for (const auto& [n, what] :
+             {std::pair{allocator, "allocator"}, std::pair{framework, "framework"},
+              std::pair{runtime, "runtime"}}) {
+            if (n == 0) continue;
+            line += sep + std::to_string(n) + " " + what + (n == 1 ? " frame" : " frames");
+            sep = ", ";
+        }
+        if (allocator + framework + runtime) lines.push_back(line);
+        *this = {};
+    }
+};
+
+// Frames [from, to) as they are: the first `cap`, then a count of the rest.
+void plain_frames(std::vector<std::string>& lines, const std::vector<std::string>& frames,
+                  size_t from, size_t to, size_t cap, const char* what) {
+    const size_t last = std::min(to, from + cap);
+    for (size_t f = from; f < last; ++f)
+        lines.push_back(printable(frames[f]));
+    if (to > last)
+        lines.push_back("... " + std::to_string(to - last) + " more " + what + " frames");
+}
+
+}  // namespace
 
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
                                      size_t python) {
@@ -544,24 +1021,61 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     if (it == r.stacks.end()) return lines;
     const std::vector<std::string>& frames = it->second;
     auto py = r.python_from.find(stack);
-    const size_t first_python = py == r.python_from.end() ? frames.size() : py->second;
-    // The allocator's own frames lead every block's stack: one line for
-    // them, and the native frames shown start with its caller.
-    size_t first = 0;
-    while (first + 1 < first_python && caching_allocator_frame(frames[first]))
-        ++first;
-    if (first > 0)
-        lines.push_back("[" + std::to_string(first) + " frames of PyTorch's caching allocator]");
-    const size_t last = std::min(first_python, first + native);
-    for (size_t f = first; f < last; ++f)
-        lines.push_back(printable(frames[f]));
-    if (first_python > last)
-        lines.push_back("... " + std::to_string(first_python - last) + " more native frames");
-    for (size_t f = first_python; f < frames.size() && f < first_python + python; ++f)
-        lines.push_back(printable(frames[f]));
-    if (frames.size() > first_python + python)
-        lines.push_back("... " + std::to_string(frames.size() - first_python - python) +
-                        " more Python frames");
+    const size_t first_python =
+        py == r.python_from.end() ? frames.size() : std::min(py->second, frames.size());
+    std::vector<FrameKind> kinds;
+    for (size_t f = 0; f < frames.size(); ++f) {
+        kinds.push_back(f < first_python ? native_frame_kind(frames[f])
+                                         : python_frame_kind(frames[f]));
+    }
+    auto has_user = [&](size_t from, size_t to) {
+        return std::find(kinds.begin() + long(from), kinds.begin() + long(to), FrameKind::user) !=
+               kinds.begin() + long(to);
+    };
+    const bool user_native = has_user(0, first_python);
+    const bool user_python = has_user(first_python, frames.size());
+    Fold fold;
+    // The program's frames of [from, to), up to `cap`, each run of others
+    // folded; frames after the last one shown are counted. A segment with
+    // none of the program's frames leaves its fold to the next one.
+    auto program_frames = [&](size_t from, size_t to, size_t cap, const char* what) {
+        size_t shown = 0, end = from;
+        for (size_t f = from; f < to; ++f) {
+            if (kinds[f] != FrameKind::user) {
+                fold.add(kinds[f]);
+                continue;
+            }
+            if (shown == cap) break;
+            fold.flush(lines);
+            lines.push_back(printable(frames[f]));
+            ++shown;
+            end = f + 1;
+        }
+        if (shown == 0) return;
+        fold = {};
+        if (end < to)
+            lines.push_back("... " + std::to_string(to - end) + " more " + what + " frames");
+    };
+    if (!user_native && !user_python) {
+        // Nothing is the program's: fold what leads into the allocator, keep one frame.
+        size_t lead = 0;
+        while (lead + 1 < first_python &&
+               (kinds[lead] == FrameKind::allocscope || kinds[lead] == FrameKind::allocator)) {
+            fold.add(kinds[lead]);
+            ++lead;
+        }
+        fold.flush(lines);
+        plain_frames(lines, frames, lead, first_python, native, "native");
+        plain_frames(lines, frames, first_python, frames.size(), python, "Python");
+        return lines;
+    }
+    program_frames(0, first_python, user_native ? native : 0, "native");
+    if (user_python) {
+        program_frames(first_python, frames.size(), python, "Python");
+    } else {
+        fold.flush(lines);
+        plain_frames(lines, frames, first_python, frames.size(), python, "Python");
+    }
     return lines;
 }
 

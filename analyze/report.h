@@ -11,6 +11,7 @@
 
 #include "analysis.h"
 #include "findings.h"
+#include "frames.h"
 
 namespace allocscope {
 
@@ -24,16 +25,19 @@ struct RankReport {
     std::map<uint32_t, size_t> python_from;
 };
 
-// The lines a text report prints for a stack: its first `native` native
-// frames, then (after a "... N native frames" line) up to `python` of its
-// Python frames, so the C++ site and the Python line that allocated both
-// show; without Python frames, the first `native` frames and a count.
-// Leading frames of PyTorch's caching allocator (caching_allocator_frame),
-// the same in every block's stack, are one line ("[N frames of ...]") and
-// do not count towards `native`; at least one native frame is shown.
+// The lines the concise text report prints for a stack: it starts at the
+// program's own code. Frames of allocscope, allocators, frameworks and the
+// runtime (frames.h, FrameKind) are folded, each run of them into one line
+// ("... 6 allocator frames, 18 framework frames"); up to `native` of the
+// program's native frames are shown, then up to `python` of its Python
+// frames, and a count of the rest ("... 5 more native frames"). A stack
+// with none of the program's native frames but Python frames folds all its
+// native frames; a stack with none of the program's frames at all folds only
+// its leading allocscope and allocator frames and shows at least one frame.
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
                                      size_t python);
-bool caching_allocator_frame(std::string_view frame) noexcept;
+// Every frame of a stack, innermost first (the full text report's).
+std::vector<std::string> all_stack_lines(const RankReport& r, uint32_t stack);
 
 struct Report {
     std::vector<RankReport> ranks;   // in rank order
@@ -73,7 +77,30 @@ std::string oom_held(const OomMoment& m);
 // what was allocated and reserved, and the findings' share.
 std::string oom_summary(const Report& report, const RankReport& r, const OomMoment& m);
 
-std::string render_text(const Report& report);
+// Findings of several ranks that say the same thing, shown once: the same
+// plugin, severity, layer, phase and basis, and the same summary (or the
+// same but for its numbers: sizes, steps, counts). At most one finding per
+// rank; members in rank order.
+struct FindingGroup {
+    std::vector<const Finding*> members;
+};
+// In the findings' order (the merged file's: by rank, then as written);
+// a finding alone on its rank is a group of one.
+std::vector<FindingGroup> collapse_findings(const FindingsFile& file);
+// "rank 0", "ranks 0–1", "ranks 0–2, 5"; "no rank" for -1.
+std::string ranks_text(std::vector<int32_t> ranks);
+// A group's summary line (summary_line with its ranks) and, for each rank
+// whose finding differs from the first's (bytes, count, summary or
+// evidence: how many, their bytes and steps), a line "  rank R: ..." saying how.
+std::vector<std::string> group_lines(const FindingGroup& group);
+
+// The text report. Concise (the default): the run's summary, the
+// out-of-memory moments, one timeline, the (layer, phase) rows that matter,
+// the top sites and the findings merged over ranks, stacks from the
+// program's code (stack_lines), info findings counted; docs/REPORT.md. Full:
+// every rank's sections, every finding's evidence stacks, every frame.
+enum class TextDetail { concise, full };
+std::string render_text(const Report& report, TextDetail detail = TextDetail::concise);
 std::string render_json(const Report& report);
 std::string render_html(const Report& report);
 

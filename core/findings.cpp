@@ -236,12 +236,17 @@ std::string process_label(int32_t rank, uint32_t pid) {
 }
 
 std::string summary_line(const Finding& f) {
+    return summary_line(f, process_label(f.rank, f.pid));
+}
+
+std::string summary_line(const Finding& f, std::string_view who) {
     std::string where = f.layer.empty() ? "-" : printable(f.layer);
     if (!f.phase.empty()) where += "/" + printable(f.phase);
     std::string line = std::string(to_string(f.severity));
     line.resize(8, ' ');
     line += printable(f.plugin);
-    line += "  " + process_label(f.rank, f.pid);
+    line += "  ";
+    line += who;
     line += "  " + where + "  " + human_bytes(f.bytes) + "  ";
     if (!f.basis.empty()) line += "[" + printable(f.basis) + "]  ";
     line += printable(f.summary);

@@ -100,6 +100,8 @@ size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept;
 // summary. Control characters in strings taken from the trace are replaced
 // so they cannot drive the terminal.
 std::string summary_line(const Finding& finding);
+// The same with `who` in place of "rank R" (the text report's "ranks 0–1").
+std::string summary_line(const Finding& finding, std::string_view who);
 // Who a finding or trace is about, for people: "rank 3", else "pid 4242" (a
 // process without a rank), else "no rank" (the pid is unknown).
 std::string process_label(int32_t rank, uint32_t pid);

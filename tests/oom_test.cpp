@@ -196,7 +196,7 @@ TEST_CASE("the reports open with the out-of-memory moment and the findings' shar
     const std::string text = render_text(report);
     const size_t oom = text.find("== out of memory ==");
     REQUIRE(oom != std::string::npos);
-    CHECK(oom < text.find("== rank 0"));
+    CHECK(oom < text.find("== run =="));
     CHECK(text.find("rank 0: out of memory at step 3, layers.2 forward") != std::string::npos);
     CHECK(text.find("20.0 MiB requested on device 0 (the caching allocator gave up after 2 failed "
                     "device allocation(s)); device free 1.00 MiB") != std::string::npos);

@@ -1,11 +1,14 @@
-// The text report's stack lines (analyze/report.h, stack_lines): which native
-// and Python frames a stack shows, and how PyTorch's caching allocator's
-// leading frames are folded into one line.
+// The text report's lines (analyze/report.h): whose code a frame is
+// (analyze/frames.h), the stacks the concise report prints from the
+// program's code, all frames under --full, and findings of several ranks
+// shown once.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "frames.h"
 #include "report.h"
 
 using namespace allocscope;
@@ -19,60 +22,349 @@ RankReport with_stack(std::vector<std::string> frames, size_t python_from) {
     return r;
 }
 
-const std::vector<std::string> kBlockStack = {
-    "void (anonymous namespace)::on_entry<c10::CachingDeviceAllocator::TraceEntry>(c10::"
-    "CachingDeviceAllocator::TraceEntry const&) (../tools/torch_bridge/bridge.cpp:348)",
-    "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long, "
-    "CUstream_st*)",
+// A PyTorch block's stack as the bridge records it: the bridge's handler,
+// the caching allocator, ATen's empty and the dispatcher, autograd, the
+// Python binding, CPython; then the Python frames.
+const std::vector<std::string> kTorchNative = {
+    "std::_Function_handler<void (c10::cuda::CUDACachingAllocator::TraceEntry const&), "
+    "allocscope_torch_bridge_attach::{lambda()#1}::operator()() const::{lambda(auto:1 "
+    "const&)#1}>::_M_invoke(std::_Any_data const&, c10::cuda::CUDACachingAllocator::TraceEntry "
+    "const&)",
+    "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, "
+    "unsigned long, CUstream_st*)",
+    "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**, signed "
+    "char, unsigned long, CUstream_st*)",
     "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
-    "at::detail::empty_generic(...)",
-    "at::native::_to_copy(...)",
-    "at::_ops::_to_copy::call(...)",
-    "quantize (/src/train.py:61)",
-    "Fp8Linear.forward (/src/train.py:125)",
+    "at::TensorBase at::detail::_empty_generic<long>(c10::ArrayRef<long>, c10::Allocator*, "
+    "c10::DispatchKeySet, c10::ScalarType, std::optional<c10::MemoryFormat>)",
+    "at::detail::empty_cuda(c10::ArrayRef<long>, c10::ScalarType, std::optional<c10::Device>, "
+    "std::optional<c10::MemoryFormat>)",
+    "at::(anonymous namespace)::(anonymous namespace)::wrapper_CUDA_memory_format_empty(c10::"
+    "ArrayRef<c10::SymInt>, std::optional<c10::ScalarType>, std::optional<c10::Layout>, "
+    "std::optional<c10::Device>, std::optional<bool>, std::optional<c10::MemoryFormat>)",
+    "at::Tensor c10::impl::wrap_kernel_functor_unboxed_<c10::impl::detail::"
+    "WrapFunctionIntoFunctor_<c10::CompileTimeFunctionPointer<at::Tensor (c10::ArrayRef<c10::"
+    "SymInt>), &at::(anonymous namespace)::wrapper_CUDA_memory_format_empty>, at::Tensor, "
+    "c10::guts::typelist::typelist<c10::ArrayRef<c10::SymInt> > >, at::Tensor (c10::ArrayRef<"
+    "c10::SymInt>)>::call(c10::OperatorKernel*, c10::DispatchKeySet, c10::ArrayRef<c10::"
+    "SymInt>)",
+    "at::_ops::empty_memory_format::redispatch(c10::DispatchKeySet, c10::ArrayRef<c10::SymInt>, "
+    "std::optional<c10::ScalarType>, std::optional<c10::Layout>, std::optional<c10::Device>, "
+    "std::optional<bool>, std::optional<c10::MemoryFormat>)",
+    "at::native::_to_copy(at::Tensor const&, std::optional<c10::ScalarType>, bool, "
+    "std::optional<c10::MemoryFormat>) (/pytorch/aten/src/ATen/native/TensorConversions.cpp:"
+    "294)",
+    "torch::autograd::VariableType::(anonymous namespace)::_to_copy(c10::DispatchKeySet, "
+    "at::Tensor const&, bool, std::optional<c10::MemoryFormat>)",
+    "torch::autograd::THPVariable_to(_object*, _object*, _object*)",
+    "cfunction_call (Objects/methodobject.c:537)",
+    "_PyObject_MakeTpCall (Objects/call.c:240)",
+    "_PyEval_EvalFrameDefault (Python/bytecodes.c:2715)",
 };
+const std::vector<std::string> kTorchPython = {
+    "Linear.forward (/usr/local/lib/python3.12/dist-packages/torch/nn/modules/linear.py:125)",
+    "Module._call_impl (/usr/local/lib/python3.12/dist-packages/torch/nn/modules/module.py:1773)",
+    "Module._wrapped_call_impl "
+    "(/usr/local/lib/python3.12/dist-packages/torch/nn/modules/module.py:1762)",
+    "Block.forward (/home/me/train.py:41)",
+    "Module._call_impl (/usr/local/lib/python3.12/dist-packages/torch/nn/modules/module.py:1773)",
+    "Model.forward (/home/me/train.py:77)",
+    "main (/home/me/train.py:120)",
+    "<module> (/home/me/train.py:140)",
+    "_run_module_as_main (<frozen runpy>:198)",
+};
+
+std::vector<std::string> torch_stack() {
+    std::vector<std::string> frames = kTorchNative;
+    frames.insert(frames.end(), kTorchPython.begin(), kTorchPython.end());
+    return frames;
+}
+
+// The sim harness's: its caching allocator, then the trainer (the program).
+const std::vector<std::string> kHarnessStack = {
+    "allocscope::harness::alloc::CachingAllocator::allocate(unsigned long, void*) "
+    "(../harness/alloc/caching_allocator.cpp:124)",
+    "allocscope::harness::trainer::Trainer::State::quantize_weight(allocscope::harness::trainer::"
+    "(anonymous namespace)::Param&, bool, bool) (../harness/trainer/trainer.cpp:502)",
+    "allocscope::harness::trainer::Trainer::State::forward(allocscope::harness::trainer::"
+    "StepMemory&)",
+    "allocscope::harness::trainer::Trainer::step(int) (../harness/trainer/trainer.cpp:780)",
+    "main (../harness/trainer/main.cpp:105)",
+    "__libc_start_call_main (../sysdeps/nptl/libc_start_call_main.h:58)",
+    "__libc_start_main (../csu/libc-start.c:360)",
+    "_start",
+};
+
+Finding finding(int32_t rank, Severity severity, std::string summary, uint64_t bytes,
+                std::vector<uint64_t> evidence_steps = {5}) {
+    Finding f;
+    f.plugin = "weight-copy-accumulation";
+    f.severity = severity;
+    f.rank = rank;
+    f.layer = "layers.0";
+    f.phase = "forward";
+    f.bytes = bytes;
+    f.count = 1;
+    f.summary = std::move(summary);
+    for (uint64_t step : evidence_steps) {
+        Evidence e;
+        e.size = bytes;
+        e.step = step;
+        e.alloc_seq = 100 + step + uint64_t(rank);  // seqs differ between ranks
+        e.layer = "layers.0";
+        e.phase = "forward";
+        f.evidence.push_back(e);
+    }
+    return f;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+        ++n;
+    return n;
+}
 
 }  // namespace
 
-TEST_CASE(
-    "a block's stack folds the caching allocator's frames and shows its caller, then the "
-    "Python lines") {
-    const RankReport r = with_stack(kBlockStack, 6);
-    const std::vector<std::string> lines = stack_lines(r, 7, 2, 1);
+TEST_CASE("PyTorch's native frames: the bridge is allocscope's, then allocator, ATen, runtime") {
+    std::vector<FrameKind> kinds;
+    for (const std::string& f : kTorchNative)
+        kinds.push_back(native_frame_kind(f));
+    const std::vector<FrameKind> want = {
+        FrameKind::allocscope, FrameKind::allocator, FrameKind::allocator, FrameKind::allocator,
+        FrameKind::framework,  FrameKind::framework, FrameKind::framework, FrameKind::framework,
+        FrameKind::framework,  FrameKind::framework, FrameKind::framework, FrameKind::framework,
+        FrameKind::runtime,    FrameKind::runtime,   FrameKind::runtime,
+    };
+    CHECK(kinds == want);
+}
+
+TEST_CASE("allocscope's own frames are told by namespace, C entry, source file and library") {
+    CHECK(native_frame_kind("allocscope::TraceWriter::append(allocscope::Event const&)") ==
+          FrameKind::allocscope);
+    CHECK(native_frame_kind("allocscope_block_alloc") == FrameKind::allocscope);
+    CHECK(native_frame_kind("void (anonymous namespace)::on_entry<c10::CachingDeviceAllocator::"
+                            "TraceEntry>(c10::CachingDeviceAllocator::TraceEntry const&)") ==
+          FrameKind::allocscope);
+    CHECK(native_frame_kind("(anonymous namespace)::forward_post(_object*, _object* const*, long) "
+                            "(../tools/torch_bridge/tag_hooks.cpp:230)") == FrameKind::allocscope);
+    CHECK(native_frame_kind("/usr/lib/x86_64-linux-gnu/liballocscope.so+0x1f2e") ==
+          FrameKind::allocscope);
+    CHECK(native_frame_kind("/opt/as/lib/allocscope/liballocscope_torch_bridge.so+0x99") ==
+          FrameKind::allocscope);
+}
+
+TEST_CASE("the sim harness's caching allocator is an allocator, its trainer the program") {
+    CHECK(native_frame_kind(kHarnessStack[0]) == FrameKind::allocator);
+    CHECK(native_frame_kind(kHarnessStack[1]) == FrameKind::user);
+    CHECK(native_frame_kind(kHarnessStack[2]) == FrameKind::user);
+    CHECK(native_frame_kind(kHarnessStack[4]) == FrameKind::user);  // main
+    CHECK(native_frame_kind(kHarnessStack[5]) == FrameKind::runtime);
+    CHECK(native_frame_kind(kHarnessStack[7]) == FrameKind::runtime);
+}
+
+TEST_CASE("a frame is the program's unless its own name, file or library says otherwise") {
+    // Lookalikes: the pattern inside another name, or in the arguments.
+    CHECK(native_frame_kind("my::c10::cuda::CUDACachingAllocator::lookalike()") == FrameKind::user);
+    CHECK(native_frame_kind("void my::fill<at::Tensor>(at::Tensor const&, c10::Scalar)") ==
+          FrameKind::user);
+    CHECK(native_frame_kind("transformer_engine::pytorch::cast_to_fp8(at::Tensor const&)") ==
+          FrameKind::user);
+    CHECK(native_frame_kind("Pyramid::build(int)") == FrameKind::user);  // not CPython's Py*
+    CHECK(native_frame_kind("0x7f3a00001234") == FrameKind::user);
+    CHECK(native_frame_kind("/home/me/libmodel.so+0x10") == FrameKind::user);
+    CHECK(native_frame_kind("/opt/torch/lib/libtorch_cuda.so+0x1234") == FrameKind::framework);
+    CHECK(native_frame_kind("/opt/torch/lib/libc10_cuda.so+0x1234") == FrameKind::allocator);
+    CHECK(native_frame_kind("/usr/lib/libpython3.12.so.1.0+0x55") == FrameKind::runtime);
+    // A std::function calling the program's lambda is the program's; one
+    // calling the allocator's is the allocator's.
+    CHECK(native_frame_kind("std::_Function_handler<void (at::Tensor const&), "
+                            "mymodel::hook()::{lambda(at::Tensor const&)#1}>::_M_invoke("
+                            "std::_Any_data const&, at::Tensor const&)") == FrameKind::user);
+    CHECK(native_frame_kind("std::_Function_handler<void (), c10::cuda::CUDACachingAllocator::"
+                            "Native::DeviceCachingAllocator::malloc(signed char, unsigned long, "
+                            "CUstream_st*)::{lambda()#1}>::_M_invoke(std::_Any_data const&)") ==
+          FrameKind::allocator);
+    CHECK(native_frame_kind("std::function<void (c10::cuda::CUDACachingAllocator::TraceEntry "
+                            "const&)>::operator()(c10::cuda::CUDACachingAllocator::TraceEntry "
+                            "const&) const") == FrameKind::allocator);
+    CHECK(native_frame_kind("c10::function_ref<void (char**, long const*, long, long)>::"
+                            "operator()(char**, long const*, long, long) const") ==
+          FrameKind::framework);
+    CHECK(native_frame_kind("at::Tensor::operator<(at::Tensor const&) const") ==
+          FrameKind::framework);
+}
+
+TEST_CASE("Python frames: torch's package is framework, allocscope's package its own") {
+    std::vector<FrameKind> kinds;
+    for (const std::string& f : kTorchPython)
+        kinds.push_back(python_frame_kind(f));
+    const std::vector<FrameKind> want = {
+        FrameKind::framework, FrameKind::framework, FrameKind::framework,
+        FrameKind::user,      FrameKind::framework, FrameKind::user,
+        FrameKind::user,      FrameKind::user,      FrameKind::runtime,
+    };
+    CHECK(kinds == want);
+    CHECK(python_frame_kind("Tensor.backward (/usr/lib/python3/dist-packages/torch/_tensor.py:"
+                            "626)") == FrameKind::framework);
+    CHECK(python_frame_kind("FSDPParamGroup.unshard (/venv/lib/python3.12/site-packages/torch/"
+                            "distributed/fsdp/_fully_shard/_fsdp_param_group.py:300)") ==
+          FrameKind::framework);
+    CHECK(python_frame_kind("_pre_forward (/opt/as/share/allocscope/python/allocscope/torch/"
+                            "_hooks.py:80)") == FrameKind::allocscope);
+    CHECK(python_frame_kind("Float8Quantizer.quantize (/venv/lib/python3.12/site-packages/"
+                            "transformer_engine/pytorch/tensor/float8_tensor.py:120)") ==
+          FrameKind::user);
+    CHECK(python_frame_kind("train (/home/me/allocscope/tests/gpu/fsdp2_fp8_train.py:408)") ==
+          FrameKind::user);
+}
+
+TEST_CASE("a PyTorch stack starts at the program's first Python line, the rest folded") {
+    const RankReport r = with_stack(torch_stack(), kTorchNative.size());
+    const std::vector<std::string> lines = stack_lines(r, 7, 4, 2);
     const std::vector<std::string> want = {
-        "[3 frames of PyTorch's caching allocator]",
-        "at::detail::empty_generic(...)",
-        "at::native::_to_copy(...)",
-        "... 1 more native frames",
-        "quantize (/src/train.py:61)",
-        "... 1 more Python frames",
+        "... 4 allocator frames, 11 framework frames, 3 runtime frames",
+        "Block.forward (/home/me/train.py:41)",
+        "... 1 framework frame",
+        "Model.forward (/home/me/train.py:77)",
+        "... 3 more Python frames",
     };
     CHECK(lines == want);
+    // No frame is lost: --full has them all, in order.
+    CHECK(all_stack_lines(r, 7) == torch_stack());
 }
 
-TEST_CASE("a stack of allocator frames alone still shows its last native frame") {
-    const RankReport r = with_stack({kBlockStack[0], kBlockStack[1], kBlockStack[2]}, 0);
+TEST_CASE("a C++ stack starts at the program's first frame after the allocator") {
+    const RankReport r = with_stack(kHarnessStack, 0);
+    const std::vector<std::string> want = {
+        "... 1 allocator frame",
+        kHarnessStack[1],
+        kHarnessStack[2],
+        "... 5 more native frames",
+    };
+    CHECK(stack_lines(r, 7, 2, 4) == want);
+}
+
+TEST_CASE("the program's C++ inside a PyTorch stack shows with its Python lines") {
+    std::vector<std::string> frames = {kTorchNative[0], kTorchNative[1],
+                                       "transformer_engine::pytorch::cast_to_fp8(at::Tensor "
+                                       "const&)",
+                                       kTorchNative[11], kTorchNative[14]};
+    const size_t python_from = frames.size();
+    frames.insert(frames.end(), kTorchPython.begin(), kTorchPython.end());
+    const RankReport r = with_stack(frames, python_from);
+    const std::vector<std::string> want = {
+        "... 2 allocator frames",
+        "transformer_engine::pytorch::cast_to_fp8(at::Tensor const&)",
+        "... 2 more native frames",
+        "... 3 framework frames",
+        "Block.forward (/home/me/train.py:41)",
+        "... 5 more Python frames",
+    };
+    CHECK(stack_lines(r, 7, 3, 1) == want);
+}
+
+TEST_CASE("a stack with none of the program's frames shows its first frame past the allocator") {
+    const RankReport r = with_stack({kTorchNative[0], kTorchNative[1], kTorchNative[3]}, 0);
     const std::vector<std::string> lines = stack_lines(r, 7, 4, 4);
-    REQUIRE(lines.size() == 2);
-    CHECK(lines[0] == "[2 frames of PyTorch's caching allocator]");
-    CHECK(lines[1] == kBlockStack[2]);
-}
-
-TEST_CASE("a stack that does not start in the allocator is shown from its first frame") {
-    const RankReport r = with_stack({"main", "c10::cuda::CUDACachingAllocator::x()", "start"}, 0);
-    const std::vector<std::string> lines = stack_lines(r, 7, 2, 4);
-    const std::vector<std::string> want = {"main", "c10::cuda::CUDACachingAllocator::x()",
-                                           "... 1 more native frames"};
+    const std::vector<std::string> want = {"... 2 allocator frames", kTorchNative[3]};
     CHECK(lines == want);
     CHECK(stack_lines(r, 8, 2, 4).empty());  // an unknown stack id
 }
 
-TEST_CASE("caching-allocator frames are told by PyTorch's namespaces and the bridge's entry") {
-    CHECK(caching_allocator_frame("c10::cuda::CUDACachingAllocator::Native::foo()"));
-    CHECK(caching_allocator_frame("c10::CachingDeviceAllocator::bar()"));
-    CHECK(caching_allocator_frame(
-        "void (anonymous namespace)::on_entry<c10::cuda::CUDACachingAllocator::TraceEntry>(x)"));
-    CHECK_FALSE(caching_allocator_frame("at::detail::empty_generic(...)"));
-    CHECK_FALSE(caching_allocator_frame("libtorch_cuda.so+0x1234"));
-    CHECK_FALSE(caching_allocator_frame("my::c10::cuda::CUDACachingAllocator::lookalike()"));
+TEST_CASE("findings two ranks share are one group, shown once as ranks 0–1") {
+    FindingsFile file;
+    file.findings.push_back(finding(0, Severity::error, "copies outlive forward (step 5)", 1536));
+    file.findings.push_back(finding(0, Severity::info, "owns 32.0 MiB", 4096));
+    file.findings.push_back(finding(1, Severity::error, "copies outlive forward (step 5)", 1536));
+    file.findings.push_back(finding(1, Severity::info, "owns 32.0 MiB", 4096));
+    const std::vector<FindingGroup> groups = collapse_findings(file);
+    REQUIRE(groups.size() == 2);
+    REQUIRE(groups[0].members.size() == 2);
+    CHECK(groups[0].members[0]->rank == 0);
+    CHECK(groups[0].members[1]->rank == 1);
+    const std::vector<std::string> lines = group_lines(groups[0]);
+    REQUIRE(lines.size() == 1);  // the same evidence on both: nothing more to say
+    CHECK(lines[0] ==
+          "error   weight-copy-accumulation  ranks 0–1  layers.0/forward  1.50 KiB  "
+          "copies outlive forward (step 5)");
+}
+
+TEST_CASE("a shared finding whose ranks differ says how: the other rank's bytes and summary") {
+    FindingsFile file;
+    file.findings.push_back(finding(0, Severity::error, "copies outlive forward (step 5)", 1536));
+    file.findings.push_back(finding(1, Severity::error, "copies outlive forward (step 4)", 2048));
+    const std::vector<FindingGroup> groups = collapse_findings(file);
+    REQUIRE(groups.size() == 1);
+    const std::vector<std::string> lines = group_lines(groups[0]);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0].find("ranks 0–1") != std::string::npos);
+    CHECK(lines[0].ends_with("copies outlive forward (step 5)"));
+    CHECK(lines[1] == "  rank 1: 2.00 KiB  copies outlive forward (step 4)");
+}
+
+TEST_CASE("a shared finding with the same summary but other evidence shows both evidences") {
+    FindingsFile file;
+    file.findings.push_back(finding(0, Severity::warning, "kept", 1024, {3, 4, 5}));
+    file.findings.push_back(finding(1, Severity::warning, "kept", 1024, {5}));
+    const std::vector<FindingGroup> groups = collapse_findings(file);
+    REQUIRE(groups.size() == 1);
+    const std::vector<std::string> lines = group_lines(groups[0]);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[1] ==
+          "  rank 1: evidence 1 allocation(s), 1.00 KiB, step 5 (rank 0: 3 "
+          "allocation(s), 3.00 KiB, steps 3–5)");
+}
+
+TEST_CASE("findings are never grouped across severities, within a rank, or without a rank") {
+    FindingsFile file;
+    file.findings.push_back(finding(0, Severity::error, "copies (step 5)", 1536));
+    file.findings.push_back(finding(0, Severity::error, "copies (step 6)", 1536));  // same rank
+    file.findings.push_back(finding(1, Severity::warning, "copies (step 5)", 1536));
+    file.findings.push_back(finding(-1, Severity::info, "owns", 10));
+    file.findings.push_back(finding(-1, Severity::info, "owns", 10));  // another process
+    const std::vector<FindingGroup> groups = collapse_findings(file);
+    REQUIRE(groups.size() == 5);
+    for (const FindingGroup& g : groups)
+        CHECK(g.members.size() == 1);
+}
+
+TEST_CASE("rank lists read as ranges") {
+    CHECK(ranks_text({0}) == "rank 0");
+    CHECK(ranks_text({1, 0}) == "ranks 0–1");
+    CHECK(ranks_text({0, 1, 2, 5, 7, 8}) == "ranks 0–2, 5, 7–8");
+    CHECK(ranks_text({-1}) == "no rank");
+}
+
+TEST_CASE("the concise text shows a finding of two ranks once, --full once per rank") {
+    Report report;
+    for (int32_t rank : {0, 1}) {
+        RankReport r;
+        r.analysis.header.rank = rank;
+        r.analysis.path = "/runs/a/rank" + std::to_string(rank) + ".trace";
+        report.ranks.push_back(std::move(r));
+    }
+    report.findings_found = true;
+    report.findings.findings.push_back(finding(0, Severity::error, "copies (step 5)", 1536));
+    report.findings.findings.push_back(finding(1, Severity::error, "copies (step 5)", 1536));
+    for (int i = 0; i < 5; ++i) {
+        for (int32_t rank : {0, 1}) {
+            Finding f = finding(rank, Severity::info, "owns #" + std::to_string(i), 100);
+            f.plugin = "peak-owner";
+            report.findings.findings.push_back(f);
+        }
+    }
+    const std::string concise = render_text(report);
+    CHECK(count(concise, "weight-copy-accumulation") == 1);
+    CHECK(count(concise, "ranks 0–1  layers.0/forward  1.50 KiB  copies (step 5)") == 1);
+    CHECK(concise.find("12 on ranks 0–1: 2 errors, 0 warnings, 10 infos") != std::string::npos);
+    CHECK(concise.find("info: 10 finding(s), 5 distinct: peak-owner 10") != std::string::npos);
+    CHECK(count(concise, "info    peak-owner") == 3);  // the largest few
+    CHECK(concise.find("... 2 more distinct info findings (--full)") != std::string::npos);
+    CHECK(concise.find("allocscope report --full /runs/a") != std::string::npos);
+    const std::string full = render_text(report, TextDetail::full);
+    CHECK(count(full, "weight-copy-accumulation  rank 0") == 1);
+    CHECK(count(full, "weight-copy-accumulation  rank 1") == 1);
+    CHECK(count(full, "info    peak-owner") == 10);
 }

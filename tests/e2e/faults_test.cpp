@@ -211,7 +211,7 @@ TEST_CASE("SIGKILL mid-run: the prefix is readable, report says truncated, flush
     CHECK(trace.events.size() > 2000);
     CHECK(contains(trace.truncation_message, name));
 
-    Run report = run(cli() + " report " + out.string());
+    Run report = run(cli() + " report --full " + out.string());
     CHECK(report.status == 0);
     CHECK(contains(report.out, "warning: " + files[0].string() + ": trace "));
     CHECK((contains(report.out, "ends without a footer") || contains(report.out, "cut off")));
@@ -371,13 +371,13 @@ TEST_CASE(
     CHECK(contains(r.out, "cudaMalloc(1 PiB) = 2\n"));
     const size_t summary = r.err.rfind("out of memory at step 2, layers.3 forward");
     REQUIRE(summary != std::string::npos);
-    CHECK(summary > r.err.find("wrote " + out.string() + "/report.txt"));  // last
+    CHECK(summary > r.err.find("report: " + out.string() + "/report.txt"));  // last
     CHECK(contains(r.err, "1.00 PiB requested on device 0 (cudaMalloc failed)"));
     CHECK(contains(r.err, "allocated 1.00 MiB in 1 allocation(s)"));
     const std::string report = slurp(out / "report.txt");
     const size_t section = report.find("== out of memory ==");
     REQUIRE(section != std::string::npos);
-    CHECK(section < report.find("== pid "));
+    CHECK(section < report.find("== run =="));
     CHECK(contains(report, "live at that moment by (layer, phase):"));
     CHECK(contains(report, "layers.3 forward"));
     CHECK(contains(slurp(out / "report.html"), "<h2 id=oom>Out of memory</h2>"));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "findings.h"
 #include "findings_reader.h"
 #include "fp8/layout.h"
+#include "frames.h"
+#include "json.h"
 #include "replay.h"
 #include "report.h"
 #include "support.h"
@@ -62,11 +65,11 @@ TEST_CASE(
         CHECK(contains(err, "allocscope-harness: out of device memory"));
         const size_t summary = err.rfind(": out of memory at step ");
         REQUIRE(summary != std::string::npos);
-        CHECK(summary > err.find("report.txt and report.html"));  // the run's last lines
+        CHECK(summary > err.find("report: " + (t / "report.txt").string()));  // the last lines
         const std::string text = slurp(t / "report.txt");
         const size_t section = text.find("== out of memory ==");
         REQUIRE(section != std::string::npos);
-        CHECK(section < text.find("== rank 0:"));
+        CHECK(section < text.find("== run =="));
         CHECK(contains(slurp(t / "report.html"), "<h2 id=oom>Out of memory</h2>"));
 
         size_t moments = 0;
@@ -111,11 +114,15 @@ TEST_CASE("allocscope run writes report.txt and report.html covering every rank 
     const std::string html = slurp(t / "report.html");
     REQUIRE_FALSE(text.empty());
     REQUIRE_FALSE(html.empty());
-    CHECK(contains(text, "2 trace(s)"));
-    CHECK(contains(text, "== rank 0:"));
-    CHECK(contains(text, "== rank 1:"));
-    CHECK(contains(text, "== all ranks =="));
+    CHECK(contains(text, "2 trace(s), ranks 0–1"));
+    CHECK(contains(text, "by (layer, phase), block bytes, all ranks added up"));
     CHECK(contains(text, "top allocation sites at the peak"));
+    // Every rank's own sections are the full report's.
+    std::string full;
+    REQUIRE(sh(env("E2E_CLI") + " report --full " + t.dir.string(), &full) == 0);
+    CHECK(contains(full, "== rank 0:"));
+    CHECK(contains(full, "== rank 1:"));
+    CHECK(contains(full, "== all ranks =="));
     CHECK(contains(text, "weight-copy-accumulation"));
     // Stacks are symbolized: the harness's own frames carry function names
     // and source lines.
@@ -126,6 +133,183 @@ TEST_CASE("allocscope run writes report.txt and report.html covering every rank 
     CHECK_FALSE(contains(html, "<script"));
     CHECK_FALSE(contains(html, "http://"));
     CHECK_FALSE(contains(html, "https://"));
+}
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+        lines.push_back(line);
+    return lines;
+}
+
+// The first frame a concise stack shows after the line `at`: the lines
+// indented `indent` deeper than it, past folds ("... 1 allocator frame")
+// and evidence notes; "" when there is none. `folded` says whether a fold
+// of allocator frames came first.
+std::string first_shown_frame(const std::vector<std::string>& lines, size_t at,
+                              const std::string& indent, bool& folded) {
+    folded = false;
+    for (size_t k = at + 1; k < lines.size() && lines[k].starts_with(indent); ++k) {
+        const std::string line = lines[k].substr(indent.size());
+        if (line.starts_with(" ")) continue;  // deeper: not this stack
+        if (line.starts_with("... ")) {
+            folded |= line.find("allocator frame") != std::string::npos;
+            continue;
+        }
+        if (line.starts_with("derived from ")) continue;  // an evidence note
+        return line;
+    }
+    return {};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the concise report of a 6-step 2-rank run: at most 200 lines, each finding once with "
+    "both ranks, every stack from the program's code; --full has every finding and frame") {
+    TempDir t;
+    std::string out, err;
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + t.dir.string() + " -- " + env("HARNESS") +
+                   " --backend sim --ranks 2 --layers 2 --steps 6 --warmup 1 --recipe delayed "
+                   "--te seed",
+               &out, &err) == 0);
+    const std::string text = slurp(t / "report.txt");
+    const std::vector<std::string> lines = lines_of(text);
+    MESSAGE("report.txt: " << lines.size() << " lines");
+    CHECK(lines.size() <= 200);
+    const FindingsFile findings = read_findings_file((t / "findings.json").string());
+    REQUIRE(count_at_least(findings, Severity::error) >= 2);
+    // Both ranks find the same copies: each error once, "ranks 0–1".
+    for (const Finding& f : findings.findings) {
+        if (f.severity != Severity::error) continue;
+        const std::string shown = summary_line(f, "ranks 0–1");
+        CAPTURE(shown);
+        CHECK(count_lines(text, shown) == 1);
+        CHECK_FALSE(contains(text, summary_line(f)));  // never once per rank
+    }
+    // Sites and evidence: the allocator's frame folded, the program's next.
+    size_t stacks = 0;
+    for (size_t k = 0; k < lines.size(); ++k) {
+        const bool site = lines[k].starts_with("  #");
+        const bool evidence = lines[k].starts_with("      evidence: ");
+        if (!site && !evidence) continue;
+        bool folded = false;
+        const std::string first = first_shown_frame(lines, k, site ? "      " : "        ", folded);
+        CAPTURE(lines[k]);
+        CAPTURE(first);
+        REQUIRE_FALSE(first.empty());
+        CHECK(folded);  // the harness's caching allocator
+        CHECK(native_frame_kind(first) == FrameKind::user);
+        CHECK(contains(first, "allocscope::harness::trainer::"));
+        ++stacks;
+    }
+    CHECK(stacks >= 5 + 3);  // five sites, three errors' evidence
+
+    std::string full;
+    REQUIRE(sh(env("E2E_CLI") + " report --full " + t.dir.string(), &full) == 0);
+    CHECK(lines_of(full).size() > lines.size());
+    for (const Finding& f : findings.findings)
+        CHECK(count_lines(full, summary_line(f)) == 1);
+    // Every frame of every stack shown, in order: the sites' and the first
+    // evidence of each finding, as the JSON report lists them.
+    std::string json_text;
+    REQUIRE(sh(env("E2E_CLI") + " report --format json " + t.dir.string(), &json_text) == 0);
+    const json::Value report = json::parse(json_text);
+    size_t checked = 0;
+    for (const json::Value& rank : report.at("ranks").items) {
+        for (const json::Value& site : rank.at("sites_at_peak").items) {
+            std::string block;
+            for (const json::Value& frame : site.at("frames").items)
+                block += "      " + frame.text + "\n";
+            REQUIRE(site.at("frames").items.size() >= 8);  // allocator to _start
+            CHECK(contains(full, block));
+            ++checked;
+        }
+    }
+    CHECK(checked >= 10);
+    // And each finding's first evidence stack, from its rank's stacks.
+    const auto& ranks = report.at("ranks").items;
+    size_t evidence = 0;
+    for (const Finding& f : findings.findings) {
+        if (f.evidence.empty() || f.evidence[0].stack_id == 0) continue;
+        REQUIRE(f.rank >= 0);
+        REQUIRE(size_t(f.rank) < ranks.size());
+        const json::Value& frames =
+            ranks[size_t(f.rank)].at("stacks").at(std::to_string(f.evidence[0].stack_id));
+        std::string block;
+        for (const json::Value& frame : frames.items)
+            block += "        " + frame.text + "\n";
+        CHECK(contains(full, block));
+        ++evidence;
+    }
+    CHECK(evidence >= 6);
+    CHECK(contains(full, "allocscope::harness::alloc::CachingAllocator::allocate"));
+    CHECK(contains(full, "__libc_start_main"));
+}
+
+TEST_CASE(
+    "the concise report of a recorded PyTorch FSDP2 run starts every site at the script's "
+    "Python line, the bridge, allocator, libtorch and interpreter frames folded") {
+    // Two ranks recorded on an H200 (tests/corpus/, labels.json): its module
+    // files are not here, so native frames are module+offset.
+    const std::string dir = env("CORPUS_DIR") + "/function-seed-t64";
+    std::string concise, full;
+    REQUIRE(sh(env("E2E_CLI") + " report " + dir, &concise) == 0);
+    REQUIRE(sh(env("E2E_CLI") + " report --full " + dir, &full) == 0);
+    const std::vector<std::string> lines = lines_of(concise);
+    MESSAGE("concise " << lines.size() << " lines, --full " << lines_of(full).size());
+    CHECK(lines.size() <= 200);
+    size_t sites = 0;
+    for (size_t k = 0; k < lines.size(); ++k) {
+        if (!lines[k].starts_with("  #")) continue;
+        CAPTURE(lines[k]);
+        REQUIRE(k + 2 < lines.size());
+        // One fold line: the bridge and c10's allocator, then libtorch.
+        CHECK(lines[k + 1].starts_with("      ... 6 allocator frames, "));
+        CHECK(contains(lines[k + 1], " framework frames"));
+        bool folded = false;
+        const std::string first = first_shown_frame(lines, k, "      ", folded);
+        CHECK(folded);
+        CHECK(contains(first, "/tests/gpu/fsdp2_fp8_train.py:"));
+        CHECK(python_frame_kind(first) == FrameKind::user);
+        ++sites;
+    }
+    CHECK(sites >= 5);
+    CHECK(contains(concise, "on ranks 0–1"));
+    // --full keeps them: the bridge's frame and torch's module wrappers.
+    CHECK(contains(full, "liballocscope_torch_bridge.so+0x"));
+    CHECK(contains(full, "libc10_cuda.so+0x"));
+    CHECK(contains(full, "Module._call_impl ("));
+    CHECK_FALSE(contains(concise, "Module._call_impl ("));
+}
+
+TEST_CASE("allocscope run prints errors and warnings once for both ranks, no info, one summary") {
+    TempDir t;
+    std::string out, err;
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + t.dir.string() + " -- " + env("HARNESS") +
+                   " --backend sim" + kShape + " --recipe delayed --te seed",
+               &out, &err) == 0);
+    const FindingsFile findings = read_findings_file((t / "findings.json").string());
+    size_t by[3] = {0, 0, 0};
+    for (const Finding& f : findings.findings)
+        ++by[static_cast<int>(f.severity)];
+    REQUIRE(by[0] > 0);  // the peak owners: there are infos to leave out
+    REQUIRE(by[2] > 0);
+    CAPTURE(err);
+    for (const std::string& line : lines_of(err))
+        CHECK_FALSE(line.starts_with("info "));
+    for (const Finding& f : findings.findings) {
+        if (f.severity == Severity::error)
+            CHECK(count_lines(err, summary_line(f, "ranks 0–1")) == 1);
+    }
+    const std::string summary = "allocscope: " + std::to_string(by[2]) + " errors, " +
+                                std::to_string(by[1]) + " warnings, " + std::to_string(by[0]) +
+                                " infos on 2 ranks — report: " + (t / "report.txt").string();
+    CHECK(count_lines(err, summary) == 1);
+    CHECK(lines_of(err).size() < 20);
 }
 
 TEST_CASE("the analysis agrees with the trace: peaks, live bytes at the peak and at exit") {

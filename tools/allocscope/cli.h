@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,12 @@ int export_command(const std::vector<std::string>& args);
 Report build_report(const std::vector<std::string>& paths, long rank, size_t top);
 // Writes `text` to `path`; throws runtime_error naming the file and why.
 void write_text_file(const std::string& path, const std::string& text);
-// report.txt and report.html into a run's output directory; false (after
-// one message on stderr) when they could not be made.
-bool write_run_reports(const std::string& out_dir);
+// report.txt (concise) and report.html into a run's output directory; the
+// report, or nothing (after one message on stderr) when they could not be
+// made.
+std::optional<Report> write_run_reports(const std::string& out_dir);
+// Each rank's last out-of-memory moment, for the end of a run's output.
+void print_oom_moments(const Report& report);
 
 // --- findings helpers (findings_cli.cpp) ---
 
@@ -69,6 +73,11 @@ FindingsFile merge_findings_files(const std::vector<std::string>& files);
 
 // The one-line-per-finding summary, then a totals line.
 void print_findings(const FindingsFile& file, std::FILE* out);
+// What a run prints of its findings: errors and warnings, one line each for
+// what several ranks found alike (report.h, collapse_findings); the plugins
+// that were disabled; then "N errors, N warnings, N infos on R ranks" and
+// `where` (the report's path).
+void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out);
 // What `file` shows was not checked: one line per plugin that did not run
 // to the end of a process's stream ("plugin X on rank 1: <reason>"), and one
 // when no process's stream is in it. Empty when everything ran.

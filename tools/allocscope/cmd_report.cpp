@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,8 +26,8 @@ namespace allocscope::cli {
 namespace {
 
 constexpr const char* kReportHelp =
-    R"(usage: allocscope report PATH... [--format text|json|html] [-o FILE]
-                         [--rank R] [--top N]
+    R"(usage: allocscope report PATH... [--format text|json|html] [--full]
+                         [-o FILE] [--rank R] [--top N]
 
 An attribution report of a run. PATH is an output directory (every *.trace
 in it, and its findings.json) or trace files (with findings.<name>.json
@@ -46,14 +47,24 @@ Stacks are symbolized from the module files the traced process had loaded
 (a file that is missing or was rebuilt since gives one note, and raw
 module+offset frames). A trace cut short is reported up to where it ends.
 
+The text report is concise unless --full: the ranks merged (a finding or
+site several ranks share is shown once, with what differs), the (layer,
+phase) rows at the top of a column, the top sites, errors and warnings with
+one evidence each, info findings counted; stacks start at the program's own
+code, allocscope's, the allocator's and the framework's frames folded into
+one line ("... 6 allocator frames, 18 framework frames").
+
 options:
   --format F   text (default), json or html (one self-contained file)
+  --full       the whole text report: every rank's sections, every finding,
+               every frame of every stack shown
   -o FILE      write the report to FILE instead of standard output
   --rank R     only the traces of rank R
   --top N      allocation sites per list (default 10)
 
 examples:
   allocscope report allocscope-out
+  allocscope report allocscope-out --full -o everything.txt
   allocscope report allocscope-out --format html -o report.html
 )";
 
@@ -152,19 +163,22 @@ int report_command(const std::vector<std::string>& args) {
     long rank = -1;
     size_t top = 10;
     std::string format = "text", output;
+    bool full = false;
     Args parser("report", kReportHelp);
     parser.value({"--rank"}, non_negative("--rank", rank, std::numeric_limits<int32_t>::max()))
         .value({"--top"}, non_negative("--top", top))
         .value({"--format"}, one_of("--format", {"text", "json", "html"}, format))
-        .value({"-o"}, output);
+        .value({"-o"}, output)
+        .flag({"--full"}, full);
     if (const auto status = parser.parse(args)) return *status;
     const std::vector<std::string>& paths = parser.positionals();
     if (paths.empty())
         return fail("report needs a trace file or directory (" + parser.see_help() + ")");
     const Report report = build_report(paths, rank, top);
-    const std::string text = format == "json"   ? render_json(report)
-                             : format == "html" ? render_html(report)
-                                                : render_text(report);
+    const std::string text =
+        format == "json"   ? render_json(report)
+        : format == "html" ? render_html(report)
+                           : render_text(report, full ? TextDetail::full : TextDetail::concise);
     if (output.empty()) {
         std::fwrite(text.data(), 1, text.size(), stdout);
         return 0;
@@ -174,25 +188,26 @@ int report_command(const std::vector<std::string>& args) {
     return 0;
 }
 
-bool write_run_reports(const std::string& out_dir) {
+std::optional<Report> write_run_reports(const std::string& out_dir) {
     try {
-        const Report report = build_report({out_dir}, -1, 10);
+        Report report = build_report({out_dir}, -1, 10);
         write_text_file(out_dir + "/report.txt", render_text(report));
         write_text_file(out_dir + "/report.html", render_html(report));
-        std::fprintf(stderr, "allocscope: wrote %s/report.txt and report.html\n", out_dir.c_str());
-        // A run that ran out of memory: each rank's last moment, last.
-        for (const RankReport& r : report.ranks) {
-            if (r.analysis.ooms.empty()) continue;
-            std::string text = oom_summary(report, r, r.analysis.ooms.back());
-            if (r.analysis.oom_moments_total > 1)
-                text += "  (" + std::to_string(r.analysis.oom_moments_total) +
-                        " out-of-memory moments in this trace; report.txt has the last ones)\n";
-            std::fprintf(stderr, "allocscope: %s", text.c_str());
-        }
-        return true;
+        return report;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "allocscope: no report written: %s\n", e.what());
-        return false;
+        return std::nullopt;
+    }
+}
+
+void print_oom_moments(const Report& report) {
+    for (const RankReport& r : report.ranks) {
+        if (r.analysis.ooms.empty()) continue;
+        std::string text = oom_summary(report, r, r.analysis.ooms.back());
+        if (r.analysis.oom_moments_total > 1)
+            text += "  (" + std::to_string(r.analysis.oom_moments_total) +
+                    " out-of-memory moments in this trace; report.txt has the last ones)\n";
+        std::fprintf(stderr, "allocscope: %s", text.c_str());
     }
 }
 

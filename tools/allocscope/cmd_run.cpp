@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,11 @@ Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
 (rank<R>.trace, or pid<PID>.trace without a rank) into DIR. Detection plugins
 run inside each process and write findings.<rank<R>|pid<PID>>.json; at the end
-they are merged into DIR/findings.json and printed one line per finding. A
+they are merged into DIR/findings.json, and DIR/report.txt (the concise text
+report; allocscope report --full DIR for everything) and DIR/report.html are
+written. The terminal gets the errors and warnings, one line for what
+several ranks found alike, and one line "N errors, N warnings, N infos on R
+ranks — report: DIR/report.txt"; out-of-memory moments come last. A
 process that died before writing its final findings (killed, crashed: its
 trace ends without a footer, or its findings file is missing) has its trace
 replayed through the same plugins after CMD ends; one line names each such
@@ -318,10 +323,11 @@ void prepare_out_dir(const fs::path& dir, bool force) {
     if (!make_private_dirs(dir.string(), error)) throw std::runtime_error(error);
 }
 
-// Merges the processes' findings into DIR/findings.json and prints them.
-// Returns the exit status --check asks for (when `check` is set), else 0.
-int merge_and_report(const fs::path& out_dir, bool check, Severity threshold,
-                     const Recovered& recovered) {
+// Merges the processes' findings into DIR/findings.json (`merged`, when
+// there are any). Returns the exit status --check asks for when they could
+// not be merged or there were none (after one message), else 0.
+int collect_findings(const fs::path& out_dir, bool check, const Recovered& recovered,
+                     std::optional<FindingsFile>& merged) {
     if (rank_findings_files_in(out_dir).empty() && recovered.replayed.empty()) {
         if (!check) return 0;
         std::fprintf(stderr,
@@ -333,18 +339,15 @@ int merge_and_report(const fs::path& out_dir, bool check, Severity threshold,
                      out_dir.c_str());
         return kExitUnchecked;
     }
-    FindingsFile merged;
-    const std::string target = (out_dir / "findings.json").string();
     try {
-        merged = merge_run_findings(out_dir.string(), recovered);
-        write_findings_file(target, merged);
+        FindingsFile file = merge_run_findings(out_dir.string(), recovered);
+        write_findings_file((out_dir / "findings.json").string(), file);
+        merged = std::move(file);
     } catch (const FindingsError& e) {
         std::fprintf(stderr, "allocscope: %s\n", e.what());
         return check ? kExitUsage : 0;
     }
-    print_findings(merged, stderr);
-    std::fprintf(stderr, "allocscope: findings in %s\n", target.c_str());
-    return check ? gate(merged, threshold, stderr) : 0;
+    return 0;
 }
 
 }  // namespace
@@ -485,8 +488,20 @@ int run_command(const std::vector<std::string>& args) {
         [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
     for (const std::string& line : recovered.lines)
         std::fprintf(stderr, "allocscope: findings replayed from the trace of %s\n", line.c_str());
-    const int checked = merge_and_report(out_dir, check, threshold, recovered);
-    if (!trace_files_in(out_dir).empty()) write_run_reports(out_dir.string());
+    std::optional<FindingsFile> merged;
+    int checked = collect_findings(out_dir, check, recovered, merged);
+    std::optional<Report> report;
+    if (!trace_files_in(out_dir).empty()) report = write_run_reports(out_dir.string());
+    // The terminal gets the problems and one line; report.txt has the rest.
+    const std::string where = report ? "report: " + (out_dir / "report.txt").string()
+                                     : "findings: " + (out_dir / "findings.json").string();
+    if (merged) {
+        print_run_findings(*merged, where, stderr);
+        if (check) checked = gate(*merged, threshold, stderr);
+    } else if (report) {
+        std::fprintf(stderr, "allocscope: %s\n", where.c_str());
+    }
+    if (report) print_oom_moments(*report);
     if (code != 0 || !check) return code;
     return checked;
 }

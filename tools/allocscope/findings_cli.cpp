@@ -88,12 +88,9 @@ FindingsFile merge_findings_files(const std::vector<std::string>& files) {
     return merge_findings(std::move(loaded));
 }
 
-void print_findings(const FindingsFile& file, std::FILE* out) {
-    size_t by[3] = {0, 0, 0};
-    for (const Finding& f : file.findings) {
-        ++by[static_cast<int>(f.severity)];
-        std::fprintf(out, "%s\n", summary_line(f).c_str());
-    }
+namespace {
+
+void print_disabled(const FindingsFile& file, std::FILE* out) {
     for (const RankRun& r : file.ranks) {
         for (const DisabledPlugin& d : r.disabled) {
             std::string who = r.rank >= 0 ? "rank " + std::to_string(r.rank) : r.trace;
@@ -105,8 +102,48 @@ void print_findings(const FindingsFile& file, std::FILE* out) {
             std::fprintf(out, "%s\n", line.c_str());
         }
     }
+}
+
+}  // namespace
+
+void print_findings(const FindingsFile& file, std::FILE* out) {
+    size_t by[3] = {0, 0, 0};
+    for (const Finding& f : file.findings) {
+        ++by[static_cast<int>(f.severity)];
+        std::fprintf(out, "%s\n", summary_line(f).c_str());
+    }
+    print_disabled(file, out);
     std::fprintf(out, "allocscope: %zu finding(s): %zu error, %zu warning, %zu info\n",
                  file.findings.size(), by[2], by[1], by[0]);
+}
+
+void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out) {
+    size_t by[3] = {0, 0, 0};
+    for (const Finding& f : file.findings)
+        ++by[static_cast<int>(f.severity)];
+    std::vector<FindingGroup> groups = collapse_findings(file);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [](const FindingGroup& a, const FindingGroup& b) {
+                         return a.members[0]->severity > b.members[0]->severity;
+                     });
+    for (const FindingGroup& g : groups) {
+        if (g.members[0]->severity == Severity::info) break;
+        for (const std::string& line : group_lines(g))
+            std::fprintf(out, "%s\n", line.c_str());
+    }
+    print_disabled(file, out);
+    bool rankless = false;
+    for (const RankRun& r : file.ranks)
+        rankless |= r.rank < 0;
+    const size_t n = file.ranks.size();
+    const std::string on = rankless ? std::to_string(n) + (n == 1 ? " process" : " processes")
+                                    : std::to_string(n) + (n == 1 ? " rank" : " ranks");
+    auto count = [](size_t k, const char* what) {
+        return std::to_string(k) + " " + what + (k == 1 ? "" : "s");
+    };
+    std::fprintf(out, "allocscope: %s, %s, %s on %s — %s\n", count(by[2], "error").c_str(),
+                 count(by[1], "warning").c_str(), count(by[0], "info").c_str(), on.c_str(),
+                 where.c_str());
 }
 
 std::vector<std::string> unchecked(const FindingsFile& file) {
