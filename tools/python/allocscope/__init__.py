@@ -372,9 +372,10 @@ def _reason(error):
 
 
 def _plugin_list(plugins):
-    if plugins is None or isinstance(plugins, (str, bytes)):
-        return plugins
-    return ",".join(str(p) for p in plugins)
+    """A comma list from a str or a list; None for every plugin (None or empty)."""
+    if plugins is not None and not isinstance(plugins, (str, bytes)):
+        plugins = ",".join(str(p) for p in plugins)
+    return plugins or None
 
 
 def _option_list(options):
@@ -396,7 +397,7 @@ class check:
     CheckFailed with one line saying what was not checked.
 
     plugins: names or paths, a list or a comma list as ALLOCSCOPE_PLUGINS
-      (None: every plugin of the plugin directory).
+      (None or empty: every plugin of the plugin directory).
     options: {"<plugin>.<key>": value} or "<plugin>.<key>=<value>,...".
     After the block, c.findings holds every finding (Finding) and c.failing
     those at or above fail_on. An exception from the block goes on
