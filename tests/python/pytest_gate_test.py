@@ -62,6 +62,8 @@ INNER_TESTS = WEIGHT_COPY + textwrap.dedent(
     """
     import pytest
 
+    from allocscope.pytest import FindingsFailed
+
     KEPT = []
 
 
@@ -82,6 +84,26 @@ INNER_TESTS = WEIGHT_COPY + textwrap.dedent(
     @pytest.mark.allocscope(plugins="no-such-plugin")
     def test_marked_unknown_plugin():
         pass
+
+
+    # A test meant to show the problem: it passes only when the check
+    # finds it.
+    @pytest.mark.xfail(raises=FindingsFailed, strict=True)
+    @pytest.mark.allocscope(plugins=["weight-copy-accumulation"])
+    def test_expected_to_keep_copies():
+        layer_forward("layers.3", True, KEPT)
+
+
+    @pytest.mark.xfail(raises=FindingsFailed, strict=True)
+    @pytest.mark.allocscope(plugins=["weight-copy-accumulation"])
+    def test_expected_to_keep_copies_but_frees_them():
+        layer_forward("layers.4", False, KEPT)
+
+
+    @pytest.mark.xfail(raises=FindingsFailed, strict=True)
+    @pytest.mark.allocscope(plugins=["no-such-plugin"])
+    def test_expected_to_keep_copies_but_not_checked():
+        layer_forward("layers.5", True, KEPT)
     """
 )
 
@@ -138,7 +160,9 @@ def inner_session(scratch, preloaded):
         failure = case.find("failure")
         if failure is None:
             failure = case.find("error")
-        if failure is None:
+        if case.find("skipped") is not None:
+            results[case.get("name")] = ("xfailed", case.find("skipped").get("message") or "")
+        elif failure is None:
             results[case.get("name")] = ("passed", "")
         else:
             results[case.get("name")] = ("failed", failure.get("message") or "")
@@ -169,10 +193,21 @@ def test_a_marked_test_with_a_plugin_that_does_not_load_fails_in_one_line(scratc
     assert "no-such-plugin" in message and "\n" not in message.strip(), message
 
 
+def test_a_test_expected_to_fail_on_findings_passes_only_when_the_check_finds_them(scratch):
+    p, results = inner_session(scratch, preloaded=True)
+    assert results["test_expected_to_keep_copies"][0] == "xfailed", p.stdout
+    # strict: a check that finds nothing fails the test (XPASS(strict)).
+    outcome, message = results["test_expected_to_keep_copies_but_frees_them"]
+    assert outcome == "failed" and "XPASS(strict)" in message, (outcome, message)
+    # A check that could not look is not the expected failure.
+    outcome, message = results["test_expected_to_keep_copies_but_not_checked"]
+    assert outcome == "failed" and "no-such-plugin" in message, (outcome, message)
+
+
 def test_without_the_interposer_marked_tests_fail_saying_how_to_run(scratch):
     p, results = inner_session(scratch, preloaded=False)
     for name in ("test_marked_keeps_copies", "test_marked_frees_copies",
-                 "test_marked_unknown_plugin"):
+                 "test_marked_unknown_plugin", "test_expected_to_keep_copies_but_not_checked"):
         outcome, message = results[name]
         assert outcome == "failed", "%s passed without the interposer" % name
         assert "\n" not in message.strip(), "more than one line: %r" % message

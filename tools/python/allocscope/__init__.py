@@ -302,7 +302,14 @@ class CheckFailed(AssertionError):
     """A check found something at or above its level, or could not look
     (a plugin that did not load or was disabled, nothing to check, no
     interposer). str() is the report: one line, or a headline and one line
-    per finding."""
+    per finding. `findings`: those at or above the level (Finding);
+    `unchecked`: the line saying what was not checked, "" when the check
+    ran to its end."""
+
+    def __init__(self, report, findings=(), unchecked=""):
+        super().__init__(report)
+        self.findings = list(findings)
+        self.unchecked = unchecked
 
 
 class Finding:
@@ -416,21 +423,30 @@ class check:
 
     def __enter__(self):
         if not available():
-            raise CheckFailed(not_loaded_line(self._how_to_run))
+            line = not_loaded_line(self._how_to_run)
+            raise CheckFailed(line, unchecked=line)
         error = ctypes.create_string_buffer(1024)
         self._id = _api.check_begin(_b(self.plugins), _b(self.options), error, len(error))
         if self._id == 0:
-            raise CheckFailed("allocscope check did not run: %s" % _reason(error))
+            line = "allocscope check did not run: %s" % _reason(error)
+            raise CheckFailed(line, unchecked=line)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        report = self._end()
-        if exc_type is None and report:
-            raise CheckFailed(report)
+        unchecked = self._end()
+        if exc_type is None and (unchecked or self.failing):
+            lines = [unchecked] if unchecked else []
+            if self.failing:
+                lines.append(
+                    "allocscope: %d finding(s) at or above %s:" % (len(self.failing), self.fail_on)
+                )
+                lines.extend("  " + f.line() for f in self.failing)
+            raise CheckFailed("\n".join(lines), self.failing, unchecked)
         return False
 
     def _end(self):
-        """Ends the check; the failure report, or "" when it passed."""
+        """Ends the check, keeping its findings; the line saying why it did
+        not run to its end, or "" when it did."""
         found = []
 
         def visit(_user, finding):
@@ -454,12 +470,4 @@ class check:
         level = SEVERITIES.index(self.fail_on)
         self.findings = found
         self.failing = [f for f in found if SEVERITIES.index(f.severity) >= level]
-        lines = []
-        if rc != 0:
-            lines.append("allocscope check did not run to its end: %s" % _reason(error))
-        if self.failing:
-            lines.append(
-                "allocscope: %d finding(s) at or above %s:" % (len(self.failing), self.fail_on)
-            )
-            lines.extend("  " + f.line() for f in self.failing)
-        return "\n".join(lines)
+        return "allocscope check did not run to its end: %s" % _reason(error) if rc != 0 else ""

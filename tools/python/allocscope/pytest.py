@@ -14,7 +14,9 @@ list; None: every plugin of the plugin directory), options
 default "error"). The check covers the test function's body, not its
 fixtures. A marked test also fails when the check cannot look (no
 liballocscope.so in the process, a plugin that does not load); unmarked
-tests are left alone.
+tests are left alone. Failing on findings raises FindingsFailed, so that a
+test meant to show a problem can say @pytest.mark.xfail(raises=
+FindingsFailed, strict=True) and pass only when the check finds it.
 
 Run pytest under allocscope:
 
@@ -33,6 +35,13 @@ import allocscope
 HOW_TO_RUN = "allocscope run -- python3 -m pytest -p allocscope.pytest ..."
 
 _MARKER_ARGUMENTS = ("plugins", "options", "fail_on")
+
+
+class FindingsFailed(pytest.fail.Exception):
+    """How a marked test fails when its check ran to its end and found
+    something at or above its level (a check that could not look fails it
+    with pytest.fail's own exception). A test that must fail on findings
+    says so with @pytest.mark.xfail(raises=FindingsFailed, strict=True)."""
 
 
 def pytest_configure(config):
@@ -62,8 +71,11 @@ def _checked(function, marker):
             with allocscope.check(how_to_run=HOW_TO_RUN, **marker.kwargs):
                 return function(*args, **kwargs)
         except allocscope.CheckFailed as failed:
-            report = str(failed)
-        pytest.fail(report, pytrace=False)  # outside the except: no chained traceback
+            verdict = failed
+        # Raised outside the except: no chained traceback.
+        if verdict.findings and not verdict.unchecked:
+            raise FindingsFailed(str(verdict), pytrace=False)
+        pytest.fail(str(verdict), pytrace=False)
 
     return run
 
