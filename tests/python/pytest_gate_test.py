@@ -86,6 +86,11 @@ INNER_TESTS = WEIGHT_COPY + textwrap.dedent(
         pass
 
 
+    @pytest.mark.allocscope("weight-copy-accumulation")
+    def test_marked_with_a_positional_argument():
+        pass
+
+
     # A test meant to show the problem: it passes only when the check
     # finds it.
     @pytest.mark.xfail(raises=FindingsFailed, strict=True)
@@ -202,6 +207,13 @@ def test_a_test_expected_to_fail_on_findings_passes_only_when_the_check_finds_th
     # A check that could not look is not the expected failure.
     outcome, message = results["test_expected_to_keep_copies_but_not_checked"]
     assert outcome == "failed" and "no-such-plugin" in message, (outcome, message)
+
+
+def test_a_marker_with_arguments_the_check_does_not_take_fails_the_test(scratch):
+    p, results = inner_session(scratch, preloaded=True)
+    outcome, message = results["test_marked_with_a_positional_argument"]
+    assert outcome == "failed", p.stdout
+    assert "takes the keyword arguments plugins, options, fail_on only" in message, message
 
 
 def test_without_the_interposer_marked_tests_fail_saying_how_to_run(scratch):
