@@ -60,7 +60,8 @@ uint64_t CheckSet::begin(const std::string& plugins, const std::string& options,
                          const Settings& settings, std::string& error) {
     auto check = std::make_shared<Check>();
     bool off = false;
-    if (!parse_plugin_list(plugins, check->plugins, off, error)) {
+    // "" (NULL in the C API): every plugin of the directory.
+    if (!plugins.empty() && !parse_plugin_list(plugins, check->plugins, off, error)) {
         error = "bad plugin list: " + error;
         return 0;
     }

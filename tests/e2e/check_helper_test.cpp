@@ -175,6 +175,18 @@ TEST_CASE("overlapping checks each see their own stretch") {
     cudaFree(kept);
 }
 
+TEST_CASE("a check without a plugin list runs every plugin of the plugin directory") {
+    model();
+    for (const char* everything : {static_cast<const char*>(nullptr), ""}) {
+        Check check(everything);
+        void* kept = layer_forward("layers.0", true);
+        const std::vector<Finding> findings = check.end();
+        CHECK(check.error().empty());
+        CHECK(find(findings, "weight-copy-accumulation", "layers.0"));
+        cudaFree(kept);
+    }
+}
+
 TEST_CASE("a plugin that does not exist fails the check, naming it") {
     Check check("no-such-plugin");
     CHECK(contains(check.error(), "no-such-plugin"));

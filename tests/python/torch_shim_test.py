@@ -344,3 +344,13 @@ def test_without_blocks_attach_bridge_succeeds_without_attaching_and_says_so(scr
     p, _ = run_traced(probe, os.path.join(scratch, "out-noblocks"), {"ALLOCSCOPE_TORCH_BLOCKS": "0"})
     assert p.returncode == 0 and "attach True" in p.stdout, "blocks off: attach_bridge() %r" % p.stdout
     assert "not attached (ALLOCSCOPE_TORCH_BLOCKS=0)" in p.stderr, "blocks off: not said"
+
+
+def test_importing_allocscope_torch_before_torch_still_enables_the_hooks(scratch):
+    probe = os.path.join(scratch, "import_order.py")
+    with open(probe, "w") as f:
+        f.write("import allocscope.torch\nimport torch\n"
+                "from allocscope.torch import _enable\nprint('enabled', _enable._enabled)\n")
+    p, _ = run_traced(probe, os.path.join(scratch, "out-import-order"), {})
+    assert p.returncode == 0 and "enabled True" in p.stdout, (p.stdout, p.stderr)
+    assert "hooks not installed" not in p.stderr, p.stderr

@@ -28,6 +28,12 @@ def _allocscope_say(text):
 
 def _allocscope_torch_imported():
     try:
+        shim = sys.modules.get("allocscope.torch")
+        if shim is not None and not hasattr(shim, "enable"):
+            # torch is being imported by allocscope.torch itself (the
+            # program imported it first): it calls enable() once complete.
+            shim._enable_when_imported = True
+            return
         import allocscope.torch as _shim
 
         _shim.enable()

@@ -15,6 +15,15 @@ stderr.
     allocscope.step(1)
 
 Tags are per thread: a scope entered on one thread does not tag another.
+
+Checks run the detection plugins on a stretch of the program's own events
+and fail when they find something (include/allocscope/doctest.h for C++):
+
+    with allocscope.check("weight-copy-accumulation", fail_on="warning") as c:
+        train_step()
+    # raised CheckFailed if a finding was at or above warning; c.findings
+
+The pytest marker @pytest.mark.allocscope is in allocscope.pytest.
 PyTorch integration (module and optimizer hooks, parameter registration, the
 caching-allocator bridge) is in allocscope.torch.
 """
@@ -38,6 +47,9 @@ __all__ = [
     "scope",
     "rank",
     "library_path",
+    "check",
+    "CheckFailed",
+    "Finding",
 ]
 
 _lock = threading.Lock()
@@ -65,6 +77,8 @@ _SIGNATURES = {
     "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
     "block_free": ([_ptr], None),
     "block_oom": ([ctypes.c_size_t, ctypes.c_int, _ptr, _u64], None),
+    "check_begin": ([_str, _str, _str, ctypes.c_size_t], _u64),
+    "check_end": ([_u64, _ptr, _ptr, _str, ctypes.c_size_t], ctypes.c_int),
 }
 
 
@@ -267,3 +281,193 @@ def library_path():
     except OSError:
         pass
     return os.environ.get("ALLOCSCOPE_LIB") if available() else None
+
+
+# ------------------------------------------------------------------ checks
+
+SEVERITIES = ("info", "warning", "error")  # allocscope_severity_v1, in order
+
+HOW_TO_RUN = "allocscope run -- python3 script.py"
+
+
+def not_loaded_line(how_to_run=HOW_TO_RUN):
+    """The one line that says a check cannot run here and how to run it."""
+    return (
+        "allocscope: liballocscope.so is not loaded in this process, so nothing was "
+        "checked: run it as `%s`" % how_to_run
+    )
+
+
+class CheckFailed(AssertionError):
+    """A check found something at or above its level, or could not look
+    (a plugin that did not load or was disabled, nothing to check, no
+    interposer). str() is the report: one line, or a headline and one line
+    per finding. `findings`: those at or above the level (Finding);
+    `unchecked`: the line saying what was not checked, "" when the check
+    ran to its end."""
+
+    def __init__(self, report, findings=(), unchecked=""):
+        super().__init__(report)
+        self.findings = list(findings)
+        self.unchecked = unchecked
+
+
+class Finding:
+    """One finding of a check, as the C API gives it (allocscope_check_finding):
+    plugin, severity ("info", "warning", "error"), rank (None: no rank),
+    layer and phase ("" when not attributed), bytes, count and summary. The
+    C API carries no stacks: `allocscope report` on the run's trace has them."""
+
+    __slots__ = ("plugin", "severity", "rank", "layer", "phase", "bytes", "count", "summary")
+
+    def __init__(self, plugin, severity, rank, layer, phase, nbytes, count, summary):
+        self.plugin = plugin
+        self.severity = severity
+        self.rank = rank
+        self.layer = layer
+        self.phase = phase
+        self.bytes = nbytes
+        self.count = count
+        self.summary = summary
+
+    def line(self):
+        """The finding in one line: plugin [severity] where: summary."""
+        where = " ".join(
+            part
+            for part in (
+                self.layer,
+                self.phase and "(%s)" % self.phase,
+                self.rank is not None and "rank %d" % self.rank or "",
+            )
+            if part
+        )
+        return "%s [%s] %s%s" % (
+            self.plugin,
+            self.severity,
+            where + ": " if where else "",
+            self.summary,
+        )
+
+    def __repr__(self):
+        return "Finding(%s)" % self.line()
+
+
+class _CheckFinding(ctypes.Structure):
+    _fields_ = [
+        ("plugin", ctypes.c_char_p),
+        ("severity", ctypes.c_uint32),
+        ("rank", ctypes.c_int32),
+        ("layer", ctypes.c_char_p),
+        ("phase", ctypes.c_char_p),
+        ("bytes", ctypes.c_uint64),
+        ("count", ctypes.c_uint64),
+        ("summary", ctypes.c_char_p),
+    ]
+
+
+_CHECK_VISITOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(_CheckFinding))
+
+
+def _text(raw):
+    return (raw or b"").decode("utf-8", "replace")
+
+
+def _reason(error):
+    """The C API's error text without its own "allocscope: " prefix."""
+    text = _text(error.value)
+    return text[len("allocscope: "):] if text.startswith("allocscope: ") else text
+
+
+def _plugin_list(plugins):
+    """A comma list from a str or a list; None for every plugin (None or empty)."""
+    if plugins is not None and not isinstance(plugins, (str, bytes)):
+        plugins = ",".join(str(p) for p in plugins)
+    return plugins or None
+
+
+def _option_list(options):
+    """A comma list "<plugin>.<key>=<value>,..." from a str or a dict
+    {"<plugin>.<key>": value}."""
+    if options is None or isinstance(options, (str, bytes)):
+        return options
+    return ",".join("%s=%s" % (key, value) for key, value in options.items())
+
+
+class check:
+    """`with allocscope.check(plugins, options, fail_on="error") as c:` runs
+    the block inside a check: the detection plugins see the events recorded
+    from its start to its end, in instances of their own, and when the
+    block ends CheckFailed is raised for findings at or above `fail_on`
+    ("info", "warning" or "error"), listing them. A check that cannot look
+    never passes: without liballocscope.so in the process, or when a plugin
+    does not load, is disabled by its own error, or none is found, it raises
+    CheckFailed with one line saying what was not checked.
+
+    plugins: names or paths, a list or a comma list as ALLOCSCOPE_PLUGINS
+      (None or empty: every plugin of the plugin directory).
+    options: {"<plugin>.<key>": value} or "<plugin>.<key>=<value>,...".
+    After the block, c.findings holds every finding (Finding) and c.failing
+    those at or above fail_on. An exception from the block goes on
+    unchanged; the check is ended all the same."""
+
+    def __init__(self, plugins=None, options=None, fail_on="error", how_to_run=HOW_TO_RUN):
+        if fail_on not in SEVERITIES:
+            raise ValueError("fail_on must be one of %s, not %r" % (", ".join(SEVERITIES), fail_on))
+        self.plugins = _plugin_list(plugins)
+        self.options = _option_list(options)
+        self.fail_on = fail_on
+        self.findings = []
+        self.failing = []
+        self._how_to_run = how_to_run
+        self._id = 0
+
+    def __enter__(self):
+        if not available():
+            line = not_loaded_line(self._how_to_run)
+            raise CheckFailed(line, unchecked=line)
+        error = ctypes.create_string_buffer(1024)
+        self._id = _api.check_begin(_b(self.plugins), _b(self.options), error, len(error))
+        if self._id == 0:
+            line = "allocscope check did not run: %s" % _reason(error)
+            raise CheckFailed(line, unchecked=line)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        unchecked = self._end()
+        if exc_type is None and (unchecked or self.failing):
+            lines = [unchecked] if unchecked else []
+            if self.failing:
+                lines.append(
+                    "allocscope: %d finding(s) at or above %s:" % (len(self.failing), self.fail_on)
+                )
+                lines.extend("  " + f.line() for f in self.failing)
+            raise CheckFailed("\n".join(lines), self.failing, unchecked)
+        return False
+
+    def _end(self):
+        """Ends the check, keeping its findings; the line saying why it did
+        not run to its end, or "" when it did."""
+        found = []
+
+        def visit(_user, finding):
+            f = finding.contents
+            found.append(
+                Finding(
+                    _text(f.plugin),
+                    SEVERITIES[min(f.severity, len(SEVERITIES) - 1)],
+                    None if f.rank < 0 else f.rank,
+                    _text(f.layer),
+                    _text(f.phase),
+                    f.bytes,
+                    f.count,
+                    _text(f.summary),
+                )
+            )
+
+        error = ctypes.create_string_buffer(1024)
+        rc = _api.check_end(self._id, _CHECK_VISITOR(visit), None, error, len(error))
+        self._id = 0
+        level = SEVERITIES.index(self.fail_on)
+        self.findings = found
+        self.failing = [f for f in found if SEVERITIES.index(f.severity) >= level]
+        return "allocscope check did not run to its end: %s" % _reason(error) if rc != 0 else ""

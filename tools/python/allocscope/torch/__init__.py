@@ -120,3 +120,9 @@ from ._enable import disable, enable
 from ._naming import layer_name
 
 __all__ = ["enable", "disable", "attach_bridge", "layer_name"]
+
+# Under `allocscope run`, sitecustomize enables the hooks once torch is
+# imported; when this package's own import brought torch in, it leaves
+# the call to here.
+if globals().pop("_enable_when_imported", False):
+    enable()
