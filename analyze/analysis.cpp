@@ -21,6 +21,7 @@ struct Live {
     uint32_t scope = kNone;  // the scope it was made in
     uint32_t stack = 0;
     uint64_t seq = 0;  // of its allocation
+    uint64_t step = 0;
 };
 
 struct Scope {
@@ -60,6 +61,7 @@ class Tables {
         l.group = group(e.layer);
         l.stack = e.stack;
         l.seq = e.seq;
+        l.step = e.step;
         return l;
     }
 
@@ -353,6 +355,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     std::vector<Scope> scopes;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
     std::vector<uint64_t> group_live, group_peak;
+    // Per tag: bytes and count allocated per stack (TagStats::sites).
+    std::vector<std::unordered_map<uint32_t, StackBytes>> tag_stacks;
     auto group_slot = [&](uint32_t g) {
         if (g >= group_live.size()) {
             group_live.resize(g + 1, 0);
@@ -429,6 +433,11 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             TagStats& ts = tables.tags[l.tag];
             ts.allocated_bytes += e.size;
             ++ts.allocations;
+            if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
+            StackBytes& sb = tag_stacks[l.tag][l.stack];
+            sb.stack = l.stack;
+            sb.bytes += e.size;
+            ++sb.count;
             if (l.scope != kNone) scopes[l.scope].live += e.size;
             group_slot(l.group);
             group_live[l.group] += e.size;
@@ -493,6 +502,16 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         a.pools.push_back(std::move(s));
     }
 
+    for (size_t tag = 0; tag < tag_stacks.size(); ++tag) {
+        std::vector<StackBytes>& sites = tables.tags[tag].sites;
+        for (const auto& [stack, sb] : tag_stacks[tag])
+            sites.push_back(sb);
+        std::sort(sites.begin(), sites.end(), [](const StackBytes& x, const StackBytes& y) {
+            return x.bytes != y.bytes ? x.bytes > y.bytes : x.stack < y.stack;
+        });
+        if (sites.size() > options.tag_sites) sites.resize(options.tag_sites);
+    }
+
     // Live at exit.
     live.for_each([&](const Live& l) { tables.tags[l.tag].at_exit += l.size; });
     a.sites_at_exit = top_sites(t, tables, live, options.top_sites);
@@ -524,6 +543,19 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     std::fill(group_live.begin(), group_live.end(), 0);
     size_t next_sample = 0;
     bool peak_taken = owner == nullptr;
+    std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
+    auto allocation_id = [&](const Live& l) {
+        auto [it, added] =
+            allocation_index.try_emplace(l.seq, uint32_t(a.timeline.allocations.size()));
+        if (added) {
+            const TagStats& tag = tables.tags[l.tag];
+            a.timeline.allocations.push_back(
+                {l.seq, l.size, l.step, l.stack, tag.layer, tag.phase});
+        }
+        return it->second;
+    };
+    const size_t keep = options.timeline_allocations;
+    std::vector<std::vector<Live>> largest(a.timeline.layers.size());
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
         if (again.is_owner_alloc(e)) {
@@ -540,6 +572,25 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             p.layer_bytes.assign(a.timeline.layers.size(), 0);
             for (uint32_t g = 0; g < column.size(); ++g)
                 p.layer_bytes[column[g]] += group_live[g];
+            // Each layer's largest live allocations (the older first among equals).
+            for (std::vector<Live>& top : largest)
+                top.clear();
+            auto before = [](const Live& x, const Live& y) {
+                return x.size != y.size ? x.size > y.size : x.seq < y.seq;
+            };
+            if (keep > 0) {
+                again.for_each([&](const Live& l) {
+                    std::vector<Live>& top = largest[column[l.group]];
+                    if (top.size() == keep && !before(l, top.back())) return;
+                    if (top.size() == keep) top.pop_back();
+                    top.insert(std::upper_bound(top.begin(), top.end(), l, before), l);
+                });
+            }
+            p.largest.assign(largest.size(), {});
+            for (size_t c = 0; c < largest.size(); ++c) {
+                for (const Live& l : largest[c])
+                    p.largest[c].push_back(allocation_id(l));
+            }
         }
         if (!peak_taken && e.seq == peak_seq) {
             peak_taken = true;
