@@ -554,42 +554,44 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         }
         return it->second;
     };
+    // Each layer's live allocations, largest first (the older first among
+    // equals): reading a sample's largest costs `keep` steps, not a pass
+    // over everything live.
+    struct Larger {
+        bool operator()(const std::pair<uint64_t, uint64_t>& x,
+                        const std::pair<uint64_t, uint64_t>& y) const {
+            return x.first != y.first ? x.first > y.first : x.second < y.second;
+        }
+    };
+    std::vector<std::map<std::pair<uint64_t, uint64_t>, Live, Larger>> by_size(
+        a.timeline.layers.size());
     const size_t keep = options.timeline_allocations;
-    std::vector<std::vector<Live>> largest(a.timeline.layers.size());
+    auto forget = [&](const Live& l) {
+        group_live[l.group] -= l.size;
+        if (keep > 0) by_size[column[l.group]].erase({l.size, l.seq});
+    };
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
         if (again.is_owner_alloc(e)) {
             const Live l = tables.live_of(e);
             group_live[l.group] += e.size;
             const Live old = again.insert(e.address, l);
-            if (old.tag != kNone) group_live[old.group] -= old.size;
+            if (old.tag != kNone) forget(old);
+            if (keep > 0) by_size[column[l.group]].emplace(std::pair{l.size, l.seq}, l);
         } else if (again.is_owner_free(e)) {
             Live l;
-            if (again.remove(e.address, &l)) group_live[l.group] -= l.size;
+            if (again.remove(e.address, &l)) forget(l);
         }
         if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
             TimelinePoint& p = samples[next_sample++];
             p.layer_bytes.assign(a.timeline.layers.size(), 0);
             for (uint32_t g = 0; g < column.size(); ++g)
                 p.layer_bytes[column[g]] += group_live[g];
-            // Each layer's largest live allocations (the older first among equals).
-            for (std::vector<Live>& top : largest)
-                top.clear();
-            auto before = [](const Live& x, const Live& y) {
-                return x.size != y.size ? x.size > y.size : x.seq < y.seq;
-            };
-            if (keep > 0) {
-                again.for_each([&](const Live& l) {
-                    std::vector<Live>& top = largest[column[l.group]];
-                    if (top.size() == keep && !before(l, top.back())) return;
-                    if (top.size() == keep) top.pop_back();
-                    top.insert(std::upper_bound(top.begin(), top.end(), l, before), l);
-                });
-            }
-            p.largest.assign(largest.size(), {});
-            for (size_t c = 0; c < largest.size(); ++c) {
-                for (const Live& l : largest[c])
-                    p.largest[c].push_back(allocation_id(l));
+            p.largest.assign(by_size.size(), {});
+            for (size_t c = 0; c < by_size.size(); ++c) {
+                for (auto it = by_size[c].begin();
+                     it != by_size[c].end() && p.largest[c].size() < keep; ++it)
+                    p.largest[c].push_back(allocation_id(it->second));
             }
         }
         if (!peak_taken && e.seq == peak_seq) {
