@@ -6,6 +6,7 @@
 // file goes through html_escape, or into that JSON with '<', '>' and '&'
 // escaped, and reaches the page through textContent.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -506,28 +507,48 @@ std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
         }
         out += "]";
     }
+    // Each layer's largest live allocations per sample: 3, or fewer when a
+    // rank's would name more than kAllocationBudget allocations (a run that
+    // churns through big short-lived ones), renumbered in order of use.
+    constexpr size_t kAllocationBudget = 4000;
+    size_t keep = 3;
+    for (; keep > 1; --keep) {
+        std::set<uint32_t> named;
+        for (const TimelinePoint& p : tl.points) {
+            for (const std::vector<uint32_t>& ids : p.largest)
+                named.insert(ids.begin(), ids.begin() + std::ptrdiff_t(std::min(keep, ids.size())));
+        }
+        if (named.size() <= kAllocationBudget) break;
+    }
+    std::vector<uint32_t> renumbered(tl.allocations.size(), UINT32_MAX);
+    std::vector<uint32_t> used;  // allocation indices, by new number
     out += "],\"top\":[";
     for (size_t l = 0; l < tl.layers.size(); ++l) {
         out += l ? ",[" : "[";
-        const std::vector<uint32_t>* previous = nullptr;
-        bool first_run = true;
+        std::vector<uint32_t> previous;
         for (size_t i = 0; i < n; ++i) {
             const auto& largest = tl.points[i].largest;
-            static const std::vector<uint32_t> none;
-            const std::vector<uint32_t>& now = l < largest.size() ? largest[l] : none;
-            if (previous && *previous == now) continue;
-            previous = &now;
-            out += (first_run ? "[" : ",[") + u(i);
-            first_run = false;
-            for (uint32_t id : now)
-                out += "," + u(id);
+            std::vector<uint32_t> now;
+            if (l < largest.size())
+                now.assign(largest[l].begin(),
+                           largest[l].begin() + std::ptrdiff_t(std::min(keep, largest[l].size())));
+            if (i > 0 && now == previous) continue;
+            out += (i ? ",[" : "[") + u(i);
+            for (uint32_t id : now) {
+                if (renumbered[id] == UINT32_MAX) {
+                    renumbered[id] = uint32_t(used.size());
+                    used.push_back(id);
+                }
+                out += "," + u(renumbered[id]);
+            }
             out += "]";
+            previous = std::move(now);
         }
         out += "]";
     }
     out += "],\"allocs\":[";
-    for (size_t k = 0; k < tl.allocations.size(); ++k) {
-        const TimelineAllocation& l = tl.allocations[k];
+    for (size_t k = 0; k < used.size(); ++k) {
+        const TimelineAllocation& l = tl.allocations[used[k]];
         out += (k ? ",[" : "[") + u(l.size) + "," + u(l.step) + "," + u(l.stack) + "," +
                strings.id(l.layer) + "," + strings.id(l.phase) + "," + u(l.seq) + "]";
     }
@@ -559,7 +580,7 @@ std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
     for (const StepMark& m : tl.steps) {
         if (!by_time) break;
         const uint64_t x = x_of_t(m.t_ns);
-        if (!first_step && x == last_x) continue;  // one mark per position
+        if (!first_step && x < last_x + 10) continue;  // one mark per pixel
         out += (first_step ? "[" : ",[") + u(x) + "," + u(m.step) + "]";
         first_step = false;
         last_x = x;
