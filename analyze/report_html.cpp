@@ -118,7 +118,7 @@ function forward(){const box=document.getElementById('fwd');if(!box)return;const
  function draw(){area.textContent='';const series=[],names=[];
   D.ranks.forEach((R,ri)=>{const c=D.colors[ri%D.colors.length];const e=R.fwd.find(s=>s[0]===step);if(e)series.push({R,c,e,kind:'run',label:R.title+', step '+step});
    if(R.base){const b=choose(R.base);if(b)series.push({R,c,e:b,kind:'baseline',label:R.title+' baseline, step '+b[0]});}});
-  for(const s of series)for(const [l] of s.e[1])if(!names.includes(S[l]))names.push(S[l]);
+  for(const s of series)s.e[1].forEach(([l],k)=>{if(k>=names.length)names.push(S[l]);});
   let top=1;for(const s of series)for(const [,v] of s.e[1])top=Math.max(top,v);
   const w=1000,h=300,Lx=70,Px=900,Ty=10,Py=220,X=k=>(Lx+(names.length>1?Px*k/(names.length-1):Px/2)).toFixed(1),Y=v=>(Ty+Py-Py*v/top).toFixed(1);
   const svg=sv('svg',{viewBox:'0 0 '+w+' '+h,width:w,height:h,role:'img','aria-label':'live bytes after each layer forward',class:'fwd'});
@@ -126,10 +126,10 @@ function forward(){const box=document.getElementById('fwd');if(!box)return;const
   for(let k=0;k<=4;k++){const t=sv('text',{x:Lx-6,y:(+Y(top*k/4)+4).toFixed(1),'text-anchor':'end','font-size':11});t.textContent=bytes(Math.round(top*k/4)*1024);svg.appendChild(t);}
   const every=Math.max(1,Math.ceil(names.length/24));
   names.forEach((nm,k)=>{if(k%every)return;const t=sv('text',{x:X(k),y:Ty+Py+14,'text-anchor':'end','font-size':10,transform:'rotate(-35 '+X(k)+' '+(Ty+Py+14)+')','data-g':nm,class:'pick'});t.textContent=nm;svg.appendChild(t);});
-  for(const s of series){let pts='';const e=s.e[1];e.forEach(([l,v])=>{pts+=X(names.indexOf(S[l]))+','+Y(v)+' ';});
+  for(const s of series){let pts='';const e=s.e[1];e.forEach(([,v],k)=>{pts+=X(k)+','+Y(v)+' ';});
    const a={class:'series '+s.kind,points:pts,fill:'none',stroke:s.c,'stroke-width':2,'data-rank':s.R.title};if(s.kind==='baseline')a['stroke-dasharray']='6 4';
    svg.appendChild(sv('polyline',a));
-   e.forEach(([l,v],k)=>{const c=sv('circle',{class:'pt',cx:X(names.indexOf(S[l])),cy:Y(v),r:4,fill:s.kind==='baseline'?'#fff':s.c,stroke:s.c,'data-g':S[l]});
+   e.forEach(([l,v],k)=>{const c=sv('circle',{class:'pt',cx:X(k),cy:Y(v),r:4,fill:s.kind==='baseline'?'#fff':s.c,stroke:s.c,'data-g':S[l]});
     c.addEventListener('mousemove',ev=>show(ev,p=>{add(p,s.label);const b=add(p,'');b.appendChild(el('b',null,S[l]));
      b.appendChild(document.createTextNode(': '+bytes(v*1024)+' live after its forward'+(k?' ('+(v>=e[k-1][1]?'+':'-')+bytes(Math.abs(v-e[k-1][1])*1024)+' from the previous layer)':'')));}));
     c.addEventListener('mouseleave',hide);svg.appendChild(c);});}
