@@ -58,7 +58,8 @@ function add(p,text,cls){const e=el('div',cls,text);p.appendChild(e);return e;}
 function frames(R,id,native,py){const s=R.stacks[id];if(!s)return[];const a=s[0],e=s[1],p=s[2],f=s.slice(3),o=[];
  for(let i=a;i<Math.min(e,a+native);i++)o.push(S[f[i]]);if(e-a>native)o.push('... '+(e-a-native)+' more frames');
  for(let i=p;i<Math.min(f.length,p+py);i++)o.push(S[f[i]]);return o;}
-function stack(p,R,id){if(!id){add(p,'no stack captured','fr');return;}for(const f of frames(R,id,4,3))add(p,f,'fr');}
+function stack(p,R,id){if(!id){add(p,'no stack captured','fr');return;}const s=R.stacks[id],py=s&&s[2]<s.length-3;
+ for(const f of frames(R,id,py?1:4,4))add(p,f,'fr');}
 function tag(l,ph){return (S[l]||'(untagged)')+' '+(S[ph]||'-');}
 let sel=null;
 function apply(){document.querySelectorAll('[data-g]').forEach(e=>{const on=sel!==null&&e.getAttribute('data-g')===sel;
