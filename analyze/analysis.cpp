@@ -21,6 +21,7 @@ struct Live {
     uint32_t scope = kNone;  // the scope it was made in
     uint32_t stack = 0;
     uint64_t seq = 0;  // of its allocation
+    uint64_t step = 0;
 };
 
 struct Scope {
@@ -60,6 +61,7 @@ class Tables {
         l.group = group(e.layer);
         l.stack = e.stack;
         l.seq = e.seq;
+        l.step = e.step;
         return l;
     }
 
@@ -353,6 +355,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     std::vector<Scope> scopes;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
     std::vector<uint64_t> group_live, group_peak;
+    // Per tag: bytes and count allocated per stack (TagStats::sites).
+    std::vector<std::unordered_map<uint32_t, StackBytes>> tag_stacks;
     auto group_slot = [&](uint32_t g) {
         if (g >= group_live.size()) {
             group_live.resize(g + 1, 0);
@@ -429,6 +433,11 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             TagStats& ts = tables.tags[l.tag];
             ts.allocated_bytes += e.size;
             ++ts.allocations;
+            if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
+            StackBytes& sb = tag_stacks[l.tag][l.stack];
+            sb.stack = l.stack;
+            sb.bytes += e.size;
+            ++sb.count;
             if (l.scope != kNone) scopes[l.scope].live += e.size;
             group_slot(l.group);
             group_live[l.group] += e.size;
@@ -493,6 +502,16 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         a.pools.push_back(std::move(s));
     }
 
+    for (size_t tag = 0; tag < tag_stacks.size(); ++tag) {
+        std::vector<StackBytes>& sites = tables.tags[tag].sites;
+        for (const auto& [stack, sb] : tag_stacks[tag])
+            sites.push_back(sb);
+        std::sort(sites.begin(), sites.end(), [](const StackBytes& x, const StackBytes& y) {
+            return x.bytes != y.bytes ? x.bytes > y.bytes : x.stack < y.stack;
+        });
+        if (sites.size() > options.tag_sites) sites.resize(options.tag_sites);
+    }
+
     // Live at exit.
     live.for_each([&](const Live& l) { tables.tags[l.tag].at_exit += l.size; });
     a.sites_at_exit = top_sites(t, tables, live, options.top_sites);
@@ -524,22 +543,56 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     std::fill(group_live.begin(), group_live.end(), 0);
     size_t next_sample = 0;
     bool peak_taken = owner == nullptr;
+    std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
+    auto allocation_id = [&](const Live& l) {
+        auto [it, added] =
+            allocation_index.try_emplace(l.seq, uint32_t(a.timeline.allocations.size()));
+        if (added) {
+            const TagStats& tag = tables.tags[l.tag];
+            a.timeline.allocations.push_back(
+                {l.seq, l.size, l.step, l.stack, tag.layer, tag.phase});
+        }
+        return it->second;
+    };
+    // Each layer's live allocations, largest first (the older first among
+    // equals): reading a sample's largest costs `keep` steps, not a pass
+    // over everything live.
+    struct Larger {
+        bool operator()(const std::pair<uint64_t, uint64_t>& x,
+                        const std::pair<uint64_t, uint64_t>& y) const {
+            return x.first != y.first ? x.first > y.first : x.second < y.second;
+        }
+    };
+    std::vector<std::map<std::pair<uint64_t, uint64_t>, Live, Larger>> by_size(
+        a.timeline.layers.size());
+    const size_t keep = options.timeline_allocations;
+    auto forget = [&](const Live& l) {
+        group_live[l.group] -= l.size;
+        if (keep > 0) by_size[column[l.group]].erase({l.size, l.seq});
+    };
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
         if (again.is_owner_alloc(e)) {
             const Live l = tables.live_of(e);
             group_live[l.group] += e.size;
             const Live old = again.insert(e.address, l);
-            if (old.tag != kNone) group_live[old.group] -= old.size;
+            if (old.tag != kNone) forget(old);
+            if (keep > 0) by_size[column[l.group]].emplace(std::pair{l.size, l.seq}, l);
         } else if (again.is_owner_free(e)) {
             Live l;
-            if (again.remove(e.address, &l)) group_live[l.group] -= l.size;
+            if (again.remove(e.address, &l)) forget(l);
         }
         if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
             TimelinePoint& p = samples[next_sample++];
             p.layer_bytes.assign(a.timeline.layers.size(), 0);
             for (uint32_t g = 0; g < column.size(); ++g)
                 p.layer_bytes[column[g]] += group_live[g];
+            p.largest.assign(by_size.size(), {});
+            for (size_t c = 0; c < by_size.size(); ++c) {
+                for (auto it = by_size[c].begin();
+                     it != by_size[c].end() && p.largest[c].size() < keep; ++it)
+                    p.largest[c].push_back(allocation_id(it->second));
+            }
         }
         if (!peak_taken && e.seq == peak_seq) {
             peak_taken = true;

@@ -21,6 +21,13 @@
 
 namespace allocscope {
 
+// Allocations made at one stack: how many, how many bytes.
+struct StackBytes {
+    uint32_t stack = 0;  // 0: no stack captured
+    uint64_t bytes = 0;
+    uint64_t count = 0;
+};
+
 // One (layer, phase) tag, by the text of its layer and phase.
 struct TagStats {
     std::string layer;  // "" untagged
@@ -36,6 +43,9 @@ struct TagStats {
     uint64_t at_peak = 0;  // its live bytes at the owner pool's peak
     uint64_t count_at_peak = 0;
     uint64_t at_exit = 0;  // live at the end of the trace
+    // Where its bytes were allocated: the stacks with the most, largest
+    // first (AnalysisOptions::tag_sites of them).
+    std::vector<StackBytes> sites;
 };
 
 struct PoolSummary {
@@ -72,6 +82,20 @@ struct TimelinePoint {
     uint64_t segment_bytes = 0;  // device segments
     uint64_t block_bytes = 0;
     std::vector<uint64_t> layer_bytes;  // owner pool, per Timeline::layers
+    // Per Timeline::layers: its largest live allocations then, largest
+    // first, as indices into Timeline::allocations.
+    std::vector<std::vector<uint32_t>> largest;
+};
+
+// An owner-pool allocation the timeline names (one of a layer's largest at
+// a sample); each once, however many samples it is live in.
+struct TimelineAllocation {
+    uint64_t seq = 0;  // of its allocation
+    uint64_t size = 0;
+    uint64_t step = 0;
+    uint32_t stack = 0;
+    std::string layer;
+    std::string phase;
 };
 
 // Live bytes over the trace, at most `points` samples: each sample is the
@@ -84,6 +108,7 @@ struct Timeline {
     std::vector<TimelinePoint> points;
     std::vector<PhaseBand> bands;
     std::vector<StepMark> steps;
+    std::vector<TimelineAllocation> allocations;
 };
 
 struct Site {
@@ -145,6 +170,8 @@ struct OomMoment {
 struct AnalysisOptions {
     size_t timeline_points = 800;
     size_t timeline_layers = 12;
+    size_t timeline_allocations = 3;  // per layer and sample (TimelinePoint::largest)
+    size_t tag_sites = 3;             // TagStats::sites
     size_t top_sites = 10;
     size_t oom_tags = 12;    // (layer, phase) rows of an OOM moment
     size_t oom_moments = 4;  // the last this many moments are kept in full

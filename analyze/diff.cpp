@@ -14,12 +14,6 @@ namespace allocscope {
 
 namespace {
 
-struct StepData {
-    std::vector<std::pair<std::string, uint64_t>> ends;  // layer, live after its forward
-    std::optional<uint64_t> after_forward;
-    std::optional<uint64_t> after_backward;
-};
-
 std::string signed_bytes(double bytes) {
     const double magnitude = std::fabs(bytes);
     const std::string text = human_bytes(uint64_t(std::llround(magnitude)));
@@ -43,17 +37,13 @@ std::string optional_number(const std::optional<double>& v) {
 
 }  // namespace
 
-RunMeasure measure_run(const Trace& t) {
-    RunMeasure m;
-    m.path = t.path;
-    m.rank = t.header.rank;
-
+std::vector<StepMemory> step_memory(const Trace& t) {
     const TraceShape shape = trace_shape(t);
     const Pool owner = shape.owner;
     const uint32_t main_tid = shape.main_tid;
 
     Replay replay;
-    std::map<uint64_t, StepData> steps;
+    std::map<uint64_t, StepMemory> steps;
     struct Frame {
         uint32_t layer, phase;
         bool backward;
@@ -79,7 +69,7 @@ RunMeasure measure_run(const Trace& t) {
             // autograd's threads, whose tags the training thread never sees.
             const std::string_view phase =
                 base_phase(e.phase < t.strings.size() ? t.str(e.phase) : "");
-            StepData& s = steps[e.step];
+            StepMemory& s = steps[e.step];
             if (phase == "backward" && !s.after_forward) s.after_forward = live();
             if (phase == "optimizer" && s.after_forward && !s.after_backward)
                 s.after_backward = live();
@@ -101,11 +91,24 @@ RunMeasure measure_run(const Trace& t) {
             // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
             if (open_backward == 0 && t.str(f.phase) == "forward" && !layer.empty() &&
                 layer_group(layer) == layer) {
-                steps[e.step].ends.emplace_back(layer, live());
+                steps[e.step].forward_ends.emplace_back(layer, live());
             }
         }
     }
     if (any_event) end_step(current_step);
+    std::vector<StepMemory> out;
+    for (auto& [step, s] : steps) {
+        s.step = step;
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+RunMeasure measure_run(const Trace& t) {
+    RunMeasure m;
+    m.path = t.path;
+    m.rank = t.header.rank;
+    std::vector<StepMemory> steps = step_memory(t);
 
     // What scopes kept alive, and whether the run ended out of memory.
     AnalysisOptions options;
@@ -116,14 +119,16 @@ RunMeasure measure_run(const Trace& t) {
     if (!analysis.ooms.empty() && !analysis.ooms.back().continued) {
         const OomMoment& o = analysis.ooms.back();
         m.oom = RunMeasure::Oom{o.step, o.layer, o.phase, o.requested};
-        if (auto it = steps.find(o.step); it != steps.end()) it->second.after_backward.reset();
+        for (StepMemory& s : steps) {
+            if (s.step == o.step) s.after_backward.reset();
+        }
     }
 
     // Forward: steps with at least two layer ends.
-    std::vector<const StepData*> forward;
-    std::vector<const StepData*> backward;
-    for (const auto& [step, s] : steps) {
-        if (s.ends.size() >= 2) forward.push_back(&s);
+    std::vector<const StepMemory*> forward;
+    std::vector<const StepMemory*> backward;
+    for (const StepMemory& s : steps) {
+        if (s.forward_ends.size() >= 2) forward.push_back(&s);
         if (s.after_forward && s.after_backward) backward.push_back(&s);
     }
     if (forward.size() >= 2) {
@@ -138,14 +143,15 @@ RunMeasure measure_run(const Trace& t) {
     std::vector<uint64_t> count;
     double total = 0;
     uint64_t increments = 0;
-    for (const StepData* s : forward) {
-        for (size_t k = 1; k < s->ends.size(); ++k) {
+    for (const StepMemory* s : forward) {
+        for (size_t k = 1; k < s->forward_ends.size(); ++k) {
             if (sum.size() < k) {
                 sum.resize(k, 0);
                 count.resize(k, 0);
-                m.layers.push_back(s->ends[k].first);
+                m.layers.push_back(s->forward_ends[k].first);
             }
-            const double inc = double(s->ends[k].second) - double(s->ends[k - 1].second);
+            const double inc =
+                double(s->forward_ends[k].second) - double(s->forward_ends[k - 1].second);
             sum[k - 1] += inc;
             ++count[k - 1];
             total += inc;
@@ -158,7 +164,7 @@ RunMeasure measure_run(const Trace& t) {
     m.forward_steps = forward.size();
     if (!backward.empty()) {
         double d = 0;
-        for (const StepData* s : backward)
+        for (const StepMemory* s : backward)
             d += double(*s->after_backward) - double(*s->after_forward);
         m.backward_delta = d / double(backward.size());
     }

@@ -65,6 +65,18 @@ struct RunMeasure {
     std::optional<Oom> oom;
 };
 
+// One step's samples of live owner-pool bytes (see above): when each
+// numbered layer's forward ended, in the order they ended, and when the
+// step's backward began and ended.
+struct StepMemory {
+    uint64_t step = 0;
+    std::vector<std::pair<std::string, uint64_t>> forward_ends;  // layer, live after its forward
+    std::optional<uint64_t> after_forward;
+    std::optional<uint64_t> after_backward;
+};
+// Every step of the trace that has one sample or more, in step order.
+std::vector<StepMemory> step_memory(const Trace& trace);
+
 RunMeasure measure_run(const Trace& trace);
 
 struct DiffThresholds {

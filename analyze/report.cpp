@@ -125,6 +125,25 @@ std::string u(uint64_t v) {
     return std::to_string(v);
 }
 
+// Live bytes after each numbered layer's forward, per step: [{"step",
+// "layers": [...], "live": [...]}].
+void json_forward_ends(std::string& out, const std::vector<StepMemory>& steps) {
+    out += "[";
+    bool first = true;
+    for (const StepMemory& s : steps) {
+        if (s.forward_ends.empty()) continue;
+        out += (first ? "" : ", ") + std::string("{\"step\": ") + u(s.step) + ", \"layers\": [";
+        first = false;
+        for (size_t k = 0; k < s.forward_ends.size(); ++k)
+            out += (k ? ", " : "") + json_quote(s.forward_ends[k].first);
+        out += "], \"live\": [";
+        for (size_t k = 0; k < s.forward_ends.size(); ++k)
+            out += (k ? ", " : "") + u(s.forward_ends[k].second);
+        out += "]}";
+    }
+    out += "]";
+}
+
 void json_tags(std::string& out, const std::vector<TagStats>& tags) {
     out += "[";
     bool first = true;
@@ -946,7 +965,14 @@ std::string render_json(const Report& report) {
             first = false;
             json_string_list(out, frames);
         }
-        out += "}}";
+        out += "},\n     \"forward_ends\": ";
+        json_forward_ends(out, r.steps);
+        out += ",\n     \"baseline_forward_ends\": ";
+        if (r.has_baseline)
+            json_forward_ends(out, r.baseline_steps);
+        else
+            out += "null";
+        out += "}";
     }
     out += "],\n  \"merged_tags\": ";
     json_tags(out, merged_tags(report));

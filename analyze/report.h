@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "analysis.h"
+#include "diff.h"
 #include "findings.h"
 #include "frames.h"
 
@@ -23,6 +24,12 @@ struct RankReport {
     // Where a stack's Python frames begin (core/event.h, is_python_frame);
     // stacks without Python frames are not listed.
     std::map<uint32_t, size_t> python_from;
+    // Live owner-pool bytes after each numbered layer's forward, per step
+    // (analyze/diff.h, step_memory), and the same of the baseline run's
+    // trace of this rank when the report was given a baseline.
+    std::vector<StepMemory> steps;
+    std::vector<StepMemory> baseline_steps;
+    bool has_baseline = false;
 };
 
 // The lines the concise text report prints for a stack: it starts at the
@@ -44,6 +51,7 @@ struct Report {
     FindingsFile findings;           // empty when the run had none / none found
     bool findings_found = false;     // a findings file was read
     std::vector<std::string> notes;  // warnings to show (symbolization, findings)
+    std::string baseline;            // the baseline run compared against, "" none
 };
 
 // The (layer, phase) rows of all ranks added up: bytes summed, the

@@ -1,10 +1,16 @@
 // The HTML rendering of a Report: one self-contained file (inline CSS and
-// SVG, no script, no external resource). Every string that comes from a
-// trace or a findings file goes through html_escape.
+// script, no external resource). Tables are HTML; the timeline, the
+// per-layer forward chart, stacks and tooltips are drawn by the script from
+// one JSON object (interned strings and stacks, bytes in KiB, time in
+// 1/10000 of the span). Every string that comes from a trace or a findings
+// file goes through html_escape, or into that JSON with '<', '>' and '&'
+// escaped, and reaches the page through textContent.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
+#include <unordered_map>
 
 #include "report.h"
 
@@ -23,7 +29,116 @@ details{margin:2px 0} summary{cursor:pointer} pre{margin:4px 0 8px 16px;font-siz
 .legend span{display:inline-block;margin:2px 10px 2px 0;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:-1px}
 .heat td.c{text-align:right;font-size:12px;min-width:70px} svg{max-width:100%;height:auto}
 .oom{border-left:4px solid #b3261e;padding:2px 12px;margin:8px 0;background:#fdf3f2}
+.pick{cursor:pointer} .dim{opacity:.25} tr.sel td{background:#fff1b8} .legend span.sel{font-weight:700;outline:1px solid #1d2329}
+polygon.sel{stroke:#1d2329;stroke-width:1} .fwd-legend span{margin-right:14px;font-size:12px}
+.tip{position:fixed;display:none;z-index:10;max-width:720px;background:#3a2257;color:#fff;font-size:12px;line-height:1.35;padding:6px 9px;border-radius:4px;pointer-events:none}
+.tip .fr{font-family:ui-monospace,Menlo,Consolas,monospace;color:#d9cfe8;padding-left:12px;white-space:pre;overflow:hidden;text-overflow:ellipsis}
+.tip b{color:#ffe082}
 )";
+
+// Draws the timelines and the per-layer forward chart from the page's data
+// (page_data), shows tooltips over them and the heat maps, fills stacks in
+// when opened, and selects a layer group on a click (Escape clears). Only
+// textContent and attributes carry the data's strings into the page.
+constexpr const char* kScript = R"JS(
+(function(){'use strict';
+const D=JSON.parse(document.getElementById('allocscope-data').textContent),S=D.strings,NS='http://www.w3.org/2000/svg';
+const PHASE={forward:'#dbe9f6',backward:'#fbe3cf',optimizer:'#dcefd8'};
+function bytes(b){const n=['B','KiB','MiB','GiB','TiB'];let k=0;while(b>=1024&&k<4){b/=1024;k++;}return (k?b.toFixed(b<10?2:b<100?1:0):String(b))+' '+n[k];}
+function el(tag,cls,text){const e=document.createElement(tag);if(cls)e.className=cls;if(text!=null)e.textContent=text;return e;}
+function sv(tag,a){const e=document.createElementNS(NS,tag);for(const k in a)e.setAttribute(k,a[k]);return e;}
+function base(p){const i=p.indexOf('/');return i<0?p:p.slice(0,i);}
+function last(a,v,key){let lo=0,hi=a.length-1,r=-1;while(lo<=hi){const m=(lo+hi)>>1;if(key(a[m])<=v){r=m;lo=m+1;}else hi=m-1;}return r;}
+const tip=el('div','tip');tip.id='tip';document.body.appendChild(tip);
+function show(ev,fill){tip.textContent='';fill(tip);tip.style.display='block';const w=tip.offsetWidth,h=tip.offsetHeight;
+ let x=ev.clientX+14,y=ev.clientY+14;if(x+w>innerWidth)x=Math.max(0,ev.clientX-w-14);if(y+h>innerHeight)y=Math.max(0,ev.clientY-h-14);
+ tip.style.left=x+'px';tip.style.top=y+'px';}
+function hide(){tip.style.display='none';}
+function add(p,text,cls){const e=el('div',cls,text);p.appendChild(e);return e;}
+function frames(R,id,native,py){const s=R.stacks[id];if(!s)return[];const a=s[0],e=s[1],p=s[2],f=s.slice(3),o=[];
+ for(let i=a;i<Math.min(e,a+native);i++)o.push(S[f[i]]);if(e-a>native)o.push('... '+(e-a-native)+' more frames');
+ for(let i=p;i<Math.min(f.length,p+py);i++)o.push(S[f[i]]);return o;}
+function stack(p,R,id){if(!id){add(p,'no stack captured','fr');return;}const s=R.stacks[id],py=s&&s[2]<s.length-3;
+ for(const f of frames(R,id,py?1:4,4))add(p,f,'fr');}
+function tag(l,ph){return (S[l]||'(untagged)')+' '+(S[ph]||'-');}
+let sel=null;
+function apply(){document.querySelectorAll('[data-g]').forEach(e=>{const on=sel!==null&&e.getAttribute('data-g')===sel;
+ e.classList.toggle('sel',on);e.classList.toggle('dim',sel!==null&&!on);});document.body.classList.toggle('selecting',sel!==null);}
+function select(g){sel=g===sel?null:g;apply();}
+document.addEventListener('click',ev=>{const t=ev.target.closest&&ev.target.closest('.pick,polygon.layer,circle.pt');if(!t)return;
+ const g=t.closest('[data-g]');if(g)select(g.getAttribute('data-g'));});
+document.addEventListener('keydown',ev=>{if(ev.key==='Escape'&&sel!==null){sel=null;apply();}});
+const W=1000,H=300,L=70,T=10,PW=920,PH=260;
+function timeline(div){const R=D.ranks[+div.dataset.r],n=R.x.length,tot=new Array(n).fill(0);let top=1;
+ R.lb.forEach(a=>a.forEach((v,i)=>tot[i]+=v));for(let i=0;i<n;i++)top=Math.max(top,tot[i],R.seg[i]);
+ const X=x=>(L+PW*x/10000).toFixed(1),Y=v=>(T+PH-PH*v/top).toFixed(1);
+ const svg=sv('svg',{viewBox:'0 0 '+W+' '+H,width:W,height:H,role:'img','aria-label':'memory timeline'});
+ for(const b of R.bands)svg.appendChild(sv('rect',{class:'band',x:X(b[0]),y:T,width:Math.max(PW*(b[1]-b[0])/10000,0.5).toFixed(1),height:PH,fill:PHASE[base(S[b[2]])]||'#eeeeee'}));
+ const below=new Array(n).fill(0);
+ R.lb.forEach((a,l)=>{let up='',down='';for(let i=0;i<n;i++){up+=X(R.x[i])+','+Y(below[i]+a[i])+' ';}
+  for(let i=n-1;i>=0;i--){down+=X(R.x[i])+','+Y(below[i])+' ';below[i]+=a[i];}
+  svg.appendChild(sv('polygon',{class:'layer',points:up+down,fill:D.colors[l%D.colors.length],'data-l':l,'data-g':S[R.layers[l]]}));});
+ let line='';for(let i=0;i<n;i++)line+=X(R.x[i])+','+Y(R.seg[i])+' ';
+ svg.appendChild(sv('polyline',{points:line,fill:'none',stroke:'#333','stroke-width':1,'stroke-dasharray':'4 3','pointer-events':'none'}));
+ const every=Math.max(1,Math.ceil(R.steps.length/100));
+ for(let k=0;k<R.steps.length;k+=every){const x=X(R.steps[k][0]);svg.appendChild(sv('line',{x1:x,x2:x,y1:T,y2:T+PH,stroke:'#7a8691','stroke-width':0.6,'pointer-events':'none'}));}
+ svg.appendChild(sv('line',{x1:L,x2:L+PW,y1:T+PH,y2:T+PH,stroke:'#333'}));svg.appendChild(sv('line',{x1:L,x2:L,y1:T,y2:T+PH,stroke:'#333'}));
+ for(let k=0;k<=4;k++){const t=sv('text',{x:L-6,y:(+Y(top*k/4)+4).toFixed(1),'text-anchor':'end','font-size':11});t.textContent=bytes(Math.round(top*k/4)*1024);svg.appendChild(t);}
+ const t0=sv('text',{x:L,y:H-8,'font-size':11});t0.textContent='0 s';svg.appendChild(t0);
+ const t1=sv('text',{x:L+PW,y:H-8,'text-anchor':'end','font-size':11});t1.textContent=R.span?(R.span/1e9).toFixed(3)+' s':'events';svg.appendChild(t1);
+ svg.addEventListener('mousemove',ev=>{const r=svg.getBoundingClientRect(),vx=(ev.clientX-r.left)*W/r.width,vy=(ev.clientY-r.top)*H/r.height;
+  if(vx<L||vx>L+PW||!n){hide();return;}const xu=(vx-L)/PW*10000;let i=Math.max(0,last(R.x,xu,v=>v));
+  if(i+1<n&&Math.abs(R.x[i+1]-xu)<Math.abs(R.x[i]-xu))i++;
+  let l=ev.target.hasAttribute('data-l')?+ev.target.getAttribute('data-l'):-1;
+  if(l<0){const v=(T+PH-vy)/PH*top;let c=0;for(let k=0;k<R.lb.length;k++){c+=R.lb[k][i];if(v<=c&&R.lb[k][i]>0){l=k;break;}}}
+  const s=last(R.steps,R.x[i],m=>m[0]),b=last(R.bands,R.x[i],m=>m[0]);
+  show(ev,p=>{add(p,R.title+' \u00b7 '+(R.span?(R.x[i]*R.span/1e13).toFixed(3)+' s':'sample '+i)+(s>=0?' \u00b7 step '+R.steps[s][1]:'')+
+    (b>=0&&R.x[i]<=R.bands[b][1]?' \u00b7 '+S[R.bands[b][2]]:''));
+   add(p,'all layers '+bytes(tot[i]*1024)+', device segments '+bytes(R.seg[i]*1024));
+   if(l<0)return;const name=add(p,'');name.appendChild(el('b',null,S[R.layers[l]]));name.appendChild(document.createTextNode(': '+bytes(R.lb[l][i]*1024)+' live'));
+   const runs=R.top[l],k=last(runs,i,m=>m[0]),ids=k>=0?runs[k].slice(1):[];
+   if(ids.length)add(p,'largest live allocation'+(ids.length>1?'s':'')+':');
+   for(const id of ids){const a=R.allocs[id];add(p,bytes(a[0])+' \u00b7 '+tag(a[3],a[4])+' \u00b7 step '+a[1]+' \u00b7 allocation #'+a[5],'alloc');stack(p,R,a[2]);}});});
+ svg.addEventListener('mouseleave',hide);div.appendChild(svg);}
+function heat(td,ev){const R=D.ranks[+td.closest('table').dataset.r],ids=td.dataset.t.split(' ').map(Number),sites=new Map();
+ show(ev,p=>{for(const k of ids){const t=R.tags[k];add(p,tag(t[0],t[1])+': '+bytes(t[2])+' in '+t[3]+' allocation(s)');
+   for(const s of t[4]){const o=sites.get(s[0])||[0,0];o[0]+=s[1];o[1]+=s[2];sites.set(s[0],o);}}
+  const top=[...sites.entries()].sort((a,b)=>b[1][0]-a[1][0]).slice(0,3);
+  if(top.length)add(p,'allocated at:');for(const [id,o] of top){add(p,bytes(o[0])+' in '+o[1]+' allocation(s), stack '+id,'alloc');stack(p,R,+id);}});}
+document.querySelectorAll('table.heat td.c[data-t]').forEach(td=>{td.addEventListener('mousemove',ev=>heat(td,ev));td.addEventListener('mouseleave',hide);});
+document.querySelectorAll('details.stack').forEach(d=>d.addEventListener('toggle',()=>{if(!d.open||d.querySelector('pre'))return;
+ const s=D.ranks[+d.dataset.r].stacks[d.dataset.s];d.appendChild(el('pre',null,s?s.slice(3).map(i=>S[i]).join('\n'):''));}));
+document.querySelectorAll('div.timeline').forEach(timeline);
+function forward(){const box=document.getElementById('fwd');if(!box)return;const steps=new Map();
+ D.ranks.forEach(R=>R.fwd.forEach(s=>steps.set(s[0],Math.max(steps.get(s[0])||0,s[1].length))));
+ const list=[...steps.keys()].sort((a,b)=>a-b),most=Math.max(...steps.values());
+ let step=list.filter(s=>steps.get(s)===most).pop();
+ const pick=el('select');pick.id='fwd-step';for(const s of list){const o=el('option',null,'step '+s);o.value=s;pick.appendChild(o);}pick.value=step;
+ const label=el('label',null,'step ');label.appendChild(pick);box.appendChild(label);const area=el('div');box.appendChild(area);
+ function choose(ser){const e=ser.find(s=>s[0]===step);if(e)return e;const m=Math.max(0,...ser.map(s=>s[1].length));return ser.filter(s=>s[1].length===m).pop();}
+ function draw(){area.textContent='';const series=[],names=[];
+  D.ranks.forEach((R,ri)=>{const c=D.colors[ri%D.colors.length];const e=R.fwd.find(s=>s[0]===step);if(e)series.push({R,c,e,kind:'run',label:R.title+', step '+step});
+   if(R.base){const b=choose(R.base);if(b)series.push({R,c,e:b,kind:'baseline',label:R.title+' baseline, step '+b[0]});}});
+  for(const s of series)s.e[1].forEach(([l],k)=>{if(k>=names.length)names.push(S[l]);});
+  let top=1;for(const s of series)for(const [,v] of s.e[1])top=Math.max(top,v);
+  const w=1000,h=300,Lx=70,Px=900,Ty=10,Py=220,X=k=>(Lx+(names.length>1?Px*k/(names.length-1):Px/2)).toFixed(1),Y=v=>(Ty+Py-Py*v/top).toFixed(1);
+  const svg=sv('svg',{viewBox:'0 0 '+w+' '+h,width:w,height:h,role:'img','aria-label':'live bytes after each layer forward',class:'fwd'});
+  svg.appendChild(sv('line',{x1:Lx,x2:Lx+Px,y1:Ty+Py,y2:Ty+Py,stroke:'#333'}));svg.appendChild(sv('line',{x1:Lx,x2:Lx,y1:Ty,y2:Ty+Py,stroke:'#333'}));
+  for(let k=0;k<=4;k++){const t=sv('text',{x:Lx-6,y:(+Y(top*k/4)+4).toFixed(1),'text-anchor':'end','font-size':11});t.textContent=bytes(Math.round(top*k/4)*1024);svg.appendChild(t);}
+  const every=Math.max(1,Math.ceil(names.length/24));
+  names.forEach((nm,k)=>{if(k%every)return;const t=sv('text',{x:X(k),y:Ty+Py+14,'text-anchor':'end','font-size':10,transform:'rotate(-35 '+X(k)+' '+(Ty+Py+14)+')','data-g':nm,class:'pick'});t.textContent=nm;svg.appendChild(t);});
+  for(const s of series){let pts='';const e=s.e[1];e.forEach(([,v],k)=>{pts+=X(k)+','+Y(v)+' ';});
+   const a={class:'series '+s.kind,points:pts,fill:'none',stroke:s.c,'stroke-width':2,'data-rank':s.R.title};if(s.kind==='baseline')a['stroke-dasharray']='6 4';
+   svg.appendChild(sv('polyline',a));
+   e.forEach(([l,v],k)=>{const c=sv('circle',{class:'pt',cx:X(k),cy:Y(v),r:4,fill:s.kind==='baseline'?'#fff':s.c,stroke:s.c,'data-g':S[l]});
+    c.addEventListener('mousemove',ev=>show(ev,p=>{add(p,s.label);const b=add(p,'');b.appendChild(el('b',null,S[l]));
+     b.appendChild(document.createTextNode(': '+bytes(v*1024)+' live after its forward'+(k?' ('+(v>=e[k-1][1]?'+':'-')+bytes(Math.abs(v-e[k-1][1])*1024)+' from the previous layer)':'')));}));
+    c.addEventListener('mouseleave',hide);svg.appendChild(c);});}
+  area.appendChild(svg);const lg=el('div','fwd-legend');for(const s of series)lg.appendChild(el('span',null,(s.kind==='baseline'?'- - ':'\u2014 ')+s.label)).style.color=s.c;area.appendChild(lg);apply();}
+ pick.addEventListener('change',()=>{step=+pick.value;draw();});draw();}
+forward();
+})();
+)JS";
 
 const char* const kLayerColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
                                     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6",
@@ -42,18 +157,12 @@ std::string u(uint64_t v) {
     return std::to_string(v);
 }
 
-std::string num(double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f", v);
-    return buf;
-}
-
 std::string h(std::string_view s) {
     return html_escape(s);
 }
 
 std::string tag_cell(const std::string& layer, const std::string& phase) {
-    return "<td>" +
+    return "<td class=pick>" +
            (layer.empty() ? std::string("<span class=muted>(untagged)</span>") : h(layer)) +
            "</td><td>" + (phase.empty() ? std::string("-") : h(phase)) + "</td>";
 }
@@ -63,150 +172,57 @@ std::string rank_title(const TraceAnalysis& a) {
                               : "pid " + std::to_string(a.header.pid);
 }
 
-std::string frames_block(const RankReport& r, uint32_t stack) {
+// A stack, folded: the script fills in its frames (from the data's interned
+// stacks) when it is opened.
+std::string frames_block(const RankReport& r, size_t rank_index, uint32_t stack) {
     if (stack == 0) return "<span class=muted>no stack captured</span>";
     auto it = r.stacks.find(stack);
     if (it == r.stacks.end() || it->second.empty())
         return "<span class=muted>stack " + u(stack) + "</span>";
-    std::string out =
-        "<details><summary>stack " + u(stack) + ": " + h(it->second.front()) + "</summary><pre>";
-    for (const std::string& f : it->second)
-        out += h(f) + "\n";
-    return out + "</pre></details>";
+    return "<details class=stack data-r=" + u(rank_index) + " data-s=" + u(stack) +
+           "><summary>stack " + u(stack) + ": " + h(it->second.front()) + "</summary></details>";
 }
 
-// Stacked areas of the owner pool's live bytes per layer over time, with
-// the phase bands behind and step markers on top.
-std::string timeline_svg(const TraceAnalysis& a) {
+// Where the script draws a rank's timeline (stacked areas per layer group,
+// phase bands behind, step markers, the segment total dashed), with its
+// legend: a layer's entry selects that layer.
+std::string timeline_panel(const TraceAnalysis& a, size_t rank_index) {
     const Timeline& tl = a.timeline;
     if (tl.points.empty()) return "<p class=muted>no events</p>";
-    constexpr double W = 1000, H = 300, L = 70, R = 10, T = 10, B = 30;
-    const double pw = W - L - R, ph = H - T - B;
-    const uint64_t t0 = tl.points.front().t_ns;
-    const uint64_t t1 = std::max<uint64_t>(a.span_ns, tl.points.back().t_ns);
-    const bool by_time = t1 > t0;
-    const size_t n = tl.points.size();
-    auto x_of_t = [&](uint64_t t) {
-        return L + (by_time ? pw * double(t - std::min(t, t0)) / double(t1 - t0) : 0.0);
-    };
-    auto x_of = [&](size_t i) {
-        return by_time ? x_of_t(tl.points[i].t_ns)
-                       : L + pw * double(i) / double(std::max<size_t>(1, n - 1));
-    };
-    uint64_t top = 1;
-    for (const TimelinePoint& p : tl.points) {
-        uint64_t sum = 0;
-        for (uint64_t b : p.layer_bytes)
-            sum += b;
-        top = std::max({top, sum, p.segment_bytes, p.block_bytes});
-    }
-    auto y_of = [&](uint64_t b) { return T + ph - ph * double(b) / double(top); };
-
-    std::string svg =
-        "<svg viewBox=\"0 0 1000 300\" width=1000 height=300 role=img "
-        "aria-label=\"memory timeline\" class=timeline>";
-    // Phase bands, merged where a run of them is narrower than a pixel (a
-    // long run has tens of thousands).
-    auto band_rect = [&](const std::string& phase, double x0, double x1) {
-        svg += "<rect x=\"" + num(x0) + "\" y=\"" + num(T) + "\" width=\"" +
-               num(std::max(x1 - x0, 0.5)) + "\" height=\"" + num(ph) + "\" fill=\"" +
-               phase_color(phase) + "\"><title>" + h(phase) + "</title></rect>";
-    };
-    std::string open_phase;
-    double open_x0 = 0, open_x1 = 0;
-    for (const PhaseBand& b : tl.bands) {
-        if (!by_time) break;
-        const double x0 = x_of_t(b.t_start_ns), x1 = x_of_t(b.t_end_ns);
-        if (!open_phase.empty() && (b.phase == open_phase ? x0 - open_x1 < 1.0 : x1 - x0 < 0.5)) {
-            if (b.phase == open_phase) open_x1 = std::max(open_x1, x1);
-            continue;
-        }
-        if (!open_phase.empty()) band_rect(open_phase, open_x0, open_x1);
-        open_phase = b.phase;
-        open_x0 = x0;
-        open_x1 = x1;
-    }
-    if (!open_phase.empty()) band_rect(open_phase, open_x0, open_x1);
-    // Stacked layer areas.
-    std::vector<uint64_t> below(n, 0);
+    std::string out = "<div class=timeline data-r=" + u(rank_index) + "></div><div class=legend>";
     for (size_t l = 0; l < tl.layers.size(); ++l) {
-        std::string top_edge, bottom_edge;
-        for (size_t i = 0; i < n; ++i) {
-            const uint64_t v =
-                l < tl.points[i].layer_bytes.size() ? tl.points[i].layer_bytes[l] : 0;
-            top_edge += num(x_of(i)) + "," + num(y_of(below[i] + v)) + " ";
-            below[i] += v;
-        }
-        for (size_t i = n; i-- > 0;) {
-            const uint64_t v =
-                l < tl.points[i].layer_bytes.size() ? tl.points[i].layer_bytes[l] : 0;
-            bottom_edge += num(x_of(i)) + "," + num(y_of(below[i] - v)) + " ";
-        }
-        svg += "<polygon class=layer points=\"" + top_edge + bottom_edge + "\" fill=\"" +
-               kLayerColors[l % std::size(kLayerColors)] + "\"><title>" + h(tl.layers[l]) +
-               "</title></polygon>";
-    }
-    // Segment total (reserved) as a line.
-    std::string line;
-    for (size_t i = 0; i < n; ++i)
-        line += num(x_of(i)) + "," + num(y_of(tl.points[i].segment_bytes)) + " ";
-    svg += "<polyline points=\"" + line +
-           "\" fill=none stroke=\"#333\" stroke-width=1 stroke-dasharray=\"4 3\"><title>device "
-           "segments (reserved)</title></polyline>";
-    // Step markers (at most about 100 of them).
-    const size_t every = std::max<size_t>(1, (tl.steps.size() + 99) / 100);
-    for (size_t k = 0; k < tl.steps.size(); k += every) {
-        const StepMark& s = tl.steps[k];
-        if (!by_time) break;
-        const double x = x_of_t(s.t_ns);
-        svg += "<line x1=\"" + num(x) + "\" x2=\"" + num(x) + "\" y1=\"" + num(T) + "\" y2=\"" +
-               num(T + ph) + "\" stroke=\"#7a8691\" stroke-width=0.6><title>step " + u(s.step) +
-               "</title></line>";
-    }
-    // Axes.
-    svg += "<line x1=\"" + num(L) + "\" x2=\"" + num(L + pw) + "\" y1=\"" + num(T + ph) +
-           "\" y2=\"" + num(T + ph) + "\" stroke=\"#333\"/>";
-    svg += "<line x1=\"" + num(L) + "\" x2=\"" + num(L) + "\" y1=\"" + num(T) + "\" y2=\"" +
-           num(T + ph) + "\" stroke=\"#333\"/>";
-    for (int k = 0; k <= 4; ++k) {
-        const uint64_t b = top * uint64_t(k) / 4;
-        svg += "<text x=\"" + num(L - 6) + "\" y=\"" + num(y_of(b) + 4) +
-               "\" text-anchor=end font-size=11>" + h(human_bytes(b)) + "</text>";
-    }
-    char span[32];
-    std::snprintf(span, sizeof span, "%.3f s", double(t1 - t0) / 1e9);
-    svg += "<text x=\"" + num(L) + "\" y=\"" + num(H - 8) + "\" font-size=11>0 s</text>";
-    svg += "<text x=\"" + num(L + pw) + "\" y=\"" + num(H - 8) +
-           "\" text-anchor=end font-size=11>" + std::string(by_time ? span : "events") + "</text>";
-    svg += "</svg>";
-
-    std::string legend = "<div class=legend>";
-    for (size_t l = 0; l < tl.layers.size(); ++l) {
-        legend += "<span><i style=\"background:" +
-                  std::string(kLayerColors[l % std::size(kLayerColors)]) + "\"></i>" +
-                  h(tl.layers[l]) + "</span>";
+        out += "<span class=pick data-g=\"" + h(tl.layers[l]) + "\"><i style=\"background:" +
+               std::string(kLayerColors[l % std::size(kLayerColors)]) + "\"></i>" +
+               h(tl.layers[l]) + "</span>";
     }
     for (const char* p : {"forward", "backward", "optimizer"}) {
-        legend += "<span><i style=\"background:" + std::string(phase_color(p)) + "\"></i>" + p +
-                  " (band)</span>";
+        out += "<span><i style=\"background:" + std::string(phase_color(p)) + "\"></i>" + p +
+               " (band)</span>";
     }
-    legend += "<span>- - - device segments (reserved)</span></div>";
-    return svg + legend;
+    return out + "<span>- - - device segments (reserved)</span></div>";
 }
 
-// Layers (rows) × base phases (columns): bytes allocated, shaded.
-std::string heat_map(const std::vector<TagStats>& tags) {
-    std::map<std::string, std::map<std::string, uint64_t>> cells;
+// Layers (rows) × base phases (columns): bytes allocated, shaded. A cell
+// names the rank's tags it adds up (indices into a.tags) for the script's
+// tooltip; a row's layer group selects that layer.
+std::string heat_map(const TraceAnalysis& a, size_t rank_index) {
+    struct Cell {
+        uint64_t bytes = 0;
+        std::string tags;  // indices into a.tags, space-separated
+    };
+    std::map<std::string, std::map<std::string, Cell>> cells;
     std::map<std::string, uint64_t> row_total;
     std::set<std::string> phases;
     uint64_t top = 1;
-    for (const TagStats& t : tags) {
+    for (size_t k = 0; k < a.tags.size(); ++k) {
+        const TagStats& t = a.tags[k];
         if (t.allocated_bytes == 0) continue;
         const std::string layer = t.layer.empty() ? "(untagged)" : t.layer;
         const std::string phase = t.phase.empty() ? "-" : std::string(base_phase(t.phase));
-        uint64_t& c = cells[layer][phase];
-        c += t.allocated_bytes;
-        top = std::max(top, c);
+        Cell& c = cells[layer][phase];
+        c.bytes += t.allocated_bytes;
+        c.tags += (c.tags.empty() ? "" : " ") + u(k);
+        top = std::max(top, c.bytes);
         row_total[layer] += t.allocated_bytes;
         phases.insert(phase);
     }
@@ -214,28 +230,29 @@ std::string heat_map(const std::vector<TagStats>& tags) {
     std::vector<std::string> rows;
     for (const auto& [layer, total] : row_total)
         rows.push_back(layer);
-    std::stable_sort(rows.begin(), rows.end(), [&](const std::string& a, const std::string& b) {
-        return row_total[a] > row_total[b];
+    std::stable_sort(rows.begin(), rows.end(), [&](const std::string& x, const std::string& y) {
+        return row_total[x] > row_total[y];
     });
     const size_t limit = 40;
-    std::string out = "<table class=heat><tr><th>layer \\ phase</th>";
+    std::string out = "<table class=heat data-r=" + u(rank_index) + "><tr><th>layer \\ phase</th>";
     for (const std::string& p : phases)
         out += "<th>" + h(p) + "</th>";
     out += "</tr>";
     for (size_t i = 0; i < rows.size() && i < limit; ++i) {
-        out += "<tr><td>" + h(rows[i]) + "</td>";
+        out += "<tr data-g=\"" + h(layer_group(rows[i] == "(untagged)" ? "" : rows[i])) +
+               "\"><td class=pick>" + h(rows[i]) + "</td>";
         for (const std::string& p : phases) {
             auto it = cells[rows[i]].find(p);
             if (it == cells[rows[i]].end()) {
                 out += "<td class=c></td>";
                 continue;
             }
-            const double share = double(it->second) / double(top);
+            const double share = double(it->second.bytes) / double(top);
             const int alpha = int(15 + 85 * share);
-            out += "<td class=c style=\"background:rgba(225,87,89," + std::to_string(alpha / 100) +
-                   "." + (alpha % 100 < 10 ? "0" : "") + std::to_string(alpha % 100) +
-                   ")\" title=\"" + h(rows[i]) + " " + h(p) + ": " + h(human_bytes(it->second)) +
-                   " allocated\">" + h(human_bytes(it->second)) + "</td>";
+            out += "<td class=c data-t=\"" + it->second.tags +
+                   "\" style=\"background:rgba(225,87,89," + std::to_string(alpha / 100) + "." +
+                   (alpha % 100 < 10 ? "0" : "") + std::to_string(alpha % 100) + ")\">" +
+                   h(human_bytes(it->second.bytes)) + "</td>";
         }
         out += "</tr>";
     }
@@ -247,32 +264,34 @@ std::string heat_map(const std::vector<TagStats>& tags) {
 
 std::string tag_table(const std::vector<TagStats>& tags, size_t limit) {
     std::string out =
-        "<table><tr><th>layer</th><th>phase</th><th>allocated</th><th>allocations</th>"
+        "<table class=tags><tr><th>layer</th><th>phase</th><th>allocated</th><th>allocations</th>"
         "<th title=\"the most one scope of the tag left alive at its end\">kept at end</th>"
         "<th>live at peak</th><th>live at exit</th></tr>";
     size_t shown = 0;
     for (const TagStats& t : tags) {
         if (t.allocations == 0 && t.at_peak == 0) continue;
         if (shown++ == limit) break;
-        out += "<tr>" + tag_cell(t.layer, t.phase) + "<td class=n>" +
-               h(human_bytes(t.allocated_bytes)) + "</td><td class=n>" + u(t.allocations) +
-               "</td><td class=n>" + (t.retained_max ? h(human_bytes(t.retained_max)) : "-") +
-               "</td><td class=n>" + (t.at_peak ? h(human_bytes(t.at_peak)) : "-") +
-               "</td><td class=n>" + (t.at_exit ? h(human_bytes(t.at_exit)) : "-") + "</td></tr>";
+        out += "<tr data-g=\"" + h(layer_group(t.layer)) + "\">" + tag_cell(t.layer, t.phase) +
+               "<td class=n>" + h(human_bytes(t.allocated_bytes)) + "</td><td class=n>" +
+               u(t.allocations) + "</td><td class=n>" +
+               (t.retained_max ? h(human_bytes(t.retained_max)) : "-") + "</td><td class=n>" +
+               (t.at_peak ? h(human_bytes(t.at_peak)) : "-") + "</td><td class=n>" +
+               (t.at_exit ? h(human_bytes(t.at_exit)) : "-") + "</td></tr>";
     }
     return out + "</table>";
 }
 
-std::string sites_table(const RankReport& r, const std::vector<Site>& sites) {
+std::string sites_table(const RankReport& r, size_t rank_index, const std::vector<Site>& sites) {
     if (sites.empty()) return "<p class=muted>none</p>";
     std::string out =
         "<table class=sites><tr><th>#</th><th>bytes</th><th>allocations</th>"
         "<th>mostly</th><th></th><th>stack</th></tr>";
     for (size_t k = 0; k < sites.size(); ++k) {
         const Site& s = sites[k];
-        out += "<tr><td class=n>" + u(k + 1) + "</td><td class=n>" + h(human_bytes(s.bytes)) +
-               "</td><td class=n>" + u(s.count) + "</td>" + tag_cell(s.layer, s.phase) + "<td>" +
-               frames_block(r, s.stack) + "</td></tr>";
+        out += "<tr data-g=\"" + h(layer_group(s.layer)) + "\"><td class=n>" + u(k + 1) +
+               "</td><td class=n>" + h(human_bytes(s.bytes)) + "</td><td class=n>" + u(s.count) +
+               "</td>" + tag_cell(s.layer, s.phase) + "<td>" +
+               frames_block(r, rank_index, s.stack) + "</td></tr>";
     }
     return out + "</table>";
 }
@@ -294,7 +313,7 @@ std::string finding_details(const Report& report, const Finding& f) {
                "<td class=n>" + u(e.step) + "</td><td class=n>" + u(e.alloc_seq) +
                "</td><td class=n>" + (e.free_seq ? u(e.free_seq) : std::string("alive")) +
                "</td><td>" + (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
-               (ri >= 0 ? frames_block(report.ranks[size_t(ri)], e.stack_id)
+               (ri >= 0 ? frames_block(report.ranks[size_t(ri)], size_t(ri), e.stack_id)
                         : "stack " + u(e.stack_id)) +
                "</td></tr>";
     }
@@ -338,11 +357,12 @@ std::string findings_panel(const Report& report) {
 // and the findings' share of it.
 std::string oom_panel(const Report& report) {
     std::string out;
-    for (const RankReport& r : report.ranks) {
+    for (size_t ri = 0; ri < report.ranks.size(); ++ri) {
+        const RankReport& r = report.ranks[ri];
         const TraceAnalysis& a = r.analysis;
         for (const OomMoment& m : a.ooms) {
             out += "<div class=oom><h3>" + h(oom_headline(a, m)) + "</h3><p>" + h(oom_held(m)) +
-                   "</p>" + frames_block(r, m.stack);
+                   "</p>" + frames_block(r, ri, m.stack);
             const std::vector<OomShare> shares = oom_shares(report, r, m);
             if (!shares.empty()) {
                 out +=
@@ -365,10 +385,247 @@ std::string oom_panel(const Report& report) {
                 out += "<tr>" + tag_cell(t2.layer, t2.phase) + "<td class=n>" +
                        h(human_bytes(t2.bytes)) + "</td><td class=n>" + u(t2.count) + "</td></tr>";
             }
-            out +=
-                "</table><h3>Live at that moment by site</h3>" + sites_table(r, m.sites) + "</div>";
+            out += "</table><h3>Live at that moment by site</h3>" + sites_table(r, ri, m.sites) +
+                   "</div>";
         }
     }
+    return out;
+}
+
+// Strings of the page's data, each once: frames, layer and phase names.
+class StringTable {
+  public:
+    std::string id(const std::string& text) {
+        auto [it, added] = ids_.try_emplace(text, list_.size());
+        if (added) list_.push_back(text);
+        return u(it->second);
+    }
+    std::string json() const {
+        std::string out = "[";
+        for (size_t k = 0; k < list_.size(); ++k)
+            out += (k ? "," : "") + json_quote(list_[k]);
+        return out + "]";
+    }
+
+  private:
+    std::unordered_map<std::string, size_t> ids_;
+    std::vector<std::string> list_;
+};
+
+std::string kib(uint64_t bytes) {
+    return u((bytes + 512) / 1024);
+}
+
+// Frames a tooltip leaves out at the top of a stack: the allocator's and
+// allocscope's own, the same in every stack of their kind.
+bool internal_frame(std::string_view f) {
+    return caching_allocator_frame(f) || f.find("CachingAllocator::") != std::string_view::npos ||
+           f.find("liballocscope") != std::string_view::npos ||
+           f.starts_with("allocscope::interposer");
+}
+
+// ... and at the bottom of its native part: the C library's start-up.
+bool startup_frame(std::string_view f) {
+    return f.starts_with("__libc_start") || f == "_start" || f.starts_with("_start ");
+}
+
+// A rank's stacks: {"id": [first, end, python, frame...]}: the tooltip shows
+// native frames [first, end) and Python frames from `python`.
+std::string stacks_json(const RankReport& r, StringTable& strings) {
+    std::string out = "{";
+    bool first_stack = true;
+    for (const auto& [id, frames] : r.stacks) {
+        auto py = r.python_from.find(id);
+        const size_t python = py == r.python_from.end() ? frames.size() : py->second;
+        size_t first = 0;
+        while (first + 1 < python && internal_frame(frames[first]))
+            ++first;
+        size_t end = python;
+        while (end > first + 1 && startup_frame(frames[end - 1]))
+            --end;
+        out += (first_stack ? "\"" : ",\"") + u(id) + "\":[" + u(first) + "," + u(end) + "," +
+               u(python);
+        first_stack = false;
+        for (const std::string& f : frames)
+            out += "," + strings.id(f);
+        out += "]";
+    }
+    return out + "}";
+}
+
+// Per step (the last 100 with any): [step, [[layer, KiB live after its forward]...]].
+std::string forward_json(const std::vector<StepMemory>& steps, StringTable& strings) {
+    std::vector<const StepMemory*> used;
+    for (const StepMemory& s : steps) {
+        if (!s.forward_ends.empty()) used.push_back(&s);
+    }
+    if (used.size() > 100) used.erase(used.begin(), used.end() - 100);
+    std::string out = "[";
+    for (size_t k = 0; k < used.size(); ++k) {
+        out += (k ? ",[" : "[") + u(used[k]->step) + ",[";
+        for (size_t i = 0; i < used[k]->forward_ends.size(); ++i) {
+            const auto& [layer, bytes] = used[k]->forward_ends[i];
+            out += (i ? ",[" : "[") + strings.id(layer) + "," + kib(bytes) + "]";
+        }
+        out += "]]";
+    }
+    return out + "]";
+}
+
+// One rank's timeline for the script: sample positions (x, 0..10000 of the
+// span), totals and per-layer bytes in KiB, phase bands merged where
+// narrower than a pixel, step marks, and each layer's largest live
+// allocations as runs: [sample, allocation...] from that sample on.
+std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
+    const Timeline& tl = a.timeline;
+    const size_t n = tl.points.size();
+    const uint64_t t0 = n ? tl.points.front().t_ns : 0;
+    const uint64_t t1 = n ? std::max<uint64_t>(a.span_ns, tl.points.back().t_ns) : 0;
+    const bool by_time = t1 > t0;
+    auto x_of_t = [&](uint64_t t) {
+        return by_time ? uint64_t(10000.0 * double(t - std::min(t, t0)) / double(t1 - t0) + 0.5)
+                       : 0;
+    };
+    std::string out = "\"span\":" + u(by_time ? t1 - t0 : 0) + ",\"x\":[";
+    for (size_t i = 0; i < n; ++i) {
+        out += (i ? "," : "") +
+               u(by_time ? x_of_t(tl.points[i].t_ns)
+                         : uint64_t(10000.0 * double(i) / double(std::max<size_t>(1, n - 1))));
+    }
+    out += "],\"seg\":[";
+    for (size_t i = 0; i < n; ++i)
+        out += (i ? "," : "") + kib(tl.points[i].segment_bytes);
+    out += "],\"layers\":[";
+    for (size_t l = 0; l < tl.layers.size(); ++l)
+        out += (l ? "," : "") + strings.id(tl.layers[l]);
+    out += "],\"lb\":[";
+    for (size_t l = 0; l < tl.layers.size(); ++l) {
+        out += l ? ",[" : "[";
+        for (size_t i = 0; i < n; ++i) {
+            const auto& lb = tl.points[i].layer_bytes;
+            out += (i ? "," : "") + kib(l < lb.size() ? lb[l] : 0);
+        }
+        out += "]";
+    }
+    // Each layer's largest live allocations per sample: 3, or fewer when a
+    // rank's would name more than kAllocationBudget allocations (a run that
+    // churns through big short-lived ones), renumbered in order of use.
+    constexpr size_t kAllocationBudget = 4000;
+    size_t keep = 3;
+    for (; keep > 1; --keep) {
+        std::set<uint32_t> named;
+        for (const TimelinePoint& p : tl.points) {
+            for (const std::vector<uint32_t>& ids : p.largest)
+                named.insert(ids.begin(), ids.begin() + std::ptrdiff_t(std::min(keep, ids.size())));
+        }
+        if (named.size() <= kAllocationBudget) break;
+    }
+    std::vector<uint32_t> renumbered(tl.allocations.size(), UINT32_MAX);
+    std::vector<uint32_t> used;  // allocation indices, by new number
+    out += "],\"top\":[";
+    for (size_t l = 0; l < tl.layers.size(); ++l) {
+        out += l ? ",[" : "[";
+        std::vector<uint32_t> previous;
+        for (size_t i = 0; i < n; ++i) {
+            const auto& largest = tl.points[i].largest;
+            std::vector<uint32_t> now;
+            if (l < largest.size())
+                now.assign(largest[l].begin(),
+                           largest[l].begin() + std::ptrdiff_t(std::min(keep, largest[l].size())));
+            if (i > 0 && now == previous) continue;
+            out += (i ? ",[" : "[") + u(i);
+            for (uint32_t id : now) {
+                if (renumbered[id] == UINT32_MAX) {
+                    renumbered[id] = uint32_t(used.size());
+                    used.push_back(id);
+                }
+                out += "," + u(renumbered[id]);
+            }
+            out += "]";
+            previous = std::move(now);
+        }
+        out += "]";
+    }
+    out += "],\"allocs\":[";
+    for (size_t k = 0; k < used.size(); ++k) {
+        const TimelineAllocation& l = tl.allocations[used[k]];
+        out += (k ? ",[" : "[") + u(l.size) + "," + u(l.step) + "," + u(l.stack) + "," +
+               strings.id(l.layer) + "," + strings.id(l.phase) + "," + u(l.seq) + "]";
+    }
+    out += "],\"bands\":[";
+    bool first_band = true;
+    auto band = [&](const std::string& phase, uint64_t x0, uint64_t x1) {
+        out += (first_band ? "[" : ",[") + u(x0) + "," + u(x1) + "," + strings.id(phase) + "]";
+        first_band = false;
+    };
+    std::string open_phase;
+    uint64_t open_x0 = 0, open_x1 = 0;
+    for (const PhaseBand& b : tl.bands) {
+        if (!by_time) break;
+        const uint64_t x0 = x_of_t(b.t_start_ns), x1 = x_of_t(b.t_end_ns);
+        // 10 units: a pixel of the 1000-wide drawing.
+        if (!open_phase.empty() && (b.phase == open_phase ? x0 < open_x1 + 10 : x1 < x0 + 5)) {
+            if (b.phase == open_phase) open_x1 = std::max(open_x1, x1);
+            continue;
+        }
+        if (!open_phase.empty()) band(open_phase, open_x0, open_x1);
+        open_phase = b.phase;
+        open_x0 = x0;
+        open_x1 = x1;
+    }
+    if (!open_phase.empty()) band(open_phase, open_x0, open_x1);
+    out += "],\"steps\":[";
+    uint64_t last_x = 0;
+    bool first_step = true;
+    for (const StepMark& m : tl.steps) {
+        if (!by_time) break;
+        const uint64_t x = x_of_t(m.t_ns);
+        if (!first_step && x < last_x + 10) continue;  // one mark per pixel
+        out += (first_step ? "[" : ",[") + u(x) + "," + u(m.step) + "]";
+        first_step = false;
+        last_x = x;
+    }
+    return out + "]";
+}
+
+// The (layer, phase) rows a heat-map cell refers to: [layer, phase,
+// allocated, allocations, [[stack, bytes, count]...]].
+std::string tags_json(const TraceAnalysis& a, StringTable& strings) {
+    std::string out = "[";
+    for (size_t k = 0; k < a.tags.size(); ++k) {
+        const TagStats& t = a.tags[k];
+        out += (k ? ",[" : "[") + strings.id(t.layer) + "," + strings.id(t.phase) + "," +
+               u(t.allocated_bytes) + "," + u(t.allocations) + ",[";
+        for (size_t i = 0; i < t.sites.size(); ++i) {
+            out += (i ? ",[" : "[") + u(t.sites[i].stack) + "," + u(t.sites[i].bytes) + "," +
+                   u(t.sites[i].count) + "]";
+        }
+        out += "]]";
+    }
+    return out + "]";
+}
+
+// Everything the script draws, as JSON fit for a <script> element: every
+// string goes through json_quote, which writes '<', '>' and '&' as \u
+// escapes (docs/FINDINGS.md), so no "</script>" or "<!--" can appear.
+std::string page_data(const Report& report) {
+    StringTable strings;
+    std::string out = "{\"ranks\":[";
+    for (size_t ri = 0; ri < report.ranks.size(); ++ri) {
+        const RankReport& r = report.ranks[ri];
+        const TraceAnalysis& a = r.analysis;
+        out += (ri ? ",{" : "{") + std::string("\"title\":") + json_quote(rank_title(a)) + "," +
+               timeline_json(a, strings) + ",\"tags\":" + tags_json(a, strings) +
+               ",\"stacks\":" + stacks_json(r, strings) +
+               ",\"fwd\":" + forward_json(r.steps, strings) +
+               ",\"base\":" + (r.has_baseline ? forward_json(r.baseline_steps, strings) : "null") +
+               "}";
+    }
+    out += "],\"baseline\":" + (report.baseline.empty() ? "null" : json_quote(report.baseline)) +
+           ",\"colors\":[";
+    for (size_t k = 0; k < std::size(kLayerColors); ++k)
+        out += (k ? ",\"" : "\"") + std::string(kLayerColors[k]) + "\"";
+    out += "],\"strings\":" + strings.json() + "}";
     return out;
 }
 
@@ -417,7 +674,23 @@ std::string render_html(const Report& report) {
     if (const std::string oom = oom_panel(report); !oom.empty())
         out += "<h2 id=oom>Out of memory</h2>" + oom + "\n";
     out += "<h2 id=findings>Findings</h2>" + findings_panel(report) + "\n";
+    bool any_forward = false;
     for (const RankReport& r : report.ranks) {
+        for (const StepMemory& s : r.steps)
+            any_forward |= !s.forward_ends.empty();
+    }
+    if (any_forward) {
+        out +=
+            "<h2 id=forward>Live bytes after each layer's forward</h2><p class=muted>The owner "
+            "pool's live bytes when each numbered layer's forward scope ended, per rank";
+        if (!report.baseline.empty())
+            out += ", with the baseline <b>" + h(report.baseline) + "</b> dashed";
+        out +=
+            " (what the reference test measures: weight copies that stay alive accumulate "
+            "from layer to layer).</p><div id=fwd></div>\n";
+    }
+    for (size_t ri = 0; ri < report.ranks.size(); ++ri) {
+        const RankReport& r = report.ranks[ri];
         const TraceAnalysis& a = r.analysis;
         out += "<h2>" + h(rank_title(a)) + " <span class=muted>" + h(a.path) + "</span></h2>";
         if (a.truncated) out += "<div class=note>" + h(a.truncation_message) + "</div>";
@@ -440,14 +713,16 @@ std::string render_html(const Report& report) {
         }
         out += "</table>";
         out += "<h3>Timeline: live " + h(to_string(a.owner)) + " bytes per layer</h3>" +
-               timeline_svg(a);
-        out += "<h3>Layer &times; phase: bytes allocated</h3>" + heat_map(a.tags);
+               timeline_panel(a, ri);
+        out += "<h3>Layer &times; phase: bytes allocated</h3>" + heat_map(a, ri);
         out += "<h3>By (layer, phase)</h3>" + tag_table(a.tags, 60);
-        out += "<h3>Top allocation sites at the peak</h3>" + sites_table(r, a.sites_at_peak);
-        out += "<h3>Top allocation sites at exit</h3>" + sites_table(r, a.sites_at_exit);
+        out += "<h3>Top allocation sites at the peak</h3>" + sites_table(r, ri, a.sites_at_peak);
+        out += "<h3>Top allocation sites at exit</h3>" + sites_table(r, ri, a.sites_at_exit);
         out += "\n";
     }
     if (report.ranks.size() > 1) out += "<h2>All ranks</h2>" + tag_table(merged_tags(report), 60);
+    out += "<script type=\"application/json\" id=allocscope-data>" + page_data(report) +
+           "</script>\n<script>" + kScript + "</script>\n";
     out += "</body></html>\n";
     return out;
 }

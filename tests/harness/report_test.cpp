@@ -127,11 +127,20 @@ TEST_CASE("allocscope run writes report.txt and report.html covering every rank 
     // Stacks are symbolized: the harness's own frames carry function names
     // and source lines.
     CHECK(contains(text, "trainer.cpp:"));
-    CHECK(contains(html, "<svg"));
-    CHECK(contains(html, "class=layer"));
+    CHECK(contains(html, "<div class=timeline data-r=0>"));
+    CHECK(contains(html, "<div class=timeline data-r=1>"));
     CHECK(contains(html, "class=finding"));
-    CHECK_FALSE(contains(html, "<script"));
-    CHECK_FALSE(contains(html, "http://"));
+    // One data object and the script that draws it; nothing loaded from
+    // elsewhere: the only URL is the SVG namespace (a name, not a download).
+    CHECK(count_lines(html, "<script") == 2);
+    CHECK(contains(html, "<script type=\"application/json\" id=allocscope-data>"));
+    CHECK_FALSE(contains(html, " src="));
+    size_t urls = 0, svg_namespace = 0;
+    for (size_t p = html.find("http://"); p != std::string::npos; p = html.find("http://", p + 1)) {
+        ++urls;
+        svg_namespace += html.compare(p, 26, "http://www.w3.org/2000/svg") == 0;
+    }
+    CHECK(urls == svg_namespace);
     CHECK_FALSE(contains(html, "https://"));
 }
 
@@ -371,7 +380,10 @@ TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
                out.string()) == 0);
     const std::string html = slurp(out);
     CHECK(contains(html, "&lt;script&gt;document.title=&#39;owned&#39;&lt;/script&gt;"));
-    CHECK_FALSE(contains(html, "<script"));
+    // In the page's data the same text is a JSON string with '<' escaped.
+    CHECK(contains(html, "\\u003cscript\\u003edocument.title='owned'\\u003c/script\\u003e"));
+    CHECK(count_lines(html, "<script") == 2);  // the report's own two
+    CHECK_FALSE(contains(html, "<script>document.title"));
     CHECK_FALSE(contains(html, "<img"));
 }
 
@@ -414,6 +426,51 @@ TEST_CASE(
     // A threshold above the excess passes.
     CHECK(sh(cli + " diff " + bf16.dir.string() + " " + seed.dir.string() +
              " --forward-threshold 4MiB") == 0);
+}
+
+TEST_CASE("the JSON report has live bytes after each layer's forward per step, and --baseline's") {
+    TempDir seed, fixed;
+    run_harness(seed.dir, "--recipe delayed --te seed --arch sm90");
+    run_harness(fixed.dir, "--recipe delayed --te fixed --arch sm90");
+    const std::string cli = env("E2E_CLI");
+    const fs::path alone = seed.dir / "alone.json", compared = seed.dir / "compared.json";
+    REQUIRE(sh(cli + " report " + seed.dir.string() + " --format json -o " + alone.string()) == 0);
+    REQUIRE(sh(cli + " report " + seed.dir.string() + " --baseline " + fixed.dir.string() +
+               " --format json -o " + compared.string()) == 0);
+    CHECK(count_lines(slurp(alone), "\"baseline_forward_ends\": null") == 2);
+    const std::string json = slurp(compared);
+    CHECK(count_lines(json, "\"baseline_forward_ends\": null") == 0);
+    // The numbers are step_memory's, the run's and the baseline's, rank by
+    // rank; the seed run's second layer adds its kept copy on top of what
+    // the fixed run's adds.
+    auto entry = [](const StepMemory& s) {
+        std::string e = "{\"step\": " + std::to_string(s.step) + ", \"layers\": [";
+        for (size_t k = 0; k < s.forward_ends.size(); ++k)
+            e += (k ? ", \"" : "\"") + s.forward_ends[k].first + "\"";
+        e += "], \"live\": [";
+        for (size_t k = 0; k < s.forward_ends.size(); ++k)
+            e += (k ? ", " : "") + std::to_string(s.forward_ends[k].second);
+        return e + "]}";
+    };
+    for (const char* rank : {"rank0.trace", "rank1.trace"}) {
+        CAPTURE(rank);
+        const std::vector<StepMemory> run = step_memory(load_trace((seed.dir / rank).string()));
+        const std::vector<StepMemory> base = step_memory(load_trace((fixed.dir / rank).string()));
+        REQUIRE(run.size() == 3);
+        REQUIRE(base.size() == 3);
+        CHECK(contains(json, "\"forward_ends\": [" + entry(run[0])));
+        CHECK(contains(json, "\"baseline_forward_ends\": [" + entry(base[0])));
+        for (size_t k = 1; k < run.size(); ++k) {
+            CHECK(contains(json, entry(run[k])));
+            CHECK(contains(json, entry(base[k])));
+        }
+        const auto& r = run.back().forward_ends;
+        const auto& b = base.back().forward_ends;
+        REQUIRE(r.size() == 2);
+        REQUIRE(b.size() == 2);
+        CHECK(r[1].first == "layers.1");
+        CHECK(int64_t(r[1].second - r[0].second) > int64_t(b[1].second - b[0].second));
+    }
 }
 
 TEST_CASE("diff: transposes kept after backward exceed the backward threshold") {

@@ -35,7 +35,10 @@ int export_command(const std::vector<std::string>& args);
 // The report of `paths` (output directories or trace files), with their
 // findings and symbolized stacks; rank -1: every rank. Throws on unreadable
 // input (TraceError, runtime_error), naming it.
-Report build_report(const std::vector<std::string>& paths, long rank, size_t top);
+// `baseline`: an output directory or trace whose per-layer forward samples
+// (analyze/diff.h) the HTML report overlays, traces paired by rank; "" none.
+Report build_report(const std::vector<std::string>& paths, long rank, size_t top,
+                    const std::string& baseline = {});
 // Writes `text` to `path`; throws runtime_error naming the file and why.
 void write_text_file(const std::string& path, const std::string& text);
 // report.txt (concise) and report.html into a run's output directory; the

@@ -27,7 +27,7 @@ namespace {
 
 constexpr const char* kReportHelp =
     R"(usage: allocscope report PATH... [--format text|json|html] [--full]
-                         [-o FILE] [--rank R] [--top N]
+                         [-o FILE] [--rank R] [--top N] [--baseline RUN]
 
 An attribution report of a run. PATH is an output directory (every *.trace
 in it, and its findings.json) or trace files (with findings.<name>.json
@@ -61,11 +61,16 @@ options:
   -o FILE      write the report to FILE instead of standard output
   --rank R     only the traces of rank R
   --top N      allocation sites per list (default 10)
+  --baseline RUN
+               an earlier run (output directory or trace) to compare with:
+               the HTML and JSON reports add its live bytes after each
+               layer's forward, rank by rank
 
 examples:
   allocscope report allocscope-out
   allocscope report allocscope-out --full -o everything.txt
   allocscope report allocscope-out --format html -o report.html
+  allocscope report new-out --baseline old-out --format html -o report.html
 )";
 
 // Every stack the report shows for a rank: its sites' and its findings'.
@@ -76,6 +81,14 @@ std::set<uint32_t> stacks_shown(const TraceAnalysis& a, const FindingsFile& find
         for (const Site& s : *sites) {
             if (s.stack) ids.insert(s.stack);
         }
+    }
+    for (const TagStats& t : a.tags) {
+        for (const StackBytes& s : t.sites) {
+            if (s.stack) ids.insert(s.stack);
+        }
+    }
+    for (const TimelineAllocation& l : a.timeline.allocations) {
+        if (l.stack) ids.insert(l.stack);
     }
     for (const OomMoment& m : a.ooms) {
         if (m.stack) ids.insert(m.stack);
@@ -94,9 +107,18 @@ std::set<uint32_t> stacks_shown(const TraceAnalysis& a, const FindingsFile& find
 
 }  // namespace
 
-Report build_report(const std::vector<std::string>& paths, long rank, size_t top) {
+Report build_report(const std::vector<std::string>& paths, long rank, size_t top,
+                    const std::string& baseline) {
     const TraceInputs in = expand_trace_paths(paths);
     Report report;
+    std::map<int32_t, std::vector<StepMemory>> baseline_steps;  // by rank
+    if (!baseline.empty()) {
+        report.baseline = baseline;
+        for (const std::string& f : expand_trace_paths({baseline}).traces) {
+            const Trace t = load_trace(f);  // TraceError names the file and offset
+            baseline_steps[t.header.rank] = step_memory(t);
+        }
+    }
     if (!in.findings.empty()) {
         try {
             report.findings = merge_findings_files(in.findings);
@@ -118,6 +140,18 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
         if (rank >= 0 && t.header.rank != rank) continue;
         RankReport r;
         r.analysis = analyze(t, options);
+        r.steps = step_memory(t);
+        // One trace each: paired whatever their ranks (as diff pairs them).
+        auto base = baseline_steps.size() == 1 && in.traces.size() == 1
+                        ? baseline_steps.begin()
+                        : baseline_steps.find(t.header.rank);
+        if (base != baseline_steps.end()) {
+            r.baseline_steps = base->second;
+            r.has_baseline = true;
+        } else if (!baseline.empty()) {
+            report.notes.push_back("the baseline " + baseline + " has no trace of rank " +
+                                   std::to_string(t.header.rank));
+        }
         report.ranks.push_back(std::move(r));
         RankReport& added = report.ranks.back();
         // Symbolize what the report shows, each address once.
@@ -162,19 +196,20 @@ void write_text_file(const std::string& path, const std::string& text) {
 int report_command(const std::vector<std::string>& args) {
     long rank = -1;
     size_t top = 10;
-    std::string format = "text", output;
+    std::string format = "text", output, baseline;
     bool full = false;
     Args parser("report", kReportHelp);
     parser.value({"--rank"}, non_negative("--rank", rank, std::numeric_limits<int32_t>::max()))
         .value({"--top"}, non_negative("--top", top))
         .value({"--format"}, one_of("--format", {"text", "json", "html"}, format))
+        .value({"--baseline"}, baseline)
         .value({"-o"}, output)
         .flag({"--full"}, full);
     if (const auto status = parser.parse(args)) return *status;
     const std::vector<std::string>& paths = parser.positionals();
     if (paths.empty())
         return fail("report needs a trace file or directory (" + parser.see_help() + ")");
-    const Report report = build_report(paths, rank, top);
+    const Report report = build_report(paths, rank, top, baseline);
     const std::string text =
         format == "json"   ? render_json(report)
         : format == "html" ? render_html(report)
