@@ -12,6 +12,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "frames.h"
 #include "report.h"
 
 namespace allocscope {
@@ -417,11 +418,10 @@ std::string kib(uint64_t bytes) {
 }
 
 // Frames a tooltip leaves out at the top of a stack: the allocator's and
-// allocscope's own, the same in every stack of their kind.
+// allocscope's own, the same in every stack of their kind (frames.h).
 bool internal_frame(std::string_view f) {
-    return caching_allocator_frame(f) || f.find("CachingAllocator::") != std::string_view::npos ||
-           f.find("liballocscope") != std::string_view::npos ||
-           f.starts_with("allocscope::interposer");
+    const FrameKind kind = native_frame_kind(f);
+    return kind == FrameKind::allocscope || kind == FrameKind::allocator;
 }
 
 // ... and at the bottom of its native part: the C library's start-up.
@@ -430,7 +430,8 @@ bool startup_frame(std::string_view f) {
 }
 
 // A rank's stacks: {"id": [first, end, python, frame...]}: the tooltip shows
-// native frames [first, end) and Python frames from `python`.
+// native frames [first, end) and Python frames from `python` (the first of
+// the program's own).
 std::string stacks_json(const RankReport& r, StringTable& strings) {
     std::string out = "{";
     bool first_stack = true;
@@ -440,11 +441,18 @@ std::string stacks_json(const RankReport& r, StringTable& strings) {
         size_t first = 0;
         while (first + 1 < python && internal_frame(frames[first]))
             ++first;
+        // Python frames from the program's own code (the framework's and
+        // the interpreter's above it left out), when it has any.
+        size_t python_first = python;
+        while (python_first < frames.size() &&
+               python_frame_kind(frames[python_first]) != FrameKind::user)
+            ++python_first;
+        if (python_first == frames.size()) python_first = python;
         size_t end = python;
         while (end > first + 1 && startup_frame(frames[end - 1]))
             --end;
         out += (first_stack ? "\"" : ",\"") + u(id) + "\":[" + u(first) + "," + u(end) + "," +
-               u(python);
+               u(python_first);
         first_stack = false;
         for (const std::string& f : frames)
             out += "," + strings.id(f);

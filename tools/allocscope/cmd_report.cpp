@@ -66,6 +66,10 @@ options:
                the HTML and JSON reports add its live bytes after each
                layer's forward, rank by rank
 
+exit status: 0 when the report is written, 2 on bad input (no, unreadable
+or corrupt trace, no trace of rank R, an -o FILE that cannot be written:
+nothing is left half-written there).
+
 examples:
   allocscope report allocscope-out
   allocscope report allocscope-out --full -o everything.txt

@@ -26,10 +26,13 @@ commands:
                     plugins run live and their findings go to DIR/findings.json;
                     exits with CMD's status (--check: 3 on findings, 4 when
                     not everything was checked)
-  report PATH... [--format text|json|html] [-o FILE] [--rank R] [--top N]
+  report PATH... [--format text|json|html] [--full] [-o FILE] [--rank R] [--top N]
+         [--baseline RUN]
                     attribution report of traces (files or output
                     directories): per layer and phase, timeline, top
-                    allocation sites with symbolized stacks, findings
+                    allocation sites with symbolized stacks, findings;
+                    concise text unless --full, HTML with hovers and the
+                    per-layer forward chart (--baseline overlays a run)
   diff BASE CAND [--forward-threshold B] [--backward-threshold B]
        [--format text|json] [-o FILE]
                     the reference test's comparison of two runs: per-layer
