@@ -72,6 +72,7 @@ constexpr std::array kNativeRules = {
 // Python frames, by file.
 constexpr std::array kPythonRules = {
     Rule{Match::file_contains, "/python/allocscope/", FrameKind::allocscope},
+    Rule{Match::file_contains, "-packages/allocscope/", FrameKind::allocscope},  // installed
     Rule{Match::file_contains, "/python/sitecustomize.py", FrameKind::allocscope},
     Rule{Match::file_contains, "/torch/", FrameKind::framework},
     Rule{Match::file_contains, "<frozen ", FrameKind::runtime},

@@ -511,12 +511,10 @@ std::vector<std::string> group_lines(const FindingGroup& group) {
 
 namespace {
 
-// Every rank's sections, every finding with its first evidence and every frame.
-std::string full_text(const Report& report) {
-    std::string out = "allocscope report: " + std::to_string(report.ranks.size()) + " trace(s)\n";
-    for (const std::string& note : report.notes)
-        out += "note: " + printable(note) + "\n";
-    // What ended the run comes first.
+// What ended the run, first: each rank's out-of-memory moments. In full
+// every moment is shown in detail; concise gives the earlier ones a line
+// each and the last in detail.
+void text_oom_section(std::string& out, const Report& report, TextDetail detail) {
     bool any_oom = false;
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
@@ -526,9 +524,23 @@ std::string full_text(const Report& report) {
         if (a.oom_moments_total > a.ooms.size())
             out += rank_name(a) + ": " + u(a.oom_moments_total) +
                    " out-of-memory moments, the last " + u(a.ooms.size()) + " shown\n";
-        for (const OomMoment& m : a.ooms)
-            text_oom(out, report, r, m, true);
+        const bool full = detail == TextDetail::full;
+        for (size_t k = 0; k + 1 < a.ooms.size(); ++k) {
+            if (full)
+                text_oom(out, report, r, a.ooms[k], true);
+            else
+                out += oom_headline(a, a.ooms[k]) + "\n";
+        }
+        text_oom(out, report, r, a.ooms.back(), full);
     }
+}
+
+// Every rank's sections, every finding with its first evidence and every frame.
+std::string full_text(const Report& report) {
+    std::string out = "allocscope report: " + std::to_string(report.ranks.size()) + " trace(s)\n";
+    for (const std::string& note : report.notes)
+        out += "note: " + printable(note) + "\n";
+    text_oom_section(out, report, TextDetail::full);
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
         out += "\n== " + rank_name(a) + ": " + printable(a.path) + " (pid " +
@@ -800,20 +812,7 @@ std::string concise_text(const Report& report) {
         "allocscope report: " + u(report.ranks.size()) + " trace(s), " + traces_text(traces) + "\n";
     for (const std::string& note : report.notes)
         out += "note: " + printable(note) + "\n";
-    bool any_oom = false;
-    for (const RankReport& r : report.ranks) {
-        const TraceAnalysis& a = r.analysis;
-        if (a.ooms.empty()) continue;
-        if (!any_oom) out += "\n== out of memory ==\n";
-        any_oom = true;
-        // Earlier moments in one line each, the last in detail.
-        if (a.oom_moments_total > a.ooms.size())
-            out += rank_name(a) + ": " + u(a.oom_moments_total) +
-                   " out-of-memory moments, the last " + u(a.ooms.size()) + " shown\n";
-        for (size_t k = 0; k + 1 < a.ooms.size(); ++k)
-            out += oom_headline(a, a.ooms[k]) + "\n";
-        text_oom(out, report, r, a.ooms.back(), false);
-    }
+    text_oom_section(out, report, TextDetail::concise);
     out += "\n== run ==\n";
     const TraceAnalysis* tallest = nullptr;
     auto owner_peak = [](const TraceAnalysis& a) {

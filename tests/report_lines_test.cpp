@@ -213,6 +213,11 @@ TEST_CASE("Python frames: torch's package is framework, allocscope's package its
           FrameKind::framework);
     CHECK(python_frame_kind("_pre_forward (/opt/as/share/allocscope/python/allocscope/torch/"
                             "_hooks.py:80)") == FrameKind::allocscope);
+    // The package as `meson install` puts it into the interpreter's path.
+    CHECK(python_frame_kind("_pre_forward (/usr/local/lib/python3/dist-packages/allocscope/torch/"
+                            "_hooks.py:80)") == FrameKind::allocscope);
+    CHECK(python_frame_kind("check.__exit__ (/opt/as/lib/python3.11/site-packages/allocscope/"
+                            "__init__.py:400)") == FrameKind::allocscope);
     CHECK(python_frame_kind("Float8Quantizer.quantize (/venv/lib/python3.12/site-packages/"
                             "transformer_engine/pytorch/tensor/float8_tensor.py:120)") ==
           FrameKind::user);
