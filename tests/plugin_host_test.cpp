@@ -1067,12 +1067,16 @@ TEST_CASE(
     ShellResult check = run_shell(cli() + " check " + out.string());
     CHECK(check.status == 4);
     CHECK(contains(check.out, "plugin nosuch on "));
-    // Findings at or above the threshold still say 3.
+    // Findings at or above the threshold still say 3, and the same line
+    // says what was not checked.
     ShellResult both = run_shell(base +
                                  " --plugins test-count,nosuch --plugin-option "
                                  "test-count.severity=error --check -- " +
                                  program() + " exit 0");
     CHECK(both.status == 3);
+    CHECK(count_lines(both.err,
+                      "check failed: 1 finding(s) at or above error; and not everything was "
+                      "checked: plugin nosuch") == 1);
     // No process recorded (recording disabled): nothing was checked.
     ShellResult disabled = run_shell("ALLOCSCOPE_DISABLE=1 " + base +
                                      " --plugins test-count --check -- " + program() + " exit 0");

@@ -168,8 +168,12 @@ int gate(const FindingsFile& file, Severity threshold, std::FILE* out) {
     const std::string sev(to_string(threshold));
     const std::vector<std::string> missing = unchecked(file);
     if (over > 0) {
-        std::fprintf(out, "allocscope: check failed: %zu finding(s) at or above %s\n", over,
-                     sev.c_str());
+        // Findings decide the status; what was not checked is still said.
+        const std::string also =
+            missing.empty() ? std::string()
+                            : "; and not everything was checked: " + unchecked_line(missing);
+        std::fprintf(out, "allocscope: check failed: %zu finding(s) at or above %s%s\n", over,
+                     sev.c_str(), also.c_str());
         return kExitFindings;
     }
     if (!missing.empty()) {
