@@ -170,7 +170,12 @@ def inner_session(scratch, preloaded):
         elif failure is None:
             results[case.get("name")] = ("passed", "")
         else:
-            results[case.get("name")] = ("failed", failure.get("message") or "")
+            # pytest 8 and later prefix pytest.fail's message with "Failed: "
+            # in the JUnit XML; 7 does not.
+            message = failure.get("message") or ""
+            if message.startswith("Failed: "):
+                message = message[len("Failed: "):]
+            results[case.get("name")] = ("failed", message)
     return p, results
 
 
