@@ -745,7 +745,36 @@ void concise_findings(std::string& out, const Report& report) {
                      [](const FindingGroup& a, const FindingGroup& b) {
                          return a.members[0]->severity > b.members[0]->severity;
                      });
-    size_t problems = 0;
+    // Which errors and warnings show their first evidence and its stack: at
+    // most kDetailedProblems, first one of every plugin's (so no detector's
+    // problems go without a site), then the others in order whose stack is
+    // not one already shown.
+    auto first_stack = [&report](const Finding& f) {
+        std::string text;
+        const int ri = rank_index(report, f.rank);
+        if (ri < 0 || f.evidence.empty()) return text;
+        for (const std::string& line :
+             stack_lines(report.ranks[size_t(ri)], f.evidence[0].stack_id, 3, 3))
+            text += line + "\n";
+        return text;
+    };
+    std::set<const FindingGroup*> detailed;
+    {
+        std::set<std::string> plugins, stacks;
+        for (int pass = 0; pass < 2; ++pass) {
+            for (const FindingGroup& g : groups) {
+                const Finding& f = *g.members[0];
+                if (f.severity == Severity::info || f.evidence.empty() || detailed.contains(&g) ||
+                    detailed.size() >= kDetailedProblems)
+                    continue;
+                const std::string stack = first_stack(f);
+                if (pass == 0 ? plugins.contains(f.plugin) : stacks.contains(stack)) continue;
+                detailed.insert(&g);
+                plugins.insert(f.plugin);
+                stacks.insert(stack);
+            }
+        }
+    }
     std::vector<const FindingGroup*> infos;
     std::map<std::string, size_t> infos_by_plugin;
     for (const FindingGroup& g : groups) {
@@ -760,7 +789,7 @@ void concise_findings(std::string& out, const Report& report) {
         out += "  " + lines[0] + "\n";
         for (size_t k = 1; k < lines.size(); ++k)
             out += "    " + lines[k] + "\n";
-        if (problems++ >= kDetailedProblems || f.evidence.empty()) continue;
+        if (!detailed.contains(&g)) continue;
         const Evidence& ev = f.evidence[0];
         out += "      evidence: " + human_bytes(ev.size) + " " + tag_text(ev.layer, ev.phase) +
                " step " + u(ev.step) + (ev.free_seq ? ", freed" : ", alive at exit") +

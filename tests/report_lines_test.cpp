@@ -373,3 +373,38 @@ TEST_CASE("the concise text shows a finding of two ranks once, --full once per r
     CHECK(count(full, "weight-copy-accumulation  rank 1") == 1);
     CHECK(count(full, "info    peak-owner") == 10);
 }
+
+TEST_CASE("every detector's problems show a stack, however many another detector has") {
+    Report report;
+    RankReport r = with_stack(kHarnessStack, 0);
+    r.stacks[8] = {kHarnessStack[0],
+                   "allocscope::harness::trainer::Trainer::State::backward() "
+                   "(../harness/trainer/trainer.cpp:640)",
+                   kHarnessStack[4]};
+    r.analysis.header.rank = 0;
+    r.analysis.path = "/runs/a/rank0.trace";
+    report.ranks.push_back(std::move(r));
+    report.findings_found = true;
+    // Twelve weight-copy errors from one site, more than the report details.
+    for (int i = 0; i < 12; ++i) {
+        Finding f = finding(0, Severity::error, "copies of layers." + std::to_string(i), 1536);
+        f.layer = "layers." + std::to_string(i);
+        f.evidence[0].stack_id = 7;
+        report.findings.findings.push_back(f);
+    }
+    // Then one transpose-cache error from another site.
+    Finding t = finding(0, Severity::error, "transposes alive after backward", 4096);
+    t.plugin = "transpose-cache-retention";
+    t.phase = "backward";
+    t.evidence[0].stack_id = 8;
+    t.evidence[0].phase = "backward";
+    report.findings.findings.push_back(t);
+
+    const std::string text = render_text(report);
+    // The transpose cache's site is shown...
+    CHECK(count(text, "Trainer::State::backward() (../harness/trainer/trainer.cpp:640)") == 1);
+    // ...and the weight copies' one site once, not once per layer.
+    CHECK(count(text, "quantize_weight") == 1);
+    CHECK(count(text, "      evidence: ") == 2);
+    CHECK(count(text, "error   weight-copy-accumulation") == 12);
+}
