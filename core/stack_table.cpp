@@ -78,6 +78,17 @@ uint32_t StackTable::find(uint64_t h, std::span<const uint64_t> frames,
     }
 }
 
+bool StackTable::frames_of(uint32_t id, std::vector<uint64_t>& out) const {
+    if (id == 0) return false;
+    for (uint64_t i = 0; i <= mask_; ++i) {
+        const Slot& slot = slots_[i];
+        if (slot.hash.load(std::memory_order_acquire) == 0 || slot.id != id) continue;
+        out.assign(slot.frames, slot.frames + slot.depth);
+        return true;
+    }
+    return false;
+}
+
 const uint64_t* StackTable::store_frames(std::span<const uint64_t> frames) {
     if (chunks_.empty() || chunk_used_ + frames.size() > kChunkWords) {
         chunks_.push_back(new uint64_t[std::max(kChunkWords, frames.size())]);

@@ -37,6 +37,15 @@ class StackTable {
     template <typename OnNew>
     uint32_t intern(uint64_t hash_of_frames, std::span<const uint64_t> frames, OnNew&& on_new);
 
+    // The frames of stack `id` into `out` (replacing its contents); false
+    // when no published slot has that id. Scans every slot, so it is for
+    // rare callers (a check's end), never the hook path. Safe against
+    // concurrent inserts: a slot's id, depth and frames are written before
+    // its hash is release-stored and never change after, so a slot whose
+    // non-zero hash this acquires is complete; one still being inserted
+    // reads as empty (its id was not handed out yet).
+    bool frames_of(uint32_t id, std::vector<uint64_t>& out) const;
+
     uint32_t size() const noexcept { return count_.load(std::memory_order_relaxed); }
     uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
 

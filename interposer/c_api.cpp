@@ -159,6 +159,8 @@ ALLOCSCOPE_EXPORT int allocscope_check_end(uint64_t id, allocscope_check_visitor
             v.bytes = f.bytes;
             v.count = f.count;
             v.summary = f.summary.c_str();
+            const std::string stack = allocscope::recorder::finding_stack(f);
+            v.stack = stack.c_str();
             visit(user, &v);
         }
     }

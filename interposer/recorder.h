@@ -135,6 +135,10 @@ std::string current_phase();
 // allocscope_check_begin / _end (interposer/checks.h).
 uint64_t check_begin(const char* plugins, const char* options, std::string& error) noexcept;
 bool check_end(uint64_t id, CheckSet::Outcome& out) noexcept;
+// The stack of the finding's first evidence that has one, as text, one frame
+// per line ("" when none or on any failure); symbolizes in this process
+// (check_stacks.cpp), so only for allocscope_check_end.
+std::string finding_stack(const Finding& finding) noexcept;
 
 // The ALLOCSCOPE_* configuration, parsed from the environment once, on first
 // use: when the recorder starts, or before by the driver hooks, which need

@@ -1,5 +1,5 @@
 // The text report's lines (analyze/report.h): whose code a frame is
-// (analyze/frames.h), the stacks the concise report prints from the
+// (core/frames.h), the stacks the concise report prints from the
 // program's code, all frames under --full, and findings of several ranks
 // shown once.
 #include <doctest/doctest.h>

@@ -164,6 +164,20 @@ TEST_CASE("a full stack table returns 0 for new stacks, counts them and still fi
     CHECK(t.dropped() == 3);
 }
 
+TEST_CASE("a stack's frames are found again from its id") {
+    StackTable t(64);
+    NewStacks news;
+    const uint32_t a = intern(t, {0x10, 0x20, 0x30}, news);
+    const uint32_t b = intern(t, {0x40}, news);
+    Frames out{0xdead};
+    REQUIRE(t.frames_of(a, out));
+    CHECK(out == Frames{0x10, 0x20, 0x30});
+    REQUIRE(t.frames_of(b, out));
+    CHECK(out == Frames{0x40});
+    CHECK_FALSE(t.frames_of(0, out));
+    CHECK_FALSE(t.frames_of(b + 1, out));
+}
+
 TEST_CASE("threads interning overlapping stacks agree on every id and define each once") {
     constexpr int kThreads = 8;
     constexpr uint32_t kDistinct = 4000;
@@ -204,8 +218,31 @@ TEST_CASE("threads interning overlapping stacks agree on every id and define eac
             }
         });
     }
+    // A reader looking stacks up by id while they are inserted sees each
+    // one whole (frames_of(s) for the s its first frame names) or not yet.
+    std::atomic<bool> inserting{true};
+    std::atomic<int> torn{0};
+    std::thread reader([&] {
+        Frames out;
+        while (inserting.load()) {
+            const uint32_t n = t.size();
+            for (uint32_t id = n; id >= 1 && id + 8 > n; --id) {
+                if (!t.frames_of(id, out)) continue;
+                const uint32_t s = static_cast<uint32_t>((out[0] - 0x7f0000000000ull) / 64);
+                if (s >= kDistinct || out != frames_of(s)) ++torn;
+            }
+        }
+    });
     for (std::thread& th : threads)
         th.join();
+    inserting = false;
+    reader.join();
+    CHECK(torn == 0);
+    Frames out;
+    for (const auto& [id, frames] : defined) {
+        REQUIRE(t.frames_of(id, out));
+        REQUIRE(out == frames);
+    }
 
     CHECK(redefinitions == 0);
     CHECK(defined.size() == kDistinct);

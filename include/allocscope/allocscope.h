@@ -188,7 +188,21 @@ typedef struct allocscope_check_finding {
     uint64_t bytes;
     uint64_t count;
     const char* summary;
+    /* The stack of the finding's first evidence allocation that has one,
+     * one frame per line ("" when none), innermost first, trimmed as the
+     * text report trims: allocscope's and the allocator's frames on top are
+     * dropped, at most about 12 frames are kept (a Python program's own
+     * Python frames when there are more), the rest counted in a last line
+     * "... N more frames". Native frames read "function (module)" (dladdr:
+     * exported and dynamic symbols only, no file:line) or
+     * "module+0xoffset"; Python frames "qualname (file.py:line)". */
+    const char* stack;
 } allocscope_check_finding;
+
+/* Fields may be appended to allocscope_check_finding, never removed or
+ * reordered: allocscope fills the struct and the visitor only reads it, so a
+ * visitor compiled against an older header reads the fields it knows and
+ * no size field is needed. */
 
 /* Called once per finding; the pointers are valid during the call only. */
 typedef void (*allocscope_check_visitor)(void* user, const allocscope_check_finding* finding);

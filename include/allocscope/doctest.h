@@ -48,6 +48,7 @@ struct Finding {
     uint64_t bytes = 0;
     uint64_t count = 0;
     std::string summary;
+    std::string stack;  // one frame per line, "" when none (allocscope_check_finding)
 };
 
 inline const char* severity_name(uint32_t severity) {
@@ -83,7 +84,8 @@ class Check {
             [](void* user, const allocscope_check_finding* f) {
                 static_cast<std::vector<Finding>*>(user)->push_back(
                     {f->plugin ? f->plugin : "", f->severity, f->rank, f->layer ? f->layer : "",
-                     f->phase ? f->phase : "", f->bytes, f->count, f->summary ? f->summary : ""});
+                     f->phase ? f->phase : "", f->bytes, f->count, f->summary ? f->summary : "",
+                     f->stack ? f->stack : ""});
             },
             &out, error, sizeof error);
         id_ = 0;
@@ -120,6 +122,14 @@ inline Verdict conclude(Check& check, uint32_t severity) {
         if (f.severity < severity) continue;
         ++failing;
         lines += "  " + f.plugin + " [" + severity_name(f.severity) + "] " + f.summary + "\n";
+        // The stack under its finding, indented one level further.
+        size_t start = 0;
+        while (start < f.stack.size()) {
+            size_t end = f.stack.find('\n', start);
+            if (end == std::string::npos) end = f.stack.size();
+            lines += "      " + f.stack.substr(start, end - start) + "\n";
+            start = end + 1;
+        }
     }
     if (failing > 0) {
         v.clean = false;

@@ -25,11 +25,20 @@ void* device_alloc(size_t bytes) {
     return p;
 }
 
+}  // namespace
+
+// Outside the anonymous namespace, not inlined, and the program linked with
+// its symbols exported (tests/meson.build): dladdr names it in a finding's
+// stack, as it names any exported function.
+namespace model_code {
+
+void* layer_forward(const char* layer, bool keep_copy, bool declare = true);
+
 // A layer's forward that makes a quantized copy of its weight, freeing it
 // at the end of the layer (fixed) or keeping it (the FP8 problem 1 bug).
 // `declare`: the copy's provenance is declared, as a framework that knows
 // it made a weight copy does; without it only its size says what it is.
-void* layer_forward(const char* layer, bool keep_copy, bool declare = true) {
+[[gnu::noinline]] void* layer_forward(const char* layer, bool keep_copy, bool declare) {
     allocscope::ScopedTag tag(layer, "forward");
     void* copy = device_alloc(kNumel);
     if (declare) allocscope_dl_derived(copy, layer, "weight", "cast to fp8_e4m3");
@@ -39,6 +48,12 @@ void* layer_forward(const char* layer, bool keep_copy, bool declare = true) {
     cudaFree(copy);
     return nullptr;
 }
+
+}  // namespace model_code
+
+namespace {
+
+using model_code::layer_forward;
 
 const Finding* find(const std::vector<Finding>& all, const std::string& plugin,
                     const std::string& layer) {
@@ -119,6 +134,16 @@ TEST_CASE("the verdict lists each finding at or above the level, and only those"
     CHECK_FALSE(errors.clean);
     CHECK(contains(errors.report, "weight-copy-accumulation [error]"));
     CHECK_FALSE(contains(errors.report, "peak-owner"));  // info only
+    // Under the finding, the stack of the kept copy, from this program's
+    // function that allocated it, allocscope's own frames dropped.
+    const std::string under = errors.report.substr(errors.report.find("[error]"));
+    const size_t stack = under.find("\n      ");
+    REQUIRE(stack != std::string::npos);
+    const std::string first = under.substr(stack + 7, under.find('\n', stack + 7) - stack - 7);
+    INFO(errors.report);
+    CHECK(
+        contains(under, "model_code::layer_forward(char const*, bool, bool) (test_check_helper)"));
+    CHECK_FALSE(contains(first, "allocscope"));
     cudaFree(kept);
 
     Check info_level("peak-owner");

@@ -188,6 +188,30 @@ def test_a_marked_test_that_keeps_weight_copies_fails_listing_the_finding(scratc
     assert p.returncode == 1, "inner pytest exit status %d" % p.returncode
 
 
+def test_a_failing_marked_test_lists_the_stack_of_the_copy_under_its_finding(scratch):
+    p, results = inner_session(scratch, preloaded=True)
+    outcome, message = results["test_marked_keeps_copies"]
+    assert outcome == "failed", "passed although it keeps its copy:\n" + p.stdout
+    lines = message.splitlines()
+    at = [i for i, line in enumerate(lines) if "weight-copy-accumulation [error]" in line]
+    assert at, message
+    finding = lines[at[0]]
+    indent = len(finding) - len(finding.lstrip())
+    stack = []
+    for line in lines[at[0] + 1:]:
+        if len(line) - len(line.lstrip()) <= indent:
+            break
+        stack.append(line.strip())
+    assert stack, "no stack under the finding:\n" + message
+    # The Python function of the test file that made the kept copy.
+    assert any(frame.startswith("layer_forward (") and "inner_test.py:" in frame
+               for frame in stack), message
+    # It starts at the program's code, not allocscope's own frames.
+    first = stack[0]
+    assert not first.startswith("allocscope"), message
+    assert "liballocscope" not in first and "/allocscope/" not in first, message
+
+
 def test_a_marked_test_that_frees_its_copies_passes_and_unmarked_tests_are_left_alone(scratch):
     p, results = inner_session(scratch, preloaded=True)
     assert results["test_marked_frees_copies"] == ("passed", ""), p.stdout

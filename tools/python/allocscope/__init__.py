@@ -75,6 +75,11 @@ _SIGNATURES = {
     "mark": ([_str], None),
     "derived": ([_ptr, _str, _str, _str], None),
     "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
+    "python_frame": ([_str, _str, ctypes.c_int], _u64),
+    "block_alloc_frames": (
+        [_ptr, ctypes.c_size_t, ctypes.c_int, _ptr, ctypes.POINTER(_u64), ctypes.c_size_t],
+        None,
+    ),
     "block_free": ([_ptr], None),
     "block_oom": ([ctypes.c_size_t, ctypes.c_int, _ptr, _u64], None),
     "check_begin": ([_str, _str, _str, ctypes.c_size_t], _u64),
@@ -208,11 +213,39 @@ def derived(ptr, layer, name, how=None):
         api.derived(int(ptr), _b(layer), _b(name), None if how is None else _b(how))
 
 
+# allocscope_python_frame's address per (code object, line): the C API asks
+# for one call per frame, the result kept.
+_FRAME_ADDRESSES = {}
+_MAX_PYTHON_FRAMES = 32  # allocscope_block_alloc_frames' limit
+
+
+def _python_frames(api, frame):
+    """The C API's addresses of `frame` and its callers, innermost first."""
+    addresses = []
+    while frame is not None and len(addresses) < _MAX_PYTHON_FRAMES:
+        code = frame.f_code
+        key = (code, frame.f_lineno)
+        address = _FRAME_ADDRESSES.get(key)
+        if address is None:
+            name = getattr(code, "co_qualname", code.co_name)
+            address = api.python_frame(_b(name), _b(code.co_filename), frame.f_lineno or 0)
+            if address:
+                _FRAME_ADDRESSES[key] = address
+        if address:
+            addresses.append(address)
+        frame = frame.f_back
+    return addresses
+
+
 def block_alloc(ptr, size, device=0, stream=None):
-    """Caching-allocator hook: a block of `size` bytes at address `ptr` was handed out."""
+    """Caching-allocator hook: a block of `size` bytes at address `ptr` was
+    handed out. Its stack ends in the caller's Python frames."""
     api = _get()
     if api is not None:
-        api.block_alloc(ptr, int(size), int(device), stream)
+        frames = _python_frames(api, sys._getframe(1))
+        api.block_alloc_frames(
+            ptr, int(size), int(device), stream, (_u64 * len(frames))(*frames), len(frames)
+        )
 
 
 def block_free(ptr):
@@ -315,12 +348,15 @@ class CheckFailed(AssertionError):
 class Finding:
     """One finding of a check, as the C API gives it (allocscope_check_finding):
     plugin, severity ("info", "warning", "error"), rank (None: no rank),
-    layer and phase ("" when not attributed), bytes, count and summary. The
-    C API carries no stacks: `allocscope report` on the run's trace has them."""
+    layer and phase ("" when not attributed), bytes, count, summary and
+    stack: the stack of its first evidence allocation that has one, one
+    frame per line, trimmed to the program's code ("" when none)."""
 
-    __slots__ = ("plugin", "severity", "rank", "layer", "phase", "bytes", "count", "summary")
+    __slots__ = (
+        "plugin", "severity", "rank", "layer", "phase", "bytes", "count", "summary", "stack"
+    )
 
-    def __init__(self, plugin, severity, rank, layer, phase, nbytes, count, summary):
+    def __init__(self, plugin, severity, rank, layer, phase, nbytes, count, summary, stack=""):
         self.plugin = plugin
         self.severity = severity
         self.rank = rank
@@ -329,6 +365,7 @@ class Finding:
         self.bytes = nbytes
         self.count = count
         self.summary = summary
+        self.stack = stack
 
     def line(self):
         """The finding in one line: plugin [severity] where: summary."""
@@ -348,6 +385,12 @@ class Finding:
             self.summary,
         )
 
+    def report(self, indent="  "):
+        """The line, then the stack indented under it."""
+        lines = [indent + self.line()]
+        lines.extend(indent + "    " + frame for frame in self.stack.splitlines())
+        return "\n".join(lines)
+
     def __repr__(self):
         return "Finding(%s)" % self.line()
 
@@ -362,6 +405,7 @@ class _CheckFinding(ctypes.Structure):
         ("bytes", ctypes.c_uint64),
         ("count", ctypes.c_uint64),
         ("summary", ctypes.c_char_p),
+        ("stack", ctypes.c_char_p),  # NULL from a library without stacks
     ]
 
 
@@ -440,7 +484,7 @@ class check:
                 lines.append(
                     "allocscope: %d finding(s) at or above %s:" % (len(self.failing), self.fail_on)
                 )
-                lines.extend("  " + f.line() for f in self.failing)
+                lines.extend(f.report() for f in self.failing)
             raise CheckFailed("\n".join(lines), self.failing, unchecked)
         return False
 
@@ -461,6 +505,7 @@ class check:
                     f.bytes,
                     f.count,
                     _text(f.summary),
+                    _text(f.stack),
                 )
             )
 
