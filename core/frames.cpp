@@ -77,6 +77,9 @@ constexpr std::array kPythonRules = {
     Rule{Match::file_contains, "/torch/", FrameKind::framework},
     Rule{Match::file_contains, "<frozen ", FrameKind::runtime},
     Rule{Match::file_contains, "/runpy.py", FrameKind::runtime},
+    // The test runner that called the program's test.
+    Rule{Match::file_contains, "/_pytest/", FrameKind::runtime},
+    Rule{Match::file_contains, "/pluggy/", FrameKind::runtime},
 };
 
 // Wrappers that take the kind of what they call: std::function's handler

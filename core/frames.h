@@ -16,7 +16,8 @@
 //               libraries; torch's Python package (module.py's call wrappers,
 //               torch/_tensor.py, FSDP, autograd, ...);
 //   runtime     what starts a process or thread and runs Python: libc's
-//               start, CPython's evaluation loop and call machinery, runpy;
+//               start, CPython's evaluation loop and call machinery, runpy,
+//               and the test runner calling a test (pytest, pluggy);
 //   user        everything else (the sim harness's model and trainer count
 //               as the program's code).
 // A std::function / std::__invoke wrapper takes the kind of what it wraps

@@ -223,6 +223,13 @@ TEST_CASE("Python frames: torch's package is framework, allocscope's package its
           FrameKind::user);
     CHECK(python_frame_kind("train (/home/me/allocscope/tests/gpu/fsdp2_fp8_train.py:408)") ==
           FrameKind::user);
+    // pytest running the program's test is the runtime, not the program.
+    CHECK(python_frame_kind("pytest_pyfunc_call (/usr/lib/python3/dist-packages/_pytest/"
+                            "python.py:195)") == FrameKind::runtime);
+    CHECK(python_frame_kind("_multicall (/venv/lib/python3.12/site-packages/pluggy/"
+                            "_callers.py:39)") == FrameKind::runtime);
+    CHECK(python_frame_kind("test_step (/home/me/proj/tests/test_pytest_like.py:12)") ==
+          FrameKind::user);
 }
 
 TEST_CASE("a PyTorch stack starts at the program's first Python line, the rest folded") {
