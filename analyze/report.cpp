@@ -1113,8 +1113,7 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     if (!user_native && !user_python) {
         // Nothing is the program's: fold what leads into the allocator, keep one frame.
         size_t lead = 0;
-        while (lead + 1 < first_python &&
-               (kinds[lead] == FrameKind::allocscope || kinds[lead] == FrameKind::allocator)) {
+        while (lead + 1 < first_python && above_the_request(kinds[lead])) {
             fold.add(kinds[lead]);
             ++lead;
         }

@@ -420,8 +420,7 @@ std::string kib(uint64_t bytes) {
 // Frames a tooltip leaves out at the top of a stack: the allocator's and
 // allocscope's own, the same in every stack of their kind (frames.h).
 bool internal_frame(std::string_view f) {
-    const FrameKind kind = native_frame_kind(f);
-    return kind == FrameKind::allocscope || kind == FrameKind::allocator;
+    return above_the_request(native_frame_kind(f));
 }
 
 // ... and at the bottom of its native part: the C library's start-up.

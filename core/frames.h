@@ -32,6 +32,13 @@ enum class FrameKind { user, allocscope, allocator, framework, runtime };
 
 std::string_view to_string(FrameKind kind) noexcept;
 
+// What every stack of its kind has on top, above the code that asked for the
+// memory: allocscope's frames and the allocator's. The text report, the
+// HTML tooltips and a check's stacks leave these out first.
+constexpr bool above_the_request(FrameKind kind) noexcept {
+    return kind == FrameKind::allocscope || kind == FrameKind::allocator;
+}
+
 // A native frame's text as SymbolizedFrame::text writes it:
 // "function (file:line)", "function", "module+0xoffset" or "0xaddress".
 FrameKind native_frame_kind(std::string_view frame) noexcept;

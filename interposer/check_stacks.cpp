@@ -92,8 +92,7 @@ std::string finding_stack(const Finding& finding) noexcept {
         // As the text report: allocscope's and the allocator's frames on top
         // go, the stack starts at the program's code.
         size_t top = 0;
-        while (top < text.size() &&
-               (text[top].kind == FrameKind::allocscope || text[top].kind == FrameKind::allocator))
+        while (top < text.size() && above_the_request(text[top].kind))
             ++top;
         if (top == text.size()) top = 0;
         std::vector<const TextFrame*> rest;
