@@ -192,7 +192,7 @@ class SchemaReader {
 
     RankRun rank_run(const Value& v, const std::string& where) {
         need(v, Value::Type::object, where);
-        check_members(v, where, {"rank", "trace", "plugins", "disabled"});
+        check_members(v, where, {"rank", "trace", "plugins", "disabled", "provenance"});
         RankRun r;
         r.rank = rank(v, where);
         r.trace = str(v, "trace", where);
@@ -209,6 +209,7 @@ class SchemaReader {
             check_members(d, where + ": a disabled plugin", {"plugin", "reason"});
             r.disabled.push_back({str(d, "plugin", where), str(d, "reason", where)});
         }
+        if (find(v, "provenance")) r.provenance = str(v, "provenance", where);  // optional
         return r;
     }
 

@@ -423,6 +423,70 @@ bool same_evidence(const Finding& a, const Finding& b) {
 
 }  // namespace
 
+std::string unproven_weights_line(const FindingsFile& file) {
+    static constexpr std::string_view kDetectors[] = {"weight-copy-accumulation",
+                                                      "transpose-cache-retention"};
+    static constexpr const char* kPatterns[] = {"the FP8 weight-copy pattern",
+                                                "the transpose-cache pattern"};
+    auto is_detector = [](std::string_view plugin) {
+        return std::find(std::begin(kDetectors), std::end(kDetectors), plugin) !=
+               std::end(kDetectors);
+    };
+    // Streams whose weight detectors ran without provenance, by rank.
+    std::vector<int32_t> ranks;
+    std::string why;  // the first stream's reason
+    bool said_off = false;
+    for (const RankRun& r : file.ranks) {
+        if (r.provenance == "on") continue;
+        if (std::none_of(r.plugins.begin(), r.plugins.end(), is_detector)) continue;
+        if (std::find(ranks.begin(), ranks.end(), r.rank) == ranks.end()) ranks.push_back(r.rank);
+        constexpr std::string_view kOff = "off: ";
+        if (r.provenance.substr(0, kOff.size()) == kOff) {
+            if (!said_off) why = r.provenance.substr(kOff.size());
+            said_off = true;
+        }
+    }
+    if (ranks.empty()) return {};
+    // The layers each detector matched by size alone on those streams; a
+    // layer that holds another matched one (a total's common prefix) is not
+    // counted again.
+    std::set<std::string> layers[2];
+    for (const Finding& f : file.findings) {
+        if (f.basis != "size-only" || f.layer.empty()) continue;
+        if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) continue;
+        for (size_t d = 0; d < 2; ++d)
+            if (f.plugin == kDetectors[d]) layers[d].insert(f.layer);
+    }
+    std::string matched;
+    for (size_t d = 0; d < 2; ++d) {
+        size_t n = 0;
+        for (const std::string& l : layers[d]) {
+            const bool holds = std::any_of(layers[d].begin(), layers[d].end(),
+                                           [&l](const std::string& o) {
+                                               return o.size() > l.size() && o[l.size()] == '.' &&
+                                                      o.compare(0, l.size(), l) == 0;
+                                           });
+            n += holds ? 0 : 1;
+        }
+        if (n == 0) continue;
+        matched += std::string(matched.empty() ? "" : ", ") + std::to_string(n) +
+                   (n == 1 ? " layer matches " : " layers match ") + kPatterns[d];
+    }
+    if (matched.empty() && !said_off) return {};
+    const std::string where = ranks.size() == 1 && ranks[0] < 0 ? "" : " on " + ranks_text(ranks);
+    const std::string cause = said_off ? "provenance was off" + where + ": " + printable(why)
+                                       : "no provenance was declared" + where;
+    const std::string how =
+        "to prove them, run with provenance (on by default under allocscope run when the "
+        "PyTorch bridge loads; C/C++ programs declare allocscope_derived()) or compare "
+        "against a baseline (allocscope diff BASE CAND)";
+    if (matched.empty())
+        return cause + "; the weight-copy and transpose detectors had sizes only, and no layer matched "
+               "their patterns";
+    return "weight-copy / transpose detectors had sizes only (" + cause +
+           "): " + matched + ", not proven, so not errors; " + how;
+}
+
 std::vector<FindingGroup> collapse_findings(const FindingsFile& file) {
     std::vector<FindingGroup> groups;
     // The same summary first, so that a rank's finding joins its exact twin.
@@ -740,6 +804,8 @@ void concise_findings(std::string& out, const Report& report) {
     out += u(all.size()) + (ranks.empty() ? "" : " on " + ranks_text(ranks)) + ": " +
            counted(by[2], "error") + ", " + counted(by[1], "warning") + ", " +
            counted(by[0], "info") + " (what several ranks found alike is shown once)\n";
+    if (const std::string line = unproven_weights_line(report.findings); !line.empty())
+        out += "  " + line + "\n";
     std::vector<FindingGroup> groups = collapse_findings(report.findings);
     std::stable_sort(groups.begin(), groups.end(),
                      [](const FindingGroup& a, const FindingGroup& b) {

@@ -97,6 +97,13 @@ struct FindingGroup {
 std::vector<FindingGroup> collapse_findings(const FindingsFile& file);
 // "rank 0", "ranks 0–1", "ranks 0–2, 5"; "no rank" for -1.
 std::string ranks_text(std::vector<int32_t> ranks);
+// One line (no newline, no "allocscope: ") for the run's summary when provenance did not run
+// on some stream whose weight detectors ran (RankRun::provenance not "on"):
+// what the detectors could only match by size there (layers per detector,
+// never errors or warnings), why provenance did not run, and how to prove
+// it; "" when every such stream had provenance, or when a stream that said
+// nothing about it has no size-only match either.
+std::string unproven_weights_line(const FindingsFile& file);
 // A group's summary line (summary_line with its ranks) and, for each rank
 // whose finding differs from the first's (bytes, count, summary or
 // evidence: how many, their bytes and steps), a line "  rank R: ..." saying how.

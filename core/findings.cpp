@@ -167,7 +167,9 @@ std::string to_json(const FindingsFile& file) {
             out += "{\"plugin\": " + json_quote(r.disabled[k].plugin) +
                    ", \"reason\": " + json_quote(r.disabled[k].reason) + "}";
         }
-        out += "]}";
+        out += "]";
+        if (!r.provenance.empty()) out += ", \"provenance\": " + json_quote(r.provenance);
+        out += "}";
     }
     out += file.ranks.empty() ? "]\n}\n" : "\n  ]\n}\n";
     return out;

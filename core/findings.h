@@ -56,6 +56,10 @@ struct RankRun {
     std::string trace;                 // the trace file the stream is recorded in
     std::vector<std::string> plugins;  // ran to the end
     std::vector<DisabledPlugin> disabled;
+    // Whether the stream declared provenance (its last
+    // ALLOCSCOPE_PROVENANCE_MARK): "on", "off: <why>", "" when it said
+    // nothing (a program that declares none, or an older one).
+    std::string provenance;
 
     bool operator==(const RankRun&) const = default;
 };

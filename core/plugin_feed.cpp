@@ -2,10 +2,13 @@
 // interposer's ring or of a recorded trace become allocscope_event_v1 with
 // interned tags, the live table the plugins read is kept, and step changes
 // and events are delivered to every enabled plugin.
+#include <allocscope/allocscope.h>
+
 #include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "plugin_host.h"
 #include "plugin_host_state.h"
@@ -66,6 +69,13 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
             for (const HeldPop& h : held)
                 deliver(h.event, h.layer, h.phase, EventText{}, source);
         }
+    }
+    // A program's word on provenance (allocscope.h, ALLOCSCOPE_PROVENANCE_MARK),
+    // for the findings file: the run stream's, the last one counts.
+    if (e.kind == EventKind::mark && source == ALLOCSCOPE_SOURCE_RUN) {
+        constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
+        if (text.text.substr(0, kMark.size()) == kMark)
+            provenance_ = std::string(text.text.substr(kMark.size()));
     }
     allocscope_event_v1 ev{};
     ev.seq = e.seq;

@@ -309,6 +309,7 @@ RankRun PluginHost::rank_run(const std::string& trace) const {
     RankRun r;
     r.rank = settings_.rank;
     r.trace = trace;
+    r.provenance = provenance_;
     for (const auto& in : instances_) {
         if (in->enabled) {
             r.plugins.push_back(in->name);
@@ -430,6 +431,11 @@ void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
             out.evidence.push_back({e.size, cstr(e.layer), cstr(e.phase), e.step, e.alloc_seq,
                                     e.free_seq, e.stack_id, notes ? cstr(notes[i]) : ""});
         }
+        // A finding opens with its largest allocation (the report shows the
+        // first evidence's stack): a 9 MiB weight copy before its 512 B
+        // scale. Stable: equal sizes keep the plugin's order.
+        std::stable_sort(out.evidence.begin(), out.evidence.end(),
+                         [](const Evidence& a, const Evidence& b) { return a.size > b.size; });
         in->host->findings_.push_back(std::move(out));
     } catch (...) {
         in->invalid_emit = "a finding could not be stored (out of memory)";

@@ -198,6 +198,7 @@ class PluginHost {
     uint32_t source_ = ALLOCSCOPE_SOURCE_RUN;
     uint64_t step_ = 0;
     bool finished_ = false;
+    std::string provenance_;  // the run stream's last provenance mark (RankRun::provenance)
 };
 
 }  // namespace allocscope

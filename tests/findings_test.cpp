@@ -41,7 +41,7 @@ Finding make(const std::string& plugin, Severity sev, int32_t rank, const std::s
 FindingsFile one_rank(int32_t rank, const std::string& trace, std::vector<Finding> findings) {
     FindingsFile f;
     f.findings = std::move(findings);
-    f.ranks.push_back({rank, trace, {"a", "b"}, {{"c", "init returned an error"}}});
+    f.ranks.push_back({rank, trace, {"a", "b"}, {{"c", "init returned an error"}}, "off: the bridge is not built"});
     return f;
 }
 
@@ -79,7 +79,7 @@ TEST_CASE("strings from the trace are escaped so they cannot break JSON or an HT
     Finding x = make("peak-owner", Severity::error, 0, nasty);
     x.summary = nasty;
     f.findings.push_back(x);
-    f.ranks.push_back({0, nasty, {"peak-owner"}, {{nasty, nasty}}});
+    f.ranks.push_back({0, nasty, {"peak-owner"}, {{nasty, nasty}}, nasty});
     const std::string json = to_json(f);
     CHECK(json.find('<') == std::string::npos);
     CHECK(json.find('\x01') == std::string::npos);
@@ -106,7 +106,7 @@ TEST_CASE("a findings file round-trips with every field and large numbers") {
     f.findings[1].evidence.clear();
     f.findings[0].basis = "proven";
     f.findings[0].evidence[1].note = "derived from layers.3.fc1.weight: abs -> amax -> _to_copy";
-    f.ranks.push_back({-1, "pid7.trace", {}, {}});
+    f.ranks.push_back({-1, "pid7.trace", {}, {}, ""});
     Finding unranked = make("peak-owner", Severity::info, -1, "");
     unranked.pid = 7;  // a process without a rank is named by its pid
     f.findings.push_back(unranked);

@@ -278,10 +278,11 @@ TEST_CASE("the count plugin sees the stream with resolved strings, live table an
     CHECK(v["stacks"] == "1");
     CHECK(v["baseline"] == "0");
     CHECK(v["run"] == "12");
-    // Evidence: the live allocations by alloc seq, with their tags.
+    // Evidence: the live allocations with their tags, the largest first
+    // (the plugin gave them by alloc seq).
     REQUIRE(f.evidence.size() == 2);
-    CHECK(f.evidence[0] == Evidence{2000, "layers.0", "forward", 1, 5, 0, 0, ""});
-    CHECK(f.evidence[1] == Evidence{3000, "", "", 2, 10, 0, 0, ""});
+    CHECK(f.evidence[0] == Evidence{3000, "", "", 2, 10, 0, 0, ""});
+    CHECK(f.evidence[1] == Evidence{2000, "layers.0", "forward", 1, 5, 0, 0, ""});
     CHECK(f.layer == "");  // the newest live allocation is untagged
 
     const Finding& t = host.findings()[1];
@@ -1254,15 +1255,19 @@ TEST_CASE("a finding's basis and evidence notes are kept, and read only when its
         host.finish();
         REQUIRE(host.findings().size() == 1);
         const Finding& f = host.findings()[0];
+        // The largest first: the 1,024 B allocation, given second; each
+        // note stays with its allocation.
         REQUIRE(f.evidence.size() == 2);
-        CHECK(f.evidence[1].note == "");
+        CHECK(f.evidence[0].size == 1024);
+        CHECK(f.evidence[0].note == "");
+        CHECK(f.evidence[1].size == 512);
         if (std::string(size) == "full") {
             CHECK(f.basis == "proven");
-            CHECK(f.evidence[0].note == "derived from layers.0.weight: cast");
+            CHECK(f.evidence[1].note == "derived from layers.0.weight: cast");
         } else {
             // An older plugin's finding ends before them: not read.
             CHECK(f.basis == "");
-            CHECK(f.evidence[0].note == "");
+            CHECK(f.evidence[1].note == "");
         }
         // Both survive the findings file.
         FindingsFile file;

@@ -106,6 +106,16 @@ void allocscope_mark(const char* text);
  * allocation; a later allocation at the same address needs its own. */
 void allocscope_derived(const void* ptr, const char* layer, const char* name, const char* how);
 
+/* Whether provenance runs, said with allocscope_mark: a program (or the
+ * PyTorch shim) marks ALLOCSCOPE_PROVENANCE_ON when it declares the
+ * provenance of its weight-derived allocations, or ALLOCSCOPE_PROVENANCE_OFF
+ * "<why>" when it cannot; the last such mark of a stream counts. The
+ * findings file keeps it per rank, and when provenance did not run the
+ * run's summary says what the weight detectors could only match by size. */
+#define ALLOCSCOPE_PROVENANCE_MARK "allocscope: provenance "
+#define ALLOCSCOPE_PROVENANCE_ON ALLOCSCOPE_PROVENANCE_MARK "on"
+#define ALLOCSCOPE_PROVENANCE_OFF ALLOCSCOPE_PROVENANCE_MARK "off: "
+
 /* NVTX. Under `allocscope run --nvtx` liballocscope.so is also the process's
  * NVTX injection library (NVTX_INJECTION64_PATH), and NVTX ranges and marks
  * with these names tag like the calls above (docs/DESIGN.md, "Tags", has

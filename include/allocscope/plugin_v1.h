@@ -182,6 +182,9 @@ typedef struct allocscope_finding_v1 {
     uint64_t bytes;
     uint64_t count;
     const char* summary; /* one line */
+    /* Any order: the host keeps the finding's evidence largest first
+     * (equal sizes in the order given), so the first is the allocation
+     * that holds the most bytes. */
     const allocscope_evidence_v1* evidence;
     size_t evidence_count;
     /* Appended; read only when struct_size covers them (a plugin built

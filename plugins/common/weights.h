@@ -51,9 +51,10 @@ inline std::string how_to_settle(bool provenance_on) {
     return provenance_on
                ? "provenance was on in this run and named no parameter for them; compare against "
                  "a baseline (allocscope diff BASE CAND)"
-               : "provenance was off in this run (no derived events): enable it (allocscope run "
-                 "--provenance for PyTorch; allocscope_derived() declarations in C/C++) or "
-                 "compare against a baseline (allocscope diff BASE CAND)";
+               : "provenance was off in this run (no derived events): run with it (on by "
+                 "default under allocscope run where the PyTorch bridge loads; "
+                 "allocscope_derived() declarations in C/C++) or compare against a baseline "
+                 "(allocscope diff BASE CAND)";
 }
 
 // Per layer, the window (one forward or backward of it) that retained the

@@ -12,9 +12,12 @@ table in docs/PERFORMANCE.md). Needs torch and 2 GPUs (--nproc 1: one).
 Runs tests/gpu/fsdp2_fp8_train.py --mode seed --time under torchrun (2 ranks)
 for each configuration:
   plain               no recording
-  allocscope/nostack  allocscope run --stack-depth 0 (tags, blocks, plugins live)
-  allocscope          allocscope run (24 native frames + Python frames)
-  allocscope/provenance  the same with the bridge's op observer (--provenance)
+  allocscope/nostack  allocscope run --stack-depth 0 (tags, blocks, plugins, provenance live)
+  allocscope          allocscope run: the defaults (24 native frames + Python frames,
+                      plugins, provenance)
+  allocscope/no-provenance  the same without the bridge's op observer (--no-provenance)
+  allocscope/open-gate  the defaults with the observer on for every op
+                      (ALLOCSCOPE_PROVENANCE_GATE=0: not only in parameter scopes)
   allocscope/depth16  allocscope run --stack-depth 16
   allocscope/ctypes-hooks  the same, ALLOCSCOPE_BRIDGE_HOOKS=0
   torch/python        _record_memory_history(stacks="python")
@@ -375,8 +378,10 @@ def main():
         ("plain/control", {}, []),
         ("allocscope/nostack", {}, under("a0", "--stack-depth", "0")),
         ("allocscope", {}, under("a1")),
-        # + the bridge's op observer: provenance of weight-derived tensors
-        ("allocscope/provenance", {"ALLOCSCOPE_PROVENANCE": "1"}, under("ap")),
+        # without the bridge's op observer (provenance of weight-derived tensors)
+        ("allocscope/no-provenance", {}, under("anp", "--no-provenance")),
+        # the observer not gated to the parameters' scopes
+        ("allocscope/open-gate", {"ALLOCSCOPE_PROVENANCE_GATE": "0"}, under("aog")),
         # 16 native frames instead of 24 (the Python frames follow either way)
         ("allocscope/depth16", {}, under("a16", "--stack-depth", "16")),
         # the module hooks through ctypes and Python tensor hooks, not the bridge's
@@ -399,21 +404,22 @@ def main():
             ("interposer only, no driver hooks", {"ALLOCSCOPE_DRIVER_HOOKS": "0"},
              under("b01", "--no-python", "--plugins", "none", "--stack-depth", "0")),
             # + the shim's module hooks and the bridge's blocks
-            ("+ shim, bridge", {}, under("b1", "--plugins", "none", "--stack-depth", "0")),
+            ("+ shim, bridge", {}, under("b1", "--no-provenance", "--plugins", "none", "--stack-depth", "0")),
             # the shim's hooks, no blocks: the bridge not attached to the allocator
             ("+ shim, no blocks", {"ALLOCSCOPE_TORCH_BLOCKS": "0"},
-             under("b11", "--plugins", "none", "--stack-depth", "0")),
+             under("b11", "--no-provenance", "--plugins", "none", "--stack-depth", "0")),
             # the bridge's blocks, no module hooks (steps only, no layer tags)
             ("+ bridge, no module hooks", {"ALLOCSCOPE_PYTHON_MODULES": "0"},
-             under("b12", "--plugins", "none", "--stack-depth", "0")),
+             under("b12", "--no-provenance", "--plugins", "none", "--stack-depth", "0")),
             # the same without the backward tensor hooks
             ("+ shim w/o backward hooks", {"ALLOCSCOPE_PYTHON_BACKWARD": "0"},
-             under("b2", "--plugins", "none", "--stack-depth", "0")),
+             under("b2", "--no-provenance", "--plugins", "none", "--stack-depth", "0")),
             # + native stacks, no Python frames
             ("+ native stacks", {"ALLOCSCOPE_PYTHON_STACKS": "0"},
-             under("b3", "--plugins", "none")),
+             under("b3", "--no-provenance", "--plugins", "none")),
             # + Python frames
-            ("+ python frames", {}, under("b4", "--plugins", "none")),
+            ("+ python frames", {}, under("b4", "--no-provenance", "--plugins", "none")),
+            # + the plugins: allocscope/no-provenance; + provenance: allocscope
         ]
     known = {c[0] for c in configs} | {c[0] for c in all_configs}
     if args.only:

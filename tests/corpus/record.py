@@ -117,7 +117,8 @@ def main():
         if args.steps:
             workload += ["--steps", str(args.steps)]
         command = [cli, "run", "--out", out, "--plugins", "none", "--"] + workload
-        env = dict(os.environ, ALLOCSCOPE_PROVENANCE="1")
+        env = dict(os.environ)
+        env.pop("ALLOCSCOPE_PROVENANCE", None)  # the default: provenance on
         start = time.time()
         result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
@@ -133,7 +134,7 @@ def main():
                 os.remove(path)
         labels = {
             "run": name,
-            "command": ["allocscope", "run", "--provenance", "--"] + workload[1:],
+            "command": ["allocscope", "run", "--"] + workload[1:],
             "recorded": {
                 "date": time.strftime("%Y-%m-%d"),
                 "gpu": torch.cuda.get_device_name(0),

@@ -14,8 +14,9 @@ backend:cudaMallocAsync: every tensor is a runtime-API call) and expandable
 (expandable_segments:True: segments through cuMemCreate/cuMemMap, blocks from
 the bridge).
 
-Every run is `allocscope run --provenance` (--no-provenance: without), the
-script's FP8 linear written as --fp8-impl says (function, subclass).
+Every run is a plain `allocscope run`, provenance on by default (--no-provenance:
+`allocscope run --no-provenance`), the script's FP8 linear written as
+--fp8-impl says (function, subclass).
 
 Checks, on both ranks:
   any    every weight-copy-accumulation or transpose-cache-retention warning
@@ -97,7 +98,7 @@ def run_one(cli, out_dir, mode, allocator, args, backend):
     if ALLOCATORS[allocator]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[allocator]
     cmd = [
-        cli, "run", "--out", out_dir, "--force"] + (["--provenance"] if args.provenance else []) + [
+        cli, "run", "--out", out_dir, "--force"] + ([] if args.provenance else ["--no-provenance"]) + [
         "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
         str(args.nproc), SCRIPT, "--mode", mode, "--steps", str(args.steps),
         "--fp8-impl", args.fp8_impl,
@@ -226,7 +227,7 @@ def main():
                              "a __torch_dispatch__ tensor subclass")
     parser.add_argument("--tokens", type=int, help="the script's tokens per rank (default its 64)")
     parser.add_argument("--no-provenance", dest="provenance", action="store_false",
-                        help="run without `allocscope run --provenance`: then no mode may give "
+                        help="run under `allocscope run --no-provenance`: then no mode may give "
                              "a weight-copy or transpose error or warning (size matches are info)")
     parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="nccl",
                         help="the script's process group backend; gloo lets ranks share a GPU; "

@@ -19,12 +19,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "findings.h"
 #include "findings_reader.h"
 #include "fp8/layout.h"
+#include "report.h"
 #include "support.h"
 #include "weight_sizes.h"
 
@@ -173,7 +175,43 @@ TEST_CASE("an error needs provenance: without declarations the weight plugins on
             CHECK(f.severity == Severity::info);
             CHECK(f.basis != "proven");
         }
-        const auto found = problems(live(temp.dir / "on", c.args));
+        // The findings file says provenance was off, and why; the run's
+        // summary line names the layers the plugin matched by size alone.
+        for (const RankRun& r : without.ranks)
+            CHECK(r.provenance == "off: the harness ran with --no-provenance");
+        const std::string line = unproven_weights_line(without);
+        CAPTURE(line);
+        std::set<std::string> sized[2];  // rank 0's layers matched by size, per plugin
+        for (const Finding& f : without.findings) {
+            if (f.rank != 0 || f.basis != "size-only" || f.layer.rfind("layers.", 0) != 0)
+                continue;
+            sized[f.plugin == "weight-copy-accumulation" ? 0 : 1].insert(f.layer);
+        }
+        // The harness's FP8 weight copies match by size: the line counts them.
+        if (std::string(c.plugin) == "weight-copy-accumulation")
+            CHECK(sized[0].size() == size_t(kLayers));
+        if (sized[0].empty() && sized[1].empty()) {
+            CHECK(line ==
+                  "provenance was off on ranks 0–1: the harness ran with --no-provenance; the "
+                  "weight-copy and transpose detectors had sizes only, and no layer matched "
+                  "their patterns");
+        } else {
+            CHECK(line.rfind("weight-copy / transpose detectors had sizes only (provenance was "
+                             "off on ranks 0–1: the harness ran with --no-provenance): ",
+                             0) == 0);
+            const char* const patterns[] = {" layers match the FP8 weight-copy pattern",
+                                            " layers match the transpose-cache pattern"};
+            for (int d = 0; d < 2; ++d)
+                if (sized[d].size() > 1)
+                    CHECK(line.find(std::to_string(sized[d].size()) + patterns[d]) !=
+                          std::string::npos);
+            CHECK(line.find("not proven, so not errors") != std::string::npos);
+        }
+        const FindingsFile with = live(temp.dir / "on", c.args);
+        for (const RankRun& r : with.ranks)
+            CHECK(r.provenance == "on");
+        CHECK(unproven_weights_line(with).empty());
+        const auto found = problems(with);
         CHECK(found.size() == 1);
         REQUIRE(found.count(c.plugin) == 1);
         for (const Finding& f : found.at(c.plugin)) {

@@ -8,8 +8,10 @@
 // stream builders above them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -312,8 +314,10 @@ TEST_CASE("seed-like column-wise forms kept past backward: one finding per layer
             CHECK(f->bytes == c.per_layer);
             CHECK(f->count == c.allocations);
             std::vector<uint64_t> seqs;
+            std::vector<uint64_t> sizes;
             for (const auto& e : f->evidence) {
                 seqs.push_back(e.alloc_seq);
+                sizes.push_back(e.size);
                 // Every backward retains the same: the latest is reported,
                 // still held when the stream ends (no next forward frees it).
                 CHECK(e.step == 3);
@@ -323,6 +327,9 @@ TEST_CASE("seed-like column-wise forms kept past backward: one finding per layer
                 CHECK(e.note ==
                       "derived from " + e.layer + ".weight: transpose; alive after backward");
             }
+            // The largest first: the same allocations, sizes never growing.
+            CHECK(std::is_sorted(sizes.begin(), sizes.end(), std::greater<uint64_t>()));
+            std::sort(seqs.begin(), seqs.end());
             CHECK(seqs == run.kept(3, i));
             CHECK(f->summary.find("retained after 3 backwards") != std::string::npos);
         }
@@ -590,7 +597,7 @@ TEST_CASE("PyTorch-style nesting: attributed to the numbered layer, not the mode
     REQUIRE(f != nullptr);
     CHECK(f->bytes == 786432);
     CHECK(f->evidence[0].phase == "backward");
-    CHECK(f->evidence[0].layer == "model.layers.1.attn.qkv");
+    CHECK(f->evidence[0].layer == "model.layers.1.mlp.fc1");  // the largest (4H x H), first made
 }
 
 TEST_CASE("no registered parameters: one log line, no findings") {
@@ -760,10 +767,11 @@ TEST_CASE(
         CHECK(f->bytes == 786432);  // what the proven run reports as an error
         CHECK(f->summary.find("size alone does not show") != std::string::npos);
         CHECK(f->summary.find("allocscope diff BASE CAND") != std::string::npos);
-        CHECK(f->summary.find("--provenance") != std::string::npos);
+        CHECK(f->summary.find("on by default under allocscope run") != std::string::npos);
         REQUIRE(f->evidence.size() == 4);
+        // The largest first: fc1's (4H x H), made before fc2's of that size.
         CHECK(f->evidence[0].note == "size of " + run.layer(i) +
-                                         ".attn.qkv.weight's FP8 data or transpose (size only); "
+                                         ".mlp.fc1.weight's FP8 data or transpose (size only); "
                                          "alive after backward");
     }
 }

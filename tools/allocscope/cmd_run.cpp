@@ -39,7 +39,7 @@ namespace fs = std::filesystem;
 constexpr const char* kRunHelp =
     R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
-                     [--check] [--fail-on info|warning|error] [--nvtx] [--provenance]
+                     [--check] [--fail-on info|warning|error] [--nvtx] [--no-provenance]
                      -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
@@ -88,13 +88,16 @@ options:
                      NVTX_INJECTION64_PATH already names another tool (NVTX
                      loads one per process)
   --no-python        leave Python processes alone (see Python below)
-  --provenance       PyTorch: follow each parameter through the ATen ops
-                     that read it and declare every allocation computed from
-                     it alone (a quantized copy, a transpose, a scale), so
-                     the weight detectors report proven copies, not size
-                     matches (sets ALLOCSCOPE_PROVENANCE=1; needs the PyTorch
-                     bridge; every op pays for it; see README.md, "PyTorch,
-                     unchanged")
+  --no-provenance    PyTorch: do not follow the parameters through the ATen
+                     ops (sets ALLOCSCOPE_PROVENANCE=0). By default, where
+                     the PyTorch bridge loads, every allocation computed
+                     from one parameter alone (a quantized copy, a
+                     transpose, a scale) is declared, so that the weight
+                     detectors report proven copies, not size matches;
+                     without it they can only match sizes, never an error,
+                     and the summary says which layers matched (README.md,
+                     "PyTorch, unchanged"). --provenance sets
+                     ALLOCSCOPE_PROVENANCE=1 (the default)
 
 environment:
   ALLOCSCOPE_LIB     path of liballocscope.so to preload instead of the bundled one
@@ -363,6 +366,7 @@ int run_command(const std::vector<std::string>& args) {
     bool nvtx = false;
     bool python = true;
     bool provenance = false;
+    bool no_provenance = false;
     Severity threshold = Severity::error;
     Args parser("run", kRunHelp);
     parser.value({"--out"}, out)
@@ -386,6 +390,7 @@ int run_command(const std::vector<std::string>& args) {
         .flag({"--nvtx"}, nvtx)
         .flag({"--no-python"}, python, false)
         .flag({"--provenance"}, provenance)
+        .flag({"--no-provenance"}, no_provenance)
         .stop_at_first_positional();
     if (const auto status = parser.parse(args)) return *status;
     const std::vector<std::string>& command = parser.positionals();
@@ -451,7 +456,10 @@ int run_command(const std::vector<std::string>& args) {
     if (!plugin_options.empty()) setenv("ALLOCSCOPE_PLUGIN_OPTIONS", options_env.c_str(), 1);
     if (!plugin_dir.empty()) setenv("ALLOCSCOPE_PLUGIN_DIR", plugin_dir.c_str(), 1);
     if (nvtx) setenv("NVTX_INJECTION64_PATH", lib.c_str(), 1);
+    if (provenance && no_provenance)
+        return fail("--provenance and --no-provenance contradict each other");
     if (provenance) setenv("ALLOCSCOPE_PROVENANCE", "1", 1);
+    if (no_provenance) setenv("ALLOCSCOPE_PROVENANCE", "0", 1);
     if (python) set_up_python(lib, command[0]);
 
     std::vector<char*> argv;

@@ -113,6 +113,10 @@ namespace allocscope::torch_bridge {
 // segment's base would make the whole segment "derived from a weight".
 // Here, not in bridge.cpp: the CPU test library has no bridge.
 std::atomic<bool> g_tensors_visible{false};
+// Set by tag_hooks.cpp when the shim's tag calls go through its builtins,
+// which then call provenance_tag_changed() after each (the gate below).
+std::atomic<bool> g_tags_through_hooks{false};
+void provenance_tag_changed() noexcept;
 }  // namespace allocscope::torch_bridge
 
 namespace {
@@ -172,9 +176,56 @@ struct Entry {
     ChainPtr chain;
 };
 
+// Which storages may be in the map, read without the map's lock: a bit per
+// hash of the StorageImpl's address, set when an entry is made and cleared
+// only when the sweep rebuilds it from the entries left. A clear bit means
+// "not in the map", so an op with an input that is neither in the map nor
+// a possible seed derives nothing, and the callback returns without the
+// lock (nearly every op: an activation is among its inputs). A set bit may
+// be a collision: the map decides. The rebuild is a sequence lock: a reader
+// that overlapped one takes the map's word instead.
+class KnownFilter {
+  public:
+    static constexpr unsigned kBitsLog2 = 18;  // 32 KiB: few collisions at a few thousand entries
+
+    // Whether `p` may be in the map. Any thread, no lock.
+    bool may_hold(const void* p) const noexcept {
+        const uint64_t g = gen_.load(std::memory_order_acquire);
+        if (g & 1) return true;  // being rebuilt
+        const size_t b = bit(p);
+        const bool set = words_[b / 64].load(std::memory_order_relaxed) & (uint64_t{1} << (b % 64));
+        std::atomic_thread_fence(std::memory_order_acquire);
+        return set || gen_.load(std::memory_order_relaxed) != g;
+    }
+    // The map's lock is held.
+    void add(const void* p) noexcept {
+        const size_t b = bit(p);
+        words_[b / 64].fetch_or(uint64_t{1} << (b % 64), std::memory_order_relaxed);
+    }
+    // Clears every bit, then add()s what `refill` adds; the map's lock is held.
+    template <class Refill>
+    void rebuild(Refill&& refill) {
+        gen_.store(gen_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_release);
+        for (auto& w : words_)
+            w.store(0, std::memory_order_relaxed);
+        refill();
+        gen_.store(gen_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    }
+
+  private:
+    static size_t bit(const void* p) noexcept {
+        const uint64_t x = (reinterpret_cast<uintptr_t>(p) >> 4) * 0x9E3779B97F4A7C15ull;
+        return static_cast<size_t>(x >> (64 - kBitsLog2));
+    }
+    std::atomic<uint64_t> gen_{0};  // odd while rebuilt
+    std::atomic<uint64_t> words_[(size_t{1} << kBitsLog2) / 64] = {};
+};
+
 struct State {
     std::mutex mu;
     std::unordered_map<const c10::StorageImpl*, Entry> known;
+    KnownFilter filter;  // the keys of `known`, readable without `mu`
     size_t sweep_at = kFirstSweep;
     std::deque<Param> params;  // never shrinks: chains point into it
     std::unordered_map<std::string, std::vector<const Param*>> by_layer;
@@ -187,7 +238,7 @@ struct State {
     uint32_t backward = 0;
     bool debug = false;
 
-    std::atomic<uint64_t> ops{0}, op_ns{0}, seeds{0}, marked{0}, declared{0};
+    std::atomic<uint64_t> ops{0}, op_ns{0}, slow{0}, seeds{0}, marked{0}, declared{0};
 };
 
 // Never destroyed: callbacks may still run on other threads while the
@@ -205,6 +256,33 @@ uint64_t mono_ns() noexcept {
     return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// The gate. An op can derive from a parameter only where a seed can be
+// found (inside a forward or backward tag of a layer that has registered
+// parameters, or of one inside such a layer: seed_param's rule) or where
+// what was derived there is used again, which is the same places for the
+// weight copies and transposes that FP8 linears make. Elsewhere (attention
+// and activation functions between the linears, the loss, the optimizer,
+// FSDP's copies between the layers) no op can take a parameter's seed, and
+// RecordFunction would still box every op's inputs and outputs for the
+// callback. So where the shim's tags come through tag_hooks.cpp, the
+// callback is enabled only while some thread is in such a scope:
+// provenance_tag_changed() looks again after each tag call of a thread,
+// and the callback is disabled when no thread is in one. Where tags come
+// another way (ctypes, NVTX) the gate stays open.
+struct Gate {
+    std::mutex mu;
+    at::CallbackHandle handle = 0;
+    bool enabled = true;  // the callback's state
+    int threads = 0;      // threads in a parameter scope
+    std::atomic<uint64_t> switches{0};
+};
+Gate& gate() {
+    static Gate* g = new Gate;  // never destroyed, as the state
+    return *g;
+}
+std::atomic<bool> g_gating{false};
+thread_local bool t_in_scope = false;
+
 // ALLOCSCOPE_LOG=debug: one line at exit.
 struct Report {
     ~Report() {
@@ -212,13 +290,17 @@ struct Report {
         State& s = state();
         const uint64_t ops = s.ops.load();
         std::fprintf(stderr,
-                     "allocscope: provenance: %llu ops observed, %llu ns each; %llu seeds, %llu "
-                     "derived storages, %llu declared\n",
+                     "allocscope: provenance: %llu ops observed, %llu ns each, %llu on the slow "
+                     "path; %llu seeds, %llu derived storages, %llu declared\n",
                      static_cast<unsigned long long>(ops),
                      static_cast<unsigned long long>(ops ? s.op_ns.load() / ops : 0),
+                     static_cast<unsigned long long>(s.slow.load()),
                      static_cast<unsigned long long>(s.seeds.load()),
                      static_cast<unsigned long long>(s.marked.load()),
                      static_cast<unsigned long long>(s.declared.load()));
+        if (g_gating.load())
+            std::fprintf(stderr, "allocscope: provenance: the gate switched the observer %llu times\n",
+                         static_cast<unsigned long long>(gate().switches.load()));
     }
 };
 Report g_report;
@@ -290,11 +372,13 @@ struct Context : at::ObserverContext {
     int slot = -1;             // index in t_open, -1 when not pushed
 };
 
-// The registered parameter `t` is (see the rules above), or nullptr. `s`'s
-// map lock is held.
-const Param* seed_param(State& s, const at::Tensor& t) {
-    if (s.by_layer.empty()) return nullptr;
-    if (s.kind_depth(s.forward) <= 0 && s.kind_depth(s.backward) <= 0) return nullptr;
+// Whether the calling thread is inside a module's forward or backward tag.
+bool in_pass(const State& s) {
+    return s.kind_depth(s.forward) > 0 || s.kind_depth(s.backward) > 0;
+}
+
+// The layer of the calling thread's innermost tag.
+std::string current_layer(const State& s) {
     char buf[256];
     const size_t n = s.current_layer(buf, sizeof buf);
     std::string layer;
@@ -304,23 +388,43 @@ const Param* seed_param(State& s, const at::Tensor& t) {
         layer.resize(n + 1);
         layer.resize(std::min(s.current_layer(layer.data(), layer.size()), n));
     }
-    const c10::IntArrayRef shape = t.sizes();
+    return layer;
+}
+
+// The registered parameters of `layer` or of the nearest layer enclosing
+// it that has some, or nullptr. `s`'s map lock is held.
+const std::vector<const Param*>* nearest_params(const State& s, std::string layer) {
+    if (s.by_layer.empty()) return nullptr;
     for (;;) {
         auto it = s.by_layer.find(layer);
-        if (it != s.by_layer.end() && !it->second.empty()) {
-            const Param* found = nullptr;
-            for (const Param* p : it->second) {
-                if (!std::equal(p->shape.begin(), p->shape.end(), shape.begin(), shape.end()))
-                    continue;
-                if (found) return nullptr;  // two parameters of that shape
-                found = p;
-            }
-            return found;
-        }
+        if (it != s.by_layer.end() && !it->second.empty()) return &it->second;
         if (layer.empty()) return nullptr;
         const size_t dot = layer.rfind('.');
         layer.resize(dot == std::string::npos ? 0 : dot);
     }
+}
+
+// The registered parameter `t` is (see the rules above), or nullptr. `s`'s
+// map lock is held.
+const Param* seed_param(State& s, const at::Tensor& t) {
+    if (s.by_layer.empty() || !in_pass(s)) return nullptr;
+    const std::vector<const Param*>* params = nearest_params(s, current_layer(s));
+    if (!params) return nullptr;
+    const c10::IntArrayRef shape = t.sizes();
+    const Param* found = nullptr;
+    for (const Param* p : *params) {
+        if (!std::equal(p->shape.begin(), p->shape.end(), shape.begin(), shape.end())) continue;
+        if (found) return nullptr;  // two parameters of that shape
+        found = p;
+    }
+    return found;
+}
+
+bool in_param_scope(State& s) {
+    if (!in_pass(s)) return false;
+    const std::string layer = current_layer(s);
+    std::lock_guard lock(s.mu);
+    return nearest_params(s, layer) != nullptr;
 }
 
 // Drops the entries of dead storages when the map has doubled since the
@@ -334,7 +438,38 @@ void sweep_if_due(State& s) {
             ++it;
         }
     }
+    s.filter.rebuild([&s] {
+        for (const auto& [impl, entry] : s.known)
+            s.filter.add(impl);
+    });
     s.sweep_at = std::max(kFirstSweep, 2 * s.known.size());
+}
+
+// A tensor that may be a seed (the rules above; the layer and shape are
+// looked at under the lock).
+bool may_seed(const at::Tensor& t) {
+    return t.requires_grad() && t.is_leaf() && !t.is_view();
+}
+
+// Whether the op can derive anything, from its inputs alone and without
+// the lock: every tensor input of a plain op, and the source of a copy_,
+// must be in the map or a possible seed. False for nearly every op.
+bool may_derive(const State& s, c10::ArrayRef<const c10::IValue> inputs, OpKind kind) {
+    bool ok = true;
+    size_t tensors = 0;
+    size_t index = 0;
+    for (const c10::IValue& v : inputs) {
+        const size_t arg = index++;
+        if (kind == OpKind::copy && arg != 1) continue;
+        each_tensor(v, [&](const at::Tensor& t) {
+            if (!ok || !t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+            ++tensors;
+            const c10::Storage* storage = storage_of(t);
+            ok = storage && (s.filter.may_hold(storage->unsafeGetStorageImpl()) || may_seed(t));
+        });
+        if (!ok) return false;
+    }
+    return tensors > 0;
 }
 
 std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
@@ -342,7 +477,13 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
     const c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
     if (inputs.empty()) return nullptr;
     const std::string_view name = fn.name();
+    // copy_ first: which inputs may_derive looks at depends on it; the
+    // list of ops that carry no values only for the few ops that pass.
+    if (!may_derive(s, inputs, name == "aten::copy_" ? OpKind::copy : OpKind::plain))
+        return nullptr;
     const OpKind kind = classify(name);
+    if (kind == OpKind::no_values) return nullptr;
+    if (s.debug) s.slow.fetch_add(1, std::memory_order_relaxed);
 
     size_t tensors = 0;
     bool all_known = true;
@@ -363,7 +504,7 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
                     auto it = s.known.find(storage->unsafeGetStorageImpl());
                     if (it != s.known.end()) {
                         entry = &it->second;
-                    } else if (t.requires_grad() && t.is_leaf() && !t.is_view()) {
+                    } else if (may_seed(t)) {
                         if (const Param* p = seed_param(s, t)) {
                             auto chain = std::make_shared<Chain>();
                             chain->param = p;
@@ -372,6 +513,7 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
                                              storage->unsafeGetStorageImpl(),
                                              Entry{storage->getWeakStorageImpl(), std::move(chain)})
                                          .first->second;
+                            s.filter.add(storage->unsafeGetStorageImpl());
                             s.seeds.fetch_add(1, std::memory_order_relaxed);
                         }
                     }
@@ -431,6 +573,7 @@ struct Declaration {
 void mark(State& s, const c10::Storage& storage, const ChainPtr& chain,
           c10::SmallVector<Declaration, 2>& out) {
     s.known.emplace(storage.unsafeGetStorageImpl(), Entry{storage.getWeakStorageImpl(), chain});
+    s.filter.add(storage.unsafeGetStorageImpl());
     s.marked.fetch_add(1, std::memory_order_relaxed);
     const void* ptr = storage.unsafeGetStorageImpl()->data_ptr().get();
     if (ptr) out.push_back({ptr, chain->param, chain_text(*chain), storage.device().is_cuda()});
@@ -520,6 +663,28 @@ bool resolve(F& out, const char* name) {
 
 }  // namespace
 
+void allocscope::torch_bridge::provenance_tag_changed() noexcept {
+    if (!g_gating.load(std::memory_order_relaxed)) return;
+    try {
+        const bool now = in_param_scope(state());
+        if (now == t_in_scope) return;
+        Gate& g = gate();
+        std::lock_guard lock(g.mu);
+        t_in_scope = now;
+        g.threads += now ? 1 : -1;
+        const bool want = g.threads > 0;
+        if (want == g.enabled) return;
+        if (want) {
+            at::reenableCallback(g.handle);
+        } else {
+            at::disableCallback(g.handle);
+        }
+        g.enabled = want;
+        g.switches.fetch_add(1, std::memory_order_relaxed);
+    } catch (...) {  // out of memory: the gate stays as it is
+    }
+}
+
 ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forward_kind,
                                                                  uint32_t backward_kind,
                                                                  char* error, size_t error_size) {
@@ -542,10 +707,23 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
     const char* log = std::getenv("ALLOCSCOPE_LOG");
     s.debug = log && std::strcmp(log, "debug") == 0;
     try {
-        at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
-                                  .needsInputs(true)
-                                  .needsOutputs(true)
-                                  .scopes({at::RecordScope::FUNCTION}));
+        Gate& g = gate();
+        std::lock_guard lock(g.mu);
+        g.handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                             .needsInputs(true)
+                                             .needsOutputs(true)
+                                             .scopes({at::RecordScope::FUNCTION}));
+        // Gated from here on when the tags come through tag_hooks.cpp;
+        // enable() installs before any module runs, so no thread is in a
+        // scope yet. ALLOCSCOPE_PROVENANCE_GATE=0 keeps it open (to measure
+        // what the gate saves, and whether it loses anything).
+        const char* open = std::getenv("ALLOCSCOPE_PROVENANCE_GATE");
+        if (allocscope::torch_bridge::g_tags_through_hooks.load() &&
+            !(open && std::strcmp(open, "0") == 0)) {
+            at::disableCallback(g.handle);
+            g.enabled = false;
+            g_gating.store(true);
+        }
     } catch (const std::exception& e) {
         std::string what = e.what();
         if (const size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);

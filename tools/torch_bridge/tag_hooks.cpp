@@ -55,7 +55,14 @@
 
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
+namespace allocscope::torch_bridge {
+extern std::atomic<bool> g_tags_through_hooks;  // provenance.cpp
+void provenance_tag_changed() noexcept;         // provenance.cpp: after each tag call
+}  // namespace allocscope::torch_bridge
+
 namespace {
+
+using allocscope::torch_bridge::provenance_tag_changed;
 
 using Enter = int (*)(uint64_t, uint32_t, uint64_t, const char*, const char*);
 using Leave = int64_t (*)(uint64_t, uint32_t, const char**);
@@ -82,13 +89,15 @@ std::atomic<int64_t> g_end_queued{-1};
 void end_of_backward() noexcept {
     g_end_queued.store(-1, std::memory_order_relaxed);
     g_tags.leave_kind(g_tags.backward, UINT64_MAX);
+    provenance_tag_changed();
 }
 
 // Runs on an autograd thread, without the GIL; must not throw.
 void backward_enter(uint64_t key, const char* layer, int64_t generation) noexcept {
-    if (g_tags.enter_nested(key, g_tags.backward, static_cast<uint64_t>(generation), layer,
-                            "backward") <= 0)
-        return;
+    const int entered = g_tags.enter_nested(key, g_tags.backward,
+                                            static_cast<uint64_t>(generation), layer, "backward");
+    provenance_tag_changed();
+    if (entered <= 0) return;
     if (g_end_queued.exchange(generation, std::memory_order_relaxed) == generation) return;
     try {
         torch::autograd::Engine::get_default_engine().queue_callback(end_of_backward);
@@ -130,15 +139,18 @@ PyObject* enter_like(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if (!arg_count(n, 5, "enter") || !u64_arg(args[0], key) || !u64_arg(args[1], kind) ||
         !u64_arg(args[2], generation) || !text_arg(args[3], layer) || !text_arg(args[4], phase))
         return nullptr;
-    return PyLong_FromLong(
-        (g_tags.*call)(key, static_cast<uint32_t>(kind), generation, layer, phase));
+    const int entered = (g_tags.*call)(key, static_cast<uint32_t>(kind), generation, layer, phase);
+    provenance_tag_changed();
+    return PyLong_FromLong(entered);
 }
 
 PyObject* leave(PyObject*, PyObject* const* args, Py_ssize_t n) {
     uint64_t key = 0, kind = 0;
     if (!arg_count(n, 3, "leave") || !u64_arg(args[0], key) || !u64_arg(args[1], kind))
         return nullptr;
-    return PyLong_FromLongLong(g_tags.leave(key, static_cast<uint32_t>(kind), nullptr));
+    const int64_t left = g_tags.leave(key, static_cast<uint32_t>(kind), nullptr);
+    provenance_tag_changed();
+    return PyLong_FromLongLong(left);
 }
 
 PyObject* leave_kind(PyObject*, PyObject* const* args, Py_ssize_t n) {
@@ -146,6 +158,7 @@ PyObject* leave_kind(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if (!arg_count(n, 2, "leave_kind") || !u64_arg(args[0], kind) || !u64_arg(args[1], older_than))
         return nullptr;
     g_tags.leave_kind(static_cast<uint32_t>(kind), older_than);
+    provenance_tag_changed();
     Py_RETURN_NONE;
 }
 
@@ -227,6 +240,7 @@ PyObject* forward_post(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if (wanted < 0) return nullptr;
     const char* layer = nullptr;
     const int64_t generation = g_tags.leave(key, g_tags.forward, &layer);
+    provenance_tag_changed();
     if (generation < 0 || !wanted || !c10::GradMode::is_enabled()) Py_RETURN_NONE;
     try {
         Tensors outputs, inputs;
@@ -241,7 +255,10 @@ PyObject* forward_post(PyObject*, PyObject* const* args, Py_ssize_t n) {
         }
         for (PyObject* i : inputs) {
             THPVariable_Unpack(i).register_hook(
-                [key](const at::TensorBase&) { g_tags.leave(key, g_tags.backward, nullptr); });
+                [key](const at::TensorBase&) {
+                    g_tags.leave(key, g_tags.backward, nullptr);
+                    provenance_tag_changed();
+                });
         }
     } catch (python_error& e) {
         e.restore();
@@ -324,5 +341,8 @@ ALLOCSCOPE_BRIDGE_EXPORT PyObject* allocscope_torch_bridge_ops(uint32_t forward_
         }
         Py_DECREF(fn);
     }
+    // The shim tags through these from now on (_tags.py): provenance may
+    // gate its observer on them.
+    allocscope::torch_bridge::g_tags_through_hooks.store(true);
     return ops;
 }

@@ -56,11 +56,15 @@ inline void emit(const allocscope_host_v1& host, const Finding& f) {
     host.emit(host.ctx, &out);
 }
 
-// A finding's evidence, capped (the count stays exact), in sequence order.
+// A finding's evidence, capped (the count stays exact): the largest
+// allocations first, equal sizes in sequence order, so that the cap keeps
+// the largest and the first evidence (whose stack the report shows) is the
+// one that holds the most bytes (the host orders every finding so too).
 inline constexpr std::size_t kMaxEvidence = 256;
 inline std::vector<Evidence> capped_evidence(std::vector<Evidence> evidence) {
-    std::sort(evidence.begin(), evidence.end(),
-              [](const Evidence& a, const Evidence& b) { return a.alloc_seq < b.alloc_seq; });
+    std::sort(evidence.begin(), evidence.end(), [](const Evidence& a, const Evidence& b) {
+        return a.size != b.size ? a.size > b.size : a.alloc_seq < b.alloc_seq;
+    });
     if (evidence.size() > kMaxEvidence) evidence.resize(kMaxEvidence);
     return evidence;
 }

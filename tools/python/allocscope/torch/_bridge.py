@@ -121,10 +121,9 @@ def attach_bridge():
     from . import _provenance
 
     if _provenance._provenance_param is not None and not _tensors_visible:
-        _say(
-            "provenance",
-            "provenance is off: the caching allocator's tensors are not visible as allocations "
-            "(the bridge is not attached to it), and a declaration would name a whole segment",
+        _provenance._off(
+            "the caching allocator's tensors are not visible as allocations "
+            "(the bridge is not attached to it), and a declaration would name a whole segment"
         )
     return _bridge_state
 

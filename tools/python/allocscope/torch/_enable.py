@@ -15,6 +15,7 @@ from ._common import _lock, _say
 from ._cost import _timed
 from ._naming import _add_root
 from ._provenance import _install_provenance
+from ._provenance import _off as _provenance_off
 from ._tags import _make_ops
 
 _enabled = False
@@ -75,11 +76,10 @@ def enable(model=None, optimizer=None):
             _handles.append(post)
         else:
             _say("modules", "module hooks left out (ALLOCSCOPE_PYTHON_MODULES=0): no layer tags")
-        if os.environ.get("ALLOCSCOPE_PROVENANCE", "0") == "1":
-            try:
-                _install_provenance()
-            except Exception as e:  # never break the program
-                _say("provenance", "provenance is off: %s" % e)
+        try:
+            _install_provenance()
+        except Exception as e:  # never break the program
+            _provenance_off(str(e))
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
         _hooks._backward_hooks = os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0"

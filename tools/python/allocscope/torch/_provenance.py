@@ -1,38 +1,91 @@
-"""allocscope.torch's provenance (ALLOCSCOPE_PROVENANCE=1): installing the
-bridge's ATen op observer (tools/torch_bridge/provenance.cpp), which then
-hears of every registered parameter."""
+"""allocscope.torch's provenance (on by default; ALLOCSCOPE_PROVENANCE=0 or
+`allocscope run --no-provenance` turn it off): installing the bridge's ATen
+op observer (tools/torch_bridge/provenance.cpp), which then hears of every
+registered parameter. Whether it runs, and why not, goes into the trace as
+a mark (allocscope.h, ALLOCSCOPE_PROVENANCE_MARK) with the first parameters
+registered, so that the run's summary can say what the weight detectors
+could only match by size."""
 
 import ctypes
 import os
+
+import allocscope as _allocscope
 
 from ._bridge import _bridge_candidates, _bridge_path
 from ._common import _BACKWARD, _FORWARD, _say
 
 _provenance_param = None  # the bridge's allocscope_torch_provenance_param once installed
+_status = None  # "on" or "off: <why>" once decided
+_marked = None  # the status last marked in the trace
+
+_SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _wanted():
+    """ALLOCSCOPE_PROVENANCE: on unless 0, false or no (core's switch
+    values); any other value says so in one line and keeps it on."""
+    raw = os.environ.get("ALLOCSCOPE_PROVENANCE")
+    if raw is None or raw == "":
+        return True
+    on = _SWITCH.get(raw.strip().lower())
+    if on is None:
+        _say(
+            "provenance value",
+            "ALLOCSCOPE_PROVENANCE=%r: accepted values are 1, 0, true, false, yes, no; "
+            "provenance stays on" % raw,
+        )
+        return True
+    return on
+
+
+def _off(why, say=True):
+    """Provenance does not run: says why in one line (once) and keeps it for
+    the trace's mark. Returns False."""
+    global _status
+    _status = "off: " + why
+    if say:
+        _say("provenance", "provenance is off: %s" % why)
+    note_status()
+    return False
+
+
+def note_status():
+    """Marks the provenance status in the trace once parameters are being
+    registered (a process that registers none, such as a launcher, is
+    not made to record), and again when it changed."""
+    global _marked
+    if _status is None or _status == _marked or not _registered[0]:
+        return
+    _marked = _status
+    try:
+        _allocscope.mark("allocscope: provenance " + _status)
+    except Exception:
+        pass
+
+
+_registered = [False]  # set by _naming once it registers parameters
 
 
 def _install_provenance():
-    """The bridge's op observer (ALLOCSCOPE_PROVENANCE=1): installed once,
-    never removed; says in one line why not when it cannot be."""
-    global _provenance_param
+    """The bridge's op observer: installed once, never removed; says in one
+    line why not when it cannot be."""
+    global _provenance_param, _status
     if _provenance_param is not None:
         return True
+    if not _wanted():
+        return _off("turned off (ALLOCSCOPE_PROVENANCE=0, or allocscope run --no-provenance)", say=False)
     if os.environ.get("ALLOCSCOPE_PYTHON_MODULES", "1") == "0":
-        _say("provenance", "provenance is off: it needs the module hooks (ALLOCSCOPE_PYTHON_MODULES=0)")
-        return False
+        return _off("it needs the module hooks (ALLOCSCOPE_PYTHON_MODULES=0)")
     path = _bridge_path()
     if path is None:
         from . import _bridge
 
         if _bridge._refused is not None:
-            _say("provenance", "provenance is off: %s" % _bridge._refused)
-            return False
-        _say(
-            "provenance",
-            "provenance is off: the PyTorch bridge is not built (looked for %s)"
-            % (", ".join(_bridge_candidates()) or "ALLOCSCOPE_TORCH_BRIDGE"),
+            return _off(_bridge._refused)
+        return _off(
+            "the PyTorch bridge is not built (looked for %s)"
+            % (", ".join(_bridge_candidates()) or "ALLOCSCOPE_TORCH_BRIDGE")
         )
-        return False
     try:
         lib = ctypes.CDLL(os.path.abspath(path))
         install = lib.allocscope_torch_provenance_install
@@ -42,13 +95,13 @@ def _install_provenance():
         param.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]
         param.restype = None
     except (OSError, AttributeError) as e:
-        _say("provenance", "provenance is off: the PyTorch bridge %s has no op observer (%s)" % (path, e))
-        return False
+        return _off("the PyTorch bridge %s has no op observer (%s)" % (path, e))
     error = ctypes.create_string_buffer(512)
     if install(_FORWARD, _BACKWARD, error, len(error)) < 0:
-        _say("provenance", "provenance is off: %s" % error.value.decode("utf-8", "replace"))
-        return False
+        return _off(error.value.decode("utf-8", "replace"))
     _provenance_param = param
+    _status = "on"
+    note_status()
     if os.environ.get("ALLOCSCOPE_LOG") == "debug":
         _say("provenance on", "provenance: the op observer of %s is installed" % path)
     return True
