@@ -137,29 +137,24 @@ struct Param {
     std::vector<int64_t> shape;
 };
 
-// How a storage was computed from its parameter: immutable once made,
-// shared by the entries it was extended for.
+// How a storage was computed from its parameter: immutable once made
+// (but for the cache of its extensions), shared by the entries it was
+// extended for.
+struct Chain;
+using ChainPtr = std::shared_ptr<const Chain>;
 struct Chain {
     const Param* param = nullptr;
     std::vector<std::string> head;  // the first kChainEnds ops
     std::vector<std::string> tail;  // the last kChainEnds after those
     bool elided = false;            // ops were dropped between head and tail
+    std::string text;               // "layers.3.fc1.weight -> abs -> …", made once
+    // The chains extended from this one, by op: every step runs the same
+    // ops on the same parameter storages (FSDP2 keeps them), so after the
+    // first step a derivation allocates nothing and builds no text. Read
+    // and written under the map's lock; at most kMaxExtensions kept.
+    mutable std::unordered_map<std::string, ChainPtr> extensions;
 };
-using ChainPtr = std::shared_ptr<const Chain>;
-
-ChainPtr extend(const ChainPtr& from, std::string_view op) {
-    auto next = std::make_shared<Chain>(*from);
-    if (next->head.size() < kChainEnds) {
-        next->head.emplace_back(op);
-    } else {
-        next->tail.emplace_back(op);
-        if (next->tail.size() > kChainEnds) {
-            next->tail.erase(next->tail.begin());
-            next->elided = true;
-        }
-    }
-    return next;
-}
+constexpr size_t kMaxExtensions = 64;
 
 std::string chain_text(const Chain& c) {
     std::string out = c.param->full;
@@ -169,6 +164,37 @@ std::string chain_text(const Chain& c) {
     for (const std::string& op : c.tail)
         out += " -> " + op;
     return out;
+}
+
+// A parameter's own chain (a seed).
+ChainPtr root_chain(const Param* p) {
+    auto c = std::make_shared<Chain>();
+    c->param = p;
+    c->text = chain_text(*c);
+    return c;
+}
+
+// `from` followed by `op`. The map's lock is held.
+ChainPtr extend(const ChainPtr& from, std::string_view op) {
+    std::string key(op);
+    if (auto it = from->extensions.find(key); it != from->extensions.end()) return it->second;
+    auto next = std::make_shared<Chain>();
+    next->param = from->param;
+    next->head = from->head;
+    next->tail = from->tail;
+    next->elided = from->elided;
+    if (next->head.size() < kChainEnds) {
+        next->head.emplace_back(op);
+    } else {
+        next->tail.emplace_back(op);
+        if (next->tail.size() > kChainEnds) {
+            next->tail.erase(next->tail.begin());
+            next->elided = true;
+        }
+    }
+    next->text = chain_text(*next);
+    if (from->extensions.size() < kMaxExtensions) from->extensions.emplace(std::move(key), next);
+    return next;
 }
 
 struct Entry {
@@ -506,8 +532,7 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
                         entry = &it->second;
                     } else if (may_seed(t)) {
                         if (const Param* p = seed_param(s, t)) {
-                            auto chain = std::make_shared<Chain>();
-                            chain->param = p;
+                            ChainPtr chain = root_chain(p);
                             entry = &s.known
                                          .emplace(
                                              storage->unsafeGetStorageImpl(),
@@ -565,9 +590,8 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
 
 struct Declaration {
     const void* ptr;
-    const Param* param;
-    std::string how;
-    bool cuda;  // a CUDA storage: declared only where it is an allocation (bridge.cpp)
+    ChainPtr chain;  // its parameter and text
+    bool cuda;       // a CUDA storage: declared only where it is an allocation (bridge.cpp)
 };
 
 void mark(State& s, const c10::Storage& storage, const ChainPtr& chain,
@@ -576,7 +600,7 @@ void mark(State& s, const c10::Storage& storage, const ChainPtr& chain,
     s.filter.add(storage.unsafeGetStorageImpl());
     s.marked.fetch_add(1, std::memory_order_relaxed);
     const void* ptr = storage.unsafeGetStorageImpl()->data_ptr().get();
-    if (ptr) out.push_back({ptr, chain->param, chain_text(*chain), storage.device().is_cuda()});
+    if (ptr) out.push_back({ptr, chain, storage.device().is_cuda()});
 }
 
 void end(const at::RecordFunction& fn, Context& ctx) {
@@ -613,7 +637,8 @@ void end(const at::RecordFunction& fn, Context& ctx) {
         allocscope::torch_bridge::g_tensors_visible.load(std::memory_order_relaxed);
     for (const Declaration& d : declare) {
         if (d.cuda && !visible) continue;
-        s.derived(d.ptr, d.param->layer.c_str(), d.param->name.c_str(), d.how.c_str());
+        const Param* p = d.chain->param;
+        s.derived(d.ptr, p->layer.c_str(), p->name.c_str(), d.chain->text.c_str());
     }
     s.declared.fetch_add(declare.size(), std::memory_order_relaxed);
 }
