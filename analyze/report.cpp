@@ -461,11 +461,11 @@ std::string unproven_weights_line(const FindingsFile& file) {
     for (size_t d = 0; d < 2; ++d) {
         size_t n = 0;
         for (const std::string& l : layers[d]) {
-            const bool holds = std::any_of(layers[d].begin(), layers[d].end(),
-                                           [&l](const std::string& o) {
-                                               return o.size() > l.size() && o[l.size()] == '.' &&
-                                                      o.compare(0, l.size(), l) == 0;
-                                           });
+            const bool holds =
+                std::any_of(layers[d].begin(), layers[d].end(), [&l](const std::string& o) {
+                    return o.size() > l.size() && o[l.size()] == '.' &&
+                           o.compare(0, l.size(), l) == 0;
+                });
             n += holds ? 0 : 1;
         }
         if (n == 0) continue;
@@ -481,10 +481,11 @@ std::string unproven_weights_line(const FindingsFile& file) {
         "PyTorch bridge loads; C/C++ programs declare allocscope_derived()) or compare "
         "against a baseline (allocscope diff BASE CAND)";
     if (matched.empty())
-        return cause + "; the weight-copy and transpose detectors had sizes only, and no layer matched "
+        return cause +
+               "; the weight-copy and transpose detectors had sizes only, and no layer matched "
                "their patterns";
-    return "weight-copy / transpose detectors had sizes only (" + cause +
-           "): " + matched + ", not proven, so not errors; " + how;
+    return "weight-copy / transpose detectors had sizes only (" + cause + "): " + matched +
+           ", not proven, so not errors; " + how;
 }
 
 std::vector<FindingGroup> collapse_findings(const FindingsFile& file) {

@@ -5,6 +5,10 @@
 
 namespace allocscope::recorder {
 
+uint64_t current_step() noexcept {
+    return g ? g->step.load(std::memory_order_relaxed) : 0;  // State is never destroyed
+}
+
 void set_step(uint64_t step) noexcept {
     ApiScope scope;
     if (!scope.active()) return;

@@ -62,6 +62,10 @@ ALLOCSCOPE_EXPORT void allocscope_step(uint64_t step) {
     allocscope::recorder::set_step(step);
 }
 
+ALLOCSCOPE_EXPORT uint64_t allocscope_current_step(void) {
+    return allocscope::recorder::current_step();
+}
+
 ALLOCSCOPE_EXPORT void allocscope_register_param(const char* layer, const char* name,
                                                  uint64_t numel, const char* dtype,
                                                  uint64_t sharded_numel) {

@@ -123,6 +123,8 @@ uint32_t keyed_depth(uint32_t kind = 0) noexcept;
 // The layer of the calling thread's innermost tag ("" when none).
 std::string current_layer();
 void set_step(uint64_t step) noexcept;
+// The step counter's value (0 before the first allocscope_step).
+uint64_t current_step() noexcept;
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept;
 void mark(const char* text) noexcept;

@@ -131,6 +131,15 @@ std::string walk_cycles_text(const WalkStats& w) {
            " (recent rules), " + per(w.miss_cycles, misses) + " (process-wide cache)";
 }
 
+// ALLOCSCOPE_LOG=debug: "; N us a step over S steps" for a cost of `ns`,
+// "" before the first step.
+std::string per_step_text(uint64_t ns) {
+    const uint64_t steps = g->step.load(std::memory_order_relaxed);
+    if (steps == 0) return "";
+    return "; " + std::to_string(ns / steps / 1000) + " us a step over " + std::to_string(steps) +
+           " steps";
+}
+
 // ALLOCSCOPE_LOG=debug: what stack capture cost the program's threads.
 std::string stack_cost_line() {
     const uint64_t n = g->stacks_captured.load();
@@ -150,7 +159,7 @@ std::string stack_cost_line() {
            std::to_string(walks.frames ? walks.recent_hits * 100 / walks.frames : 0) +
            " % from its recent rules; " + std::to_string(walks.replays) +
            " captures replayed an earlier walk (the stack words it read unchanged)" +
-           walk_cycles_text(walks);
+           walk_cycles_text(walks) + per_step_text(ns);
 }
 
 // ALLOCSCOPE_LOG=debug, from the writer thread: the CPU it used, which the

@@ -41,7 +41,11 @@ Finding make(const std::string& plugin, Severity sev, int32_t rank, const std::s
 FindingsFile one_rank(int32_t rank, const std::string& trace, std::vector<Finding> findings) {
     FindingsFile f;
     f.findings = std::move(findings);
-    f.ranks.push_back({rank, trace, {"a", "b"}, {{"c", "init returned an error"}}, "off: the bridge is not built"});
+    f.ranks.push_back({rank,
+                       trace,
+                       {"a", "b"},
+                       {{"c", "init returned an error"}},
+                       "off: the bridge is not built"});
     return f;
 }
 

@@ -69,8 +69,9 @@ Provenance::Provenance(bool enabled) noexcept
     // The trace says whether provenance runs (allocscope.h), so that the
     // run's summary can say what the detectors matched by size alone.
     allocscope_dl_mark(active_ ? ALLOCSCOPE_PROVENANCE_ON
-                       : enabled ? ALLOCSCOPE_PROVENANCE_OFF "the interposer has no allocscope_derived"
-                                 : ALLOCSCOPE_PROVENANCE_OFF "the harness ran with --no-provenance");
+                       : enabled
+                           ? ALLOCSCOPE_PROVENANCE_OFF "the interposer has no allocscope_derived"
+                           : ALLOCSCOPE_PROVENANCE_OFF "the harness ran with --no-provenance");
 }
 
 void Provenance::declare(const void* ptr, const std::string& layer, const std::string& name,

@@ -82,6 +82,9 @@ size_t allocscope_current_layer(char* out, size_t size);
 
 /* Sets the process-wide training step. */
 void allocscope_step(uint64_t step);
+/* The step counter's value (0 before the first allocscope_step): what a
+ * component divides its costs by for ALLOCSCOPE_LOG=debug's per-step figures. */
+uint64_t allocscope_current_step(void);
 
 /* Declares a parameter of `layer`: `numel` elements when unsharded,
  * `sharded_numel` on this rank (equal to numel when not sharded), stored as

@@ -2,7 +2,7 @@
 run inside tests marked @pytest.mark.allocscope, in the pytest process,
 one rank on one GPU (NCCL, world size 1).
 
-    allocscope run --provenance -- python3 -m pytest -p allocscope.pytest tests/gpu/fsdp2_fp8_gate_test.py
+    allocscope run -- python3 -m pytest -p allocscope.pytest tests/gpu/fsdp2_fp8_gate_test.py
 
 * seed mode keeps each layer's FP8 weight copy from its forward to its
   backward and caches the transposes: the check must find it, so the test
@@ -11,9 +11,10 @@ one rank on one GPU (NCCL, world size 1).
 * fixed mode frees its copies in the phase that made them: the check must
   pass.
 
---provenance is needed: without it the weight detectors can only match
-sizes, which gives info findings, never a failure (run_torch_fsdp2.py
-checks the same). The seed test fails in one line when it is missing.
+Provenance (on by default) is needed: without it the weight detectors can
+only match sizes, which gives info findings, never a failure
+(run_torch_fsdp2.py checks the same). The seed test fails in one line when
+the shim says it is off (--no-provenance, no bridge).
 Skipped without torch, a CUDA GPU or FP8 support (sm_89 or newer); tests
 of an `allocscope run` without the interposer fail, as marked tests do.
 meson test torch_fsdp2_fp8_gate runs it so.
@@ -69,9 +70,12 @@ def train(mode, monkeypatch):
                    reason="seed mode keeps FP8 weight copies: the check must find them")
 @pytest.mark.allocscope(plugins=PLUGINS, fail_on="warning")
 def test_seed_mode_keeps_fp8_weight_copies_and_the_check_finds_them(one_rank, monkeypatch):
-    if os.environ.get("ALLOCSCOPE_PROVENANCE") != "1":
-        pytest.fail("run it under `allocscope run --provenance -- python3 -m pytest ...`: "
-                    "without provenance size matches are info findings only", pytrace=False)
+    from allocscope.torch import _provenance
+
+    if _provenance._status != "on":
+        pytest.fail("provenance is %s: run it under `allocscope run -- python3 -m pytest ...` "
+                    "with the PyTorch bridge built; without provenance size matches are info "
+                    "findings only" % (_provenance._status or "not installed"), pytrace=False)
     train("seed", monkeypatch)
 
 

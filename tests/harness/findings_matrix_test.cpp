@@ -183,8 +183,7 @@ TEST_CASE("an error needs provenance: without declarations the weight plugins on
         CAPTURE(line);
         std::set<std::string> sized[2];  // rank 0's layers matched by size, per plugin
         for (const Finding& f : without.findings) {
-            if (f.rank != 0 || f.basis != "size-only" || f.layer.rfind("layers.", 0) != 0)
-                continue;
+            if (f.rank != 0 || f.basis != "size-only" || f.layer.rfind("layers.", 0) != 0) continue;
             sized[f.plugin == "weight-copy-accumulation" ? 0 : 1].insert(f.layer);
         }
         // The harness's FP8 weight copies match by size: the line counts them.

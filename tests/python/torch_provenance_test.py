@@ -297,6 +297,11 @@ def test_each_weight_copy_is_declared_with_its_chain_of_ops(script, impl, mode):
     assert m is not None and int(m.group(1)) == LAYERS + 1, (
         "%s: seeds: %s" % (label, m.group(0) if m else "no debug line")
     )
+    # ALLOCSCOPE_LOG=debug: what the observer and the Python hooks cost a step.
+    assert re.search(r"provenance: .* declared; \d+ us a step over %d steps\n" % STEPS, p.stderr), (
+        "%s: no per-step cost of the observer" % label)
+    assert re.search(r"Python hooks: \d+ us a step over %d steps\n" % STEPS, p.stderr), (
+        "%s: no per-step cost of the hooks" % label)
     if derived is None:
         pytest.fail("%s: no replay" % label)
     assert kinds is not None and kinds.get("derived") == len(derived), (

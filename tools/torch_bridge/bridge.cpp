@@ -123,15 +123,24 @@ struct EntryCost {
     static unsigned long long avg(uint64_t ns, uint64_t n) { return n ? ns / n : 0; }
     ~EntryCost() {
         if (!on) return;
+        using CurrentStep = uint64_t (*)();
+        const auto step =
+            reinterpret_cast<CurrentStep>(dlsym(RTLD_DEFAULT, "allocscope_current_step"));
+        const uint64_t steps = step ? step() : 0;
+        char per_step[128] = "";
+        if (steps > 0)
+            std::snprintf(per_step, sizeof per_step, "; %llu us a step over %llu steps",
+                          static_cast<unsigned long long>((alloc_ns + free_ns) / steps / 1000),
+                          static_cast<unsigned long long>(steps));
         std::fprintf(stderr,
                      "allocscope: PyTorch bridge: %llu Python frame walks, %llu ns each (%llu "
                      "frames); %llu block allocs, %llu ns each in the interposer (Python frame "
                      "walks included); %llu block "
-                     "frees, %llu ns each\n",
+                     "frees, %llu ns each%s\n",
                      static_cast<unsigned long long>(walks.load()), avg(walk_ns, walks),
                      static_cast<unsigned long long>(frames.load()),
                      static_cast<unsigned long long>(allocs.load()), avg(alloc_ns, allocs),
-                     static_cast<unsigned long long>(frees.load()), avg(free_ns, frees));
+                     static_cast<unsigned long long>(frees.load()), avg(free_ns, frees), per_step);
     }
 };
 EntryCost g_cost;

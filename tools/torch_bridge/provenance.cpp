@@ -315,17 +315,28 @@ struct Report {
         if (!g_installed.load() || !state().debug) return;
         State& s = state();
         const uint64_t ops = s.ops.load();
+        // What it cost a training step (the interposer's step counter).
+        using CurrentStep = uint64_t (*)();
+        const auto step =
+            reinterpret_cast<CurrentStep>(dlsym(RTLD_DEFAULT, "allocscope_current_step"));
+        const uint64_t steps = step ? step() : 0;
+        char per_step[128] = "";
+        if (steps > 0)
+            std::snprintf(per_step, sizeof per_step, "; %llu us a step over %llu steps",
+                          static_cast<unsigned long long>(s.op_ns.load() / steps / 1000),
+                          static_cast<unsigned long long>(steps));
         std::fprintf(stderr,
                      "allocscope: provenance: %llu ops observed, %llu ns each, %llu on the slow "
-                     "path; %llu seeds, %llu derived storages, %llu declared\n",
+                     "path; %llu seeds, %llu derived storages, %llu declared%s\n",
                      static_cast<unsigned long long>(ops),
                      static_cast<unsigned long long>(ops ? s.op_ns.load() / ops : 0),
                      static_cast<unsigned long long>(s.slow.load()),
                      static_cast<unsigned long long>(s.seeds.load()),
                      static_cast<unsigned long long>(s.marked.load()),
-                     static_cast<unsigned long long>(s.declared.load()));
+                     static_cast<unsigned long long>(s.declared.load()), per_step);
         if (g_gating.load())
-            std::fprintf(stderr, "allocscope: provenance: the gate switched the observer %llu times\n",
+            std::fprintf(stderr,
+                         "allocscope: provenance: the gate switched the observer %llu times\n",
                          static_cast<unsigned long long>(gate().switches.load()));
     }
 };

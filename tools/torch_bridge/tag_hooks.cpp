@@ -94,8 +94,8 @@ void end_of_backward() noexcept {
 
 // Runs on an autograd thread, without the GIL; must not throw.
 void backward_enter(uint64_t key, const char* layer, int64_t generation) noexcept {
-    const int entered = g_tags.enter_nested(key, g_tags.backward,
-                                            static_cast<uint64_t>(generation), layer, "backward");
+    const int entered = g_tags.enter_nested(key, g_tags.backward, static_cast<uint64_t>(generation),
+                                            layer, "backward");
     provenance_tag_changed();
     if (entered <= 0) return;
     if (g_end_queued.exchange(generation, std::memory_order_relaxed) == generation) return;
@@ -254,11 +254,10 @@ PyObject* forward_post(PyObject*, PyObject* const* args, Py_ssize_t n) {
             });
         }
         for (PyObject* i : inputs) {
-            THPVariable_Unpack(i).register_hook(
-                [key](const at::TensorBase&) {
-                    g_tags.leave(key, g_tags.backward, nullptr);
-                    provenance_tag_changed();
-                });
+            THPVariable_Unpack(i).register_hook([key](const at::TensorBase&) {
+                g_tags.leave(key, g_tags.backward, nullptr);
+                provenance_tag_changed();
+            });
         }
     } catch (python_error& e) {
         e.restore();

@@ -29,11 +29,19 @@ def _timed(hook):
 
 
 def _print_hook_cost():
+    from . import _optimizer
+
+    steps = _optimizer._steps
+    total = 0
     for name, (calls, ns) in sorted(_hook_cost.items()):
         if not calls:
             continue
+        total += ns
         _say(
             "cost " + name,
-            "hook %s: %d calls, %d ns each on average (%d ms in all)"
-            % (name.lstrip("_"), calls, ns // max(calls, 1), ns // 1000000),
+            "hook %s: %d calls, %d ns each on average (%d ms in all%s)"
+            % (name.lstrip("_"), calls, ns // max(calls, 1), ns // 1000000,
+               "; %d us a step" % (ns // steps // 1000) if steps else ""),
         )
+    if steps and total:
+        _say("cost hooks", "Python hooks: %d us a step over %d steps" % (total // steps // 1000, steps))
