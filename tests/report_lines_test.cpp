@@ -415,3 +415,87 @@ TEST_CASE("every detector's problems show a stack, however many another detector
     CHECK(count(text, "      evidence: ") == 2);
     CHECK(count(text, "error   weight-copy-accumulation") == 12);
 }
+
+namespace {
+
+// A size-only finding of `plugin` on `rank`, attributed to `layer`.
+Finding size_only(const char* plugin, int32_t rank, const char* layer) {
+    Finding f;
+    f.plugin = plugin;
+    f.severity = Severity::info;
+    f.rank = rank;
+    f.layer = layer;
+    f.basis = "size-only";
+    f.summary = "sizes match";
+    return f;
+}
+
+RankRun stream(int32_t rank, std::string provenance) {
+    RankRun r;
+    r.rank = rank;
+    r.trace = "rank" + std::to_string(rank) + ".trace";
+    r.plugins = {"weight-copy-accumulation", "transpose-cache-retention", "peak-owner"};
+    r.provenance = std::move(provenance);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("without provenance the summary line counts each detector's layers matched by size") {
+    FindingsFile file;
+    file.ranks = {stream(0, "off: the PyTorch bridge is not built"),
+                  stream(1, "off: the PyTorch bridge is not built")};
+    for (int32_t rank : {0, 1}) {
+        for (const char* layer : {"layers.0", "layers.1", "layers.2"})
+            file.findings.push_back(size_only("weight-copy-accumulation", rank, layer));
+        // The end-of-forward total, at the layers' common prefix: not a layer of its own.
+        file.findings.push_back(size_only("weight-copy-accumulation", rank, "layers"));
+        file.findings.push_back(size_only("transpose-cache-retention", rank, "layers.1"));
+    }
+    CHECK(unproven_weights_line(file) ==
+          "weight-copy / transpose detectors had sizes only (provenance was off on ranks 0–1: "
+          "the PyTorch bridge is not built): 3 layers match the FP8 weight-copy pattern, 1 layer "
+          "matches the transpose-cache pattern, not proven, so not errors; to prove them, run "
+          "with provenance (on by default under allocscope run when the PyTorch bridge loads; "
+          "C/C++ programs declare allocscope_derived()) or compare against a baseline "
+          "(allocscope diff BASE CAND)");
+}
+
+TEST_CASE("with provenance on, no summary line, whatever matched by size") {
+    FindingsFile file;
+    file.ranks = {stream(0, "on")};
+    file.findings.push_back(size_only("weight-copy-accumulation", 0, "layers.0"));
+    CHECK(unproven_weights_line(file).empty());
+}
+
+TEST_CASE("a program that declares nothing gets the line only when its layers match by size") {
+    FindingsFile file;
+    file.ranks = {stream(-1, "")};
+    CHECK(unproven_weights_line(file).empty());  // a CUDA program that is not training
+    file.findings.push_back(size_only("transpose-cache-retention", -1, "blocks.3"));
+    CHECK(unproven_weights_line(file).rfind(
+              "weight-copy / transpose detectors had sizes only (no provenance was declared): 1 "
+              "layer matches the transpose-cache pattern, not proven",
+              0) == 0);
+}
+
+TEST_CASE("provenance said off but nothing matched: the line says the detectors had sizes only") {
+    FindingsFile file;
+    file.ranks = {stream(0,
+                         "off: turned off (ALLOCSCOPE_PROVENANCE=0, or allocscope run "
+                         "--no-provenance)"),
+                  stream(1, "on")};
+    file.findings.push_back(size_only("weight-copy-accumulation", 1, "layers.0"));  // rank 1: on
+    CHECK(unproven_weights_line(file) ==
+          "provenance was off on rank 0: turned off (ALLOCSCOPE_PROVENANCE=0, or allocscope run "
+          "--no-provenance); the weight-copy and transpose detectors had sizes only, and no "
+          "layer matched their patterns");
+}
+
+TEST_CASE("streams whose weight detectors did not run need no line") {
+    FindingsFile file;
+    RankRun r = stream(0, "off: the PyTorch bridge is not built");
+    r.plugins = {"peak-owner"};
+    file.ranks = {r};
+    CHECK(unproven_weights_line(file).empty());
+}

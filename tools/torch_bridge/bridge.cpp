@@ -76,6 +76,7 @@
 #include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include "per_step.h"
 #include "python_frames.h"
 
 #include <cstdio>
@@ -123,15 +124,7 @@ struct EntryCost {
     static unsigned long long avg(uint64_t ns, uint64_t n) { return n ? ns / n : 0; }
     ~EntryCost() {
         if (!on) return;
-        using CurrentStep = uint64_t (*)();
-        const auto step =
-            reinterpret_cast<CurrentStep>(dlsym(RTLD_DEFAULT, "allocscope_current_step"));
-        const uint64_t steps = step ? step() : 0;
-        char per_step[128] = "";
-        if (steps > 0)
-            std::snprintf(per_step, sizeof per_step, "; %llu us a step over %llu steps",
-                          static_cast<unsigned long long>((alloc_ns + free_ns) / steps / 1000),
-                          static_cast<unsigned long long>(steps));
+        const std::string per_step = allocscope::torch_bridge::per_step_text(alloc_ns + free_ns);
         std::fprintf(stderr,
                      "allocscope: PyTorch bridge: %llu Python frame walks, %llu ns each (%llu "
                      "frames); %llu block allocs, %llu ns each in the interposer (Python frame "
@@ -140,7 +133,8 @@ struct EntryCost {
                      static_cast<unsigned long long>(walks.load()), avg(walk_ns, walks),
                      static_cast<unsigned long long>(frames.load()),
                      static_cast<unsigned long long>(allocs.load()), avg(alloc_ns, allocs),
-                     static_cast<unsigned long long>(frees.load()), avg(free_ns, frees), per_step);
+                     static_cast<unsigned long long>(frees.load()), avg(free_ns, frees),
+                     per_step.c_str());
     }
 };
 EntryCost g_cost;

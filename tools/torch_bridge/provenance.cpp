@@ -55,10 +55,18 @@
 // table; allocscope_derived is called after it is released. They never
 // call into Python, never throw (everything is caught), and never change a
 // tensor. The observer is installed once and stays (RecordFunction
-// callbacks of the process cannot be removed safely while ops run).
+// callbacks of the process cannot be removed safely while ops run); the
+// gate below disables and re-enables it.
 //
-// C API (loaded by allocscope/torch/_provenance.py with ctypes, when
-// ALLOCSCOPE_PROVENANCE=1):
+// Cost. Torch boxes every observed op's inputs and outputs for the
+// callback, so the callback is enabled only where an op can take a seed
+// (the gate), and its start returns without the lock unless every input
+// is in the lock-free filter of known storages or may be a seed (nearly
+// every op has an activation among its inputs). Chains are made once per
+// (chain, op) and reused every step, with their text.
+//
+// C API (loaded by allocscope/torch/_provenance.py with ctypes, unless
+// ALLOCSCOPE_PROVENANCE=0):
 //   int allocscope_torch_provenance_install(uint32_t forward_kind,
 //         uint32_t backward_kind, char* error, size_t error_size)
 //     0 installed, 1 already installed, -1 failed (the reason in `error`:
@@ -67,8 +75,8 @@
 //         const char* name, const int64_t* shape, size_t ndim)
 //     a parameter of `layer` with its full shape
 // ALLOCSCOPE_LOG=debug: the ops observed, the callbacks' average time per
-// op, the seeds, the storages derived and the declarations, one line at
-// exit.
+// op and per step, the ops that took the lock, the seeds, the storages
+// derived and the declarations, and how often the gate switched, at exit.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1
 #endif
@@ -102,6 +110,8 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
+
+#include "per_step.h"
 
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -315,16 +325,7 @@ struct Report {
         if (!g_installed.load() || !state().debug) return;
         State& s = state();
         const uint64_t ops = s.ops.load();
-        // What it cost a training step (the interposer's step counter).
-        using CurrentStep = uint64_t (*)();
-        const auto step =
-            reinterpret_cast<CurrentStep>(dlsym(RTLD_DEFAULT, "allocscope_current_step"));
-        const uint64_t steps = step ? step() : 0;
-        char per_step[128] = "";
-        if (steps > 0)
-            std::snprintf(per_step, sizeof per_step, "; %llu us a step over %llu steps",
-                          static_cast<unsigned long long>(s.op_ns.load() / steps / 1000),
-                          static_cast<unsigned long long>(steps));
+        const std::string per_step = allocscope::torch_bridge::per_step_text(s.op_ns.load());
         std::fprintf(stderr,
                      "allocscope: provenance: %llu ops observed, %llu ns each, %llu on the slow "
                      "path; %llu seeds, %llu derived storages, %llu declared%s\n",
@@ -333,7 +334,7 @@ struct Report {
                      static_cast<unsigned long long>(s.slow.load()),
                      static_cast<unsigned long long>(s.seeds.load()),
                      static_cast<unsigned long long>(s.marked.load()),
-                     static_cast<unsigned long long>(s.declared.load()), per_step);
+                     static_cast<unsigned long long>(s.declared.load()), per_step.c_str());
         if (g_gating.load())
             std::fprintf(stderr,
                          "allocscope: provenance: the gate switched the observer %llu times\n",

@@ -89,14 +89,16 @@ tag through ctypes and Python tensor hooks even where the bridge is built.
 ALLOCSCOPE_LOG=debug: which of the two tags, and each Python hook's calls and
 average time, one line each at exit.
 
-Provenance (ALLOCSCOPE_PROVENANCE=1, `allocscope run --provenance`; off by
-default): enable() installs the bridge's ATen op observer
+Provenance (on by default; ALLOCSCOPE_PROVENANCE=0 or `allocscope run
+--no-provenance` turn it off): enable() installs the bridge's ATen op observer
 (tools/torch_bridge/provenance.cpp) and every registered parameter is
 passed to it with its full shape; the observer declares each allocation
 computed from one parameter alone (allocscope_derived), with the chain of
 ops that made it. It needs the bridge (or, on CPU builds of torch, the tag
 hooks library) and the module hooks; without them it says so in one line
-and the run goes on without it.
+and the run goes on without it. Whether it runs, and why not, is marked in
+the trace with the first parameters registered (allocscope.h,
+ALLOCSCOPE_PROVENANCE_MARK), for the run's summary.
 
 Where the bridge (tools/torch_bridge) is built, the hooks' tag calls are
 its builtins, not ctypes, and the backward wiring of _forward_post is C++:
