@@ -15,11 +15,14 @@ on the CPU. Each configuration runs `--repeat` times, interleaved:
 
   plain                  no allocscope
   allocscope/no-prov     allocscope run --no-provenance --plugins none
-  allocscope             allocscope run --plugins none (provenance on)
+  allocscope/open-gate   allocscope run --plugins none, ALLOCSCOPE_PROVENANCE_GATE=0
+                         (the observer on for every op)
+  allocscope             allocscope run --plugins none (provenance on, gated)
 
 Prints each configuration's median step time over runs, its fastest run,
-its overhead over plain, and the observer's own counters (ops observed,
-callbacks' ns per op, ops that took the slow path) from ALLOCSCOPE_LOG=debug.
+its overhead over plain, and the observer's own counters per step (ops
+observed, callbacks' ns per op, ops that took the slow path, storages
+declared) from ALLOCSCOPE_LOG=debug.
 --bridge names the library with the op observer where the PyTorch bridge is
 not built (a CPU-only build: build/tests/libtag_hooks_cpu.so).
 """
@@ -107,18 +110,21 @@ SCRIPT = textwrap.dedent(
 )
 
 STEP = re.compile(r"^STEP_MS (\d+) ([0-9.]+)$")
-DEBUG = re.compile(r"provenance: (\d+) ops observed, (\d+) ns each(?:, (\d+) on the slow path)?")
+DEBUG = re.compile(r"provenance: (\d+) ops observed, (\d+) ns each, (\d+) on the slow path; "
+                   r"\d+ seeds, \d+ derived storages, (\d+) declared")
 
 
 def one(args, name, script, out):
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", ALLOCSCOPE_LOG="debug")
     for var in ("ALLOCSCOPE_PYTHON", "PYTHONPATH", "LD_PRELOAD", "ALLOCSCOPE_OUT",
-                "ALLOCSCOPE_PROVENANCE"):
+                "ALLOCSCOPE_PROVENANCE", "ALLOCSCOPE_PROVENANCE_GATE"):
         env.pop(var, None)
     if args.bridge:
         env["ALLOCSCOPE_TORCH_BRIDGE"] = os.path.abspath(args.bridge)
     sizes = [str(args.layers), str(args.hidden), str(args.tokens), str(args.steps)]
     cmd = [sys.executable, script] + sizes
+    if name == "allocscope/open-gate":
+        env["ALLOCSCOPE_PROVENANCE_GATE"] = "0"
     if name != "plain":
         cmd = [args.cli, "run", "--force", "--out", out, "--plugins", "none"] + (
             ["--no-provenance"] if name == "allocscope/no-prov" else []) + ["--"] + cmd
@@ -143,7 +149,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
-    names = ["plain", "allocscope/no-prov", "allocscope"]
+    names = ["plain", "allocscope/no-prov", "allocscope/open-gate", "allocscope"]
     means = {n: [] for n in names}
     counters = {}
     with tempfile.TemporaryDirectory(prefix="allocscope-provbench-") as d:
@@ -163,9 +169,12 @@ def main():
         med = statistics.median(means[n])
         print("| %s | %.3f | %.3f | %s |" % (n, med, min(means[n]),
                                             "—" if n == "plain" else "%+.1f %%" % (100 * (med / base - 1))))
-    for n, c in counters.items():
-        print("%s: observer: %s ops observed, %s ns each%s" % (
-            n, c[0], c[1], ", %s on the slow path" % c[2] if c[2] else ""))
+    print()
+    print("| configuration | ops observed a step | callbacks, ns an op | slow path a step | declared a step |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for n, (ops, ns, slow, declared) in counters.items():
+        print("| %s | %d | %s | %d | %d |" % (n, int(ops) // args.steps, ns, int(slow) // args.steps,
+                                            int(declared) // args.steps))
 
 
 if __name__ == "__main__":

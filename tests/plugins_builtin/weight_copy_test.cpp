@@ -844,13 +844,23 @@ TEST_CASE(
             return std::count_if(f.evidence.begin(), f.evidence.end(),
                                  [&note](const auto& e) { return e.note == note; });
         };
-        CHECK(noted("size of " + run.layer(i) +
-                    ".attn.qkv.weight's scale (size only); alive after " + run.layer(i) +
-                    "'s forward") >= 1);
+        const std::string scale = "size of " + run.layer(i) +
+                                  ".attn.qkv.weight's scale (size only); alive after " +
+                                  run.layer(i) + "'s forward";
+        CHECK(noted(scale) == 1);
         CHECK(noted("size of " + run.layer(i) +
                     ".attn.qkv.weight's FP8 data or transpose (size only); alive after " +
-                    run.layer(i) + "'s forward") >= 1);
-        CHECK(f.evidence.front().size >= f.evidence.back().size);
+                    run.layer(i) + "'s forward") == 2);
+        std::vector<uint64_t> sizes;
+        for (const auto& e : f.evidence)
+            sizes.push_back(e.size);
+        CHECK(std::is_sorted(sizes.begin(), sizes.end(), std::greater<uint64_t>()));
+        // The scale, the smallest, comes after every data-sized copy.
+        const auto at = std::find_if(f.evidence.begin(), f.evidence.end(),
+                                     [&scale](const auto& e) { return e.note == scale; });
+        REQUIRE(at != f.evidence.end());
+        CHECK(std::all_of(f.evidence.begin(), at,
+                          [&at](const auto& e) { return e.size > at->size; }));
     }
     const CollectedFinding* t = total(d);
     REQUIRE(t != nullptr);

@@ -97,6 +97,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -152,6 +153,18 @@ struct Param {
 // extended for.
 struct Chain;
 using ChainPtr = std::shared_ptr<const Chain>;
+
+// Lookups by std::string_view in maps keyed by std::string, with no
+// string made for the key.
+struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept {
+        return std::hash<std::string_view>{}(s);
+    }
+};
+template <class V>
+using TextMap = std::unordered_map<std::string, V, TextHash, std::equal_to<>>;
+
 struct Chain {
     const Param* param = nullptr;
     std::vector<std::string> head;  // the first kChainEnds ops
@@ -162,7 +175,7 @@ struct Chain {
     // ops on the same parameter storages (FSDP2 keeps them), so after the
     // first step a derivation allocates nothing and builds no text. Read
     // and written under the map's lock; at most kMaxExtensions kept.
-    mutable std::unordered_map<std::string, ChainPtr> extensions;
+    mutable TextMap<ChainPtr> extensions;
 };
 constexpr size_t kMaxExtensions = 64;
 
@@ -186,8 +199,7 @@ ChainPtr root_chain(const Param* p) {
 
 // `from` followed by `op`. The map's lock is held.
 ChainPtr extend(const ChainPtr& from, std::string_view op) {
-    std::string key(op);
-    if (auto it = from->extensions.find(key); it != from->extensions.end()) return it->second;
+    if (auto it = from->extensions.find(op); it != from->extensions.end()) return it->second;
     auto next = std::make_shared<Chain>();
     next->param = from->param;
     next->head = from->head;
@@ -203,7 +215,7 @@ ChainPtr extend(const ChainPtr& from, std::string_view op) {
         }
     }
     next->text = chain_text(*next);
-    if (from->extensions.size() < kMaxExtensions) from->extensions.emplace(std::move(key), next);
+    if (from->extensions.size() < kMaxExtensions) from->extensions.emplace(std::string(op), next);
     return next;
 }
 
@@ -264,7 +276,7 @@ struct State {
     KnownFilter filter;  // the keys of `known`, readable without `mu`
     size_t sweep_at = kFirstSweep;
     std::deque<Param> params;  // never shrinks: chains point into it
-    std::unordered_map<std::string, std::vector<const Param*>> by_layer;
+    TextMap<std::vector<const Param*>> by_layer;
 
     // Set once by install, read-only after.
     Derived derived = nullptr;
@@ -415,30 +427,29 @@ bool in_pass(const State& s) {
     return s.kind_depth(s.forward) > 0 || s.kind_depth(s.backward) > 0;
 }
 
-// The layer of the calling thread's innermost tag.
-std::string current_layer(const State& s) {
-    char buf[256];
-    const size_t n = s.current_layer(buf, sizeof buf);
-    std::string layer;
-    if (n < sizeof buf) {
-        layer.assign(buf, n);
-    } else {
+// The layer of the calling thread's innermost tag, in a buffer of the
+// thread's that is reused (it runs after every tag call under the gate):
+// valid until the thread's next call.
+std::string_view current_layer(const State& s) {
+    thread_local std::string layer(256, '\0');
+    size_t n = s.current_layer(layer.data(), layer.size());
+    if (n >= layer.size()) {
         layer.resize(n + 1);
-        layer.resize(std::min(s.current_layer(layer.data(), layer.size()), n));
+        n = std::min(s.current_layer(layer.data(), layer.size()), n);
     }
-    return layer;
+    return std::string_view(layer.data(), n);
 }
 
 // The registered parameters of `layer` or of the nearest layer enclosing
 // it that has some, or nullptr. `s`'s map lock is held.
-const std::vector<const Param*>* nearest_params(const State& s, std::string layer) {
+const std::vector<const Param*>* nearest_params(const State& s, std::string_view layer) {
     if (s.by_layer.empty()) return nullptr;
     for (;;) {
         auto it = s.by_layer.find(layer);
         if (it != s.by_layer.end() && !it->second.empty()) return &it->second;
         if (layer.empty()) return nullptr;
         const size_t dot = layer.rfind('.');
-        layer.resize(dot == std::string::npos ? 0 : dot);
+        layer = layer.substr(0, dot == std::string_view::npos ? 0 : dot);
     }
 }
 
@@ -460,7 +471,7 @@ const Param* seed_param(State& s, const at::Tensor& t) {
 
 bool in_param_scope(State& s) {
     if (!in_pass(s)) return false;
-    const std::string layer = current_layer(s);
+    const std::string_view layer = current_layer(s);
     std::lock_guard lock(s.mu);
     return nearest_params(s, layer) != nullptr;
 }

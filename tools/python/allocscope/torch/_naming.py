@@ -115,9 +115,7 @@ def _add_root(module, prefix=None):
 
 
 def _register_params(root, prefix):
-    if not _provenance._registered[0]:
-        _provenance._registered[0] = True
-        _provenance.note_status()
+    _provenance.registering()
     dtensor = _dtensor_type()
     seen = set()
     for name, sub in root.named_modules():

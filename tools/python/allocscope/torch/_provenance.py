@@ -17,6 +17,7 @@ from ._common import _BACKWARD, _FORWARD, _say
 _provenance_param = None  # the bridge's allocscope_torch_provenance_param once installed
 _status = None  # "on" or "off: <why>" once decided
 _marked = None  # the status last marked in the trace
+_registering = False  # parameters are being registered: the process trains
 
 _SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
@@ -49,12 +50,19 @@ def _off(why, say=True):
     return False
 
 
+def registering():
+    """_naming registers parameters: from now on the status is marked."""
+    global _registering
+    _registering = True
+    note_status()
+
+
 def note_status():
     """Marks the provenance status in the trace once parameters are being
     registered (a process that registers none, such as a launcher, is
     not made to record), and again when it changed."""
     global _marked
-    if _status is None or _status == _marked or not _registered[0]:
+    if _status is None or _status == _marked or not _registering:
         return
     _marked = _status
     try:
@@ -62,8 +70,6 @@ def note_status():
     except Exception:
         pass
 
-
-_registered = [False]  # set by _naming once it registers parameters
 
 
 def _install_provenance():
