@@ -437,7 +437,7 @@ std::string unproven_weights_line(const FindingsFile& file) {
     std::string why;  // the first stream's reason
     bool said_off = false;
     for (const RankRun& r : file.ranks) {
-        if (r.provenance == "on") continue;
+        if (r.provenance == "on" || r.provenance.rfind("on ", 0) == 0) continue;
         if (std::none_of(r.plugins.begin(), r.plugins.end(), is_detector)) continue;
         if (std::find(ranks.begin(), ranks.end(), r.rank) == ranks.end()) ranks.push_back(r.rank);
         constexpr std::string_view kOff = "off: ";
@@ -486,6 +486,34 @@ std::string unproven_weights_line(const FindingsFile& file) {
                "their patterns";
     return "weight-copy / transpose detectors had sizes only (" + cause + "): " + matched +
            ", not proven, so not errors; " + how;
+}
+
+std::string provenance_steps_line(const FindingsFile& file) {
+    constexpr std::string_view kIn = "on in steps ";
+    // The texts of the streams whose provenance paused, each once, with
+    // their ranks.
+    std::vector<std::pair<std::string, std::vector<int32_t>>> texts;
+    for (const RankRun& r : file.ranks) {
+        if (r.provenance.rfind(kIn, 0) != 0) continue;
+        const std::string steps = r.provenance.substr(kIn.size());
+        auto it = std::find_if(texts.begin(), texts.end(),
+                               [&steps](const auto& t) { return t.first == steps; });
+        if (it == texts.end()) it = texts.insert(texts.end(), {steps, {}});
+        if (r.rank >= 0) it->second.push_back(r.rank);
+    }
+    if (texts.empty()) return {};
+    constexpr size_t kShown = 3;
+    std::string out = "provenance observed steps ";
+    for (size_t i = 0; i < texts.size() && i < kShown; ++i) {
+        if (i) out += "; ";
+        out += printable(texts[i].first);
+        if (texts.size() > 1 && !texts[i].second.empty())
+            out += " on " + ranks_text(texts[i].second);
+    }
+    if (texts.size() > kShown) out += "; and " + std::to_string(texts.size() - kShown) + " more";
+    return out +
+           " (ALLOCSCOPE_PROVENANCE_STEPS, by default the first 4 steps, then 2 in every 100): "
+           "the weight detectors judged those steps; --provenance-steps all observes every step";
 }
 
 std::vector<FindingGroup> collapse_findings(const FindingsFile& file) {
@@ -806,6 +834,8 @@ void concise_findings(std::string& out, const Report& report) {
            counted(by[2], "error") + ", " + counted(by[1], "warning") + ", " +
            counted(by[0], "info") + " (what several ranks found alike is shown once)\n";
     if (const std::string line = unproven_weights_line(report.findings); !line.empty())
+        out += "  " + line + "\n";
+    if (const std::string line = provenance_steps_line(report.findings); !line.empty())
         out += "  " + line + "\n";
     std::vector<FindingGroup> groups = collapse_findings(report.findings);
     std::stable_sort(groups.begin(), groups.end(),

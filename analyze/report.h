@@ -104,6 +104,9 @@ std::string ranks_text(std::vector<int32_t> ranks);
 // it; "" when every such stream had provenance, or when a stream that said
 // nothing about it has no size-only match either.
 std::string unproven_weights_line(const FindingsFile& file);
+// Where provenance observed some steps only (RankRun::provenance "on in
+// steps ..."): one line naming them, else "".
+std::string provenance_steps_line(const FindingsFile& file);
 // A group's summary line (summary_line with its ranks) and, for each rank
 // whose finding differs from the first's (bytes, count, summary or
 // evidence: how many, their bytes and steps), a line "  rank R: ..." saying how.

@@ -17,6 +17,38 @@
 
 namespace allocscope {
 
+void PluginHost::ProvenanceSteps::on_mark(std::string_view what, uint64_t step) {
+    constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
+    if (what == std::string_view(ALLOCSCOPE_PROVENANCE_PAUSED).substr(kMark.size())) {
+        if (!observing) return;
+        if (step > from) observed.emplace_back(from, step - 1);
+        observing = false;
+        windowed = true;
+    } else if (what == std::string_view(ALLOCSCOPE_PROVENANCE_RESUMED).substr(kMark.size())) {
+        if (observing) return;
+        observing = true;
+        from = step;
+    } else {  // on, or off: a new start
+        const uint64_t last = last_step;
+        *this = ProvenanceSteps{};
+        on_step = from = step;
+        last_step = std::max(last, step);
+    }
+}
+
+std::string PluginHost::ProvenanceSteps::text() const {
+    std::vector<std::pair<uint64_t, uint64_t>> all = observed;
+    if (observing && last_step >= from) all.emplace_back(from, last_step);
+    std::string out = "in steps ";
+    for (size_t i = 0; i < all.size(); ++i) {
+        if (i) out += ", ";
+        out += std::to_string(all[i].first);
+        if (all[i].second != all[i].first) out += "–" + std::to_string(all[i].second);
+    }
+    if (all.empty()) out += "none";
+    return out + " of " + std::to_string(on_step) + "–" + std::to_string(last_step);
+}
+
 PluginHost::LiveSet& PluginHost::live(Level level) {
     return live_[level == Level::block ? 1 : 0];
 }
@@ -70,12 +102,21 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
                 deliver(h.event, h.layer, h.phase, EventText{}, source);
         }
     }
+    // The run stream's latest step that did work (a tag pushed: not the
+    // frees at exit after the last step's counter moved on).
+    if (e.kind == EventKind::tag_push && source == ALLOCSCOPE_SOURCE_RUN)
+        provenance_steps_.last_step = std::max(provenance_steps_.last_step, e.step);
     // A program's word on provenance (allocscope.h, ALLOCSCOPE_PROVENANCE_MARK),
     // for the findings file: the run stream's, the last one counts.
     if (e.kind == EventKind::mark && source == ALLOCSCOPE_SOURCE_RUN) {
         constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
-        if (text.text.substr(0, kMark.size()) == kMark)
-            provenance_ = std::string(text.text.substr(kMark.size()));
+        if (text.text.substr(0, kMark.size()) == kMark) {
+            const std::string_view what = text.text.substr(kMark.size());
+            provenance_steps_.on_mark(what, e.step);
+            if (what != std::string_view(ALLOCSCOPE_PROVENANCE_PAUSED).substr(kMark.size()) &&
+                what != std::string_view(ALLOCSCOPE_PROVENANCE_RESUMED).substr(kMark.size()))
+                provenance_ = std::string(what);
+        }
     }
     allocscope_event_v1 ev{};
     ev.seq = e.seq;

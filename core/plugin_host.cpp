@@ -310,6 +310,8 @@ RankRun PluginHost::rank_run(const std::string& trace) const {
     r.rank = settings_.rank;
     r.trace = trace;
     r.provenance = provenance_;
+    if (provenance_ == "on" && provenance_steps_.windowed)
+        r.provenance += " " + provenance_steps_.text();
     for (const auto& in : instances_) {
         if (in->enabled) {
             r.plugins.push_back(in->name);

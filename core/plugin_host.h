@@ -199,6 +199,18 @@ class PluginHost {
     uint64_t step_ = 0;
     bool finished_ = false;
     std::string provenance_;  // the run stream's last provenance mark (RankRun::provenance)
+    // Provenance that pauses (ALLOCSCOPE_PROVENANCE_PAUSED / _RESUMED): the
+    // steps observed since the last "on" mark, for RankRun::provenance.
+    struct ProvenanceSteps {
+        bool windowed = false;   // paused at least once
+        bool observing = true;   // not paused now
+        uint64_t on_step = 0;    // the step of the "on" mark
+        uint64_t from = 0;       // the first step of the open window
+        uint64_t last_step = 0;  // the run stream's latest step with a tag pushed
+        std::vector<std::pair<uint64_t, uint64_t>> observed;  // closed windows, inclusive
+        void on_mark(std::string_view what, uint64_t step);
+        std::string text() const;  // "in steps 0–3, 100 of 0–140"
+    } provenance_steps_;
 };
 
 }  // namespace allocscope

@@ -118,6 +118,13 @@ void allocscope_derived(const void* ptr, const char* layer, const char* name, co
 #define ALLOCSCOPE_PROVENANCE_MARK "allocscope: provenance "
 #define ALLOCSCOPE_PROVENANCE_ON ALLOCSCOPE_PROVENANCE_MARK "on"
 #define ALLOCSCOPE_PROVENANCE_OFF ALLOCSCOPE_PROVENANCE_MARK "off: "
+/* Provenance that runs in some steps only (the PyTorch bridge's op observer,
+ * ALLOCSCOPE_PROVENANCE_STEPS) marks where it stops and starts again; the
+ * step of each mark is the first it did not (did) observe. While paused the
+ * weight detectors match no sizes, and the findings file's provenance names
+ * the steps observed ("on in steps 0-3, 100-101 of 0-240"). */
+#define ALLOCSCOPE_PROVENANCE_PAUSED ALLOCSCOPE_PROVENANCE_MARK "paused"
+#define ALLOCSCOPE_PROVENANCE_RESUMED ALLOCSCOPE_PROVENANCE_MARK "resumed"
 
 /* NVTX. Under `allocscope run --nvtx` liballocscope.so is also the process's
  * NVTX injection library (NVTX_INJECTION64_PATH), and NVTX ranges and marks

@@ -5,6 +5,7 @@
 // pieces of their findings. Header-only, on the plugin SDK (include/allocscope/sdk/).
 #pragma once
 
+#include <allocscope/allocscope.h>
 #include <allocscope/sdk/evidence_watch.h>
 #include <allocscope/sdk/finding.h>
 #include <allocscope/sdk/flat_map.h>
@@ -17,6 +18,7 @@
 #include <allocscope/sdk/weight_sizes.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -163,6 +165,9 @@ class WeightDetector {
             case ALLOCSCOPE_EVENT_DERIVED:
                 on_derived(e);
                 break;
+            case ALLOCSCOPE_EVENT_MARK:
+                on_mark(e);
+                break;
             default:
                 break;
         }
@@ -237,6 +242,25 @@ class WeightDetector {
         r->state = State::proven;
         on_proven(Proven{e.address, r->seq, r->tid, ids->module, ids->numbered});
     }
+
+    // Provenance that runs in some steps only marks its pauses
+    // (allocscope.h, ALLOCSCOPE_PROVENANCE_PAUSED): while paused, an
+    // unproven allocation says nothing (the observer was not looking), so
+    // no size is matched. What the observed steps proved stands: per layer
+    // the detectors report the step that kept the most.
+    void on_mark(const allocscope_event_v1& e) {
+        if (!e.text || e.source != ALLOCSCOPE_SOURCE_RUN) return;
+        const std::string_view text = e.text;
+        if (text == ALLOCSCOPE_PROVENANCE_PAUSED) {
+            provenance_paused_ = true;
+        } else if (text == ALLOCSCOPE_PROVENANCE_RESUMED ||
+                   text.substr(0, std::strlen(ALLOCSCOPE_PROVENANCE_MARK)) ==
+                       ALLOCSCOPE_PROVENANCE_MARK) {
+            provenance_paused_ = false;  // resumed, or a new word on provenance
+        }
+    }
+    // Whether sizes are matched now (not while provenance is paused).
+    bool matching_sizes() const { return !provenance_paused_; }
 
     // Records an allocation of the analysed phase (the caller dropped any
     // record at the address first); `match`: its size match as a candidate.
@@ -512,7 +536,8 @@ class WeightDetector {
     std::vector<uint64_t> scratch_;
     bool any_param_ = false;
     bool saw_derived_ = false;
-    bool saw_pass_ = false;  // a forward or backward (sub-)phase was pushed
+    bool provenance_paused_ = false;  // ALLOCSCOPE_PROVENANCE_PAUSED until resumed
+    bool saw_pass_ = false;           // a forward or backward (sub-)phase was pushed
 };
 
 // Steps measured in baseline mode: the first is dropped as warm-up when

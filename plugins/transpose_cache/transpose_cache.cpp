@@ -140,7 +140,7 @@ class TransposeCacheRetention final : public WeightDetector {
         }
         const uint32_t module = strings_.tag(e.layer);
         std::optional<WeightParams::Match> m;
-        if (tagged && module != 0) m = params_.match(module, e.size);
+        if (tagged && module != 0 && matching_sizes()) m = params_.match(module, e.size);
         if (m) {
             window_.push_back(
                 {e.address, e.seq,
@@ -373,5 +373,5 @@ ALLOCSCOPE_DEFINE_PLUGIN(
     ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) | ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
-        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) | ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_MARK) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED));

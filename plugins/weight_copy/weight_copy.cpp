@@ -145,7 +145,8 @@ class WeightCopyAccumulation final : public WeightDetector {
         if (!in_forward(e)) return;
         const uint32_t module = strings_.tag(e.layer);
         std::optional<WeightParams::Match> m;
-        if (module != 0 && base_phase(e.phase) == forward_) m = params_.match(module, e.size);
+        if (module != 0 && base_phase(e.phase) == forward_ && matching_sizes())
+            m = params_.match(module, e.size);
         if (m) {
             if (Frame* scope = layer_scope(e.tid, m->param))
                 scope->candidates.push_back({e.address, e.seq, module, m->data});
@@ -510,5 +511,5 @@ ALLOCSCOPE_DEFINE_PLUGIN(
     ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) | ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
-        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+        ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) | ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_MARK) |
         ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED));

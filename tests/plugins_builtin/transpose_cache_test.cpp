@@ -6,6 +6,7 @@
 // written out here.
 // Longer than 600 lines: one detector's specification: its cases share the
 // stream builders above them.
+#include <allocscope/allocscope.h>
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -269,6 +270,7 @@ TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_MARK) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED)));
 }
 
@@ -867,4 +869,48 @@ TEST_CASE(
     };
     CHECK(drive(stream(true)).findings.empty());
     CHECK(drive(stream(false)).findings.empty());
+}
+
+TEST_CASE("while provenance is paused no size is matched in backward; proven forms stand") {
+    Stream s;
+    s.param("layers.0.mlp.fc1", "weight", 262144, 131072);
+    s.mark(ALLOCSCOPE_PROVENANCE_ON);
+    auto backward = [&s](uint64_t address, bool declared) {
+        s.push("layers.0", "backward");
+        s.push("layers.0.mlp.fc1", "backward");
+        const uint64_t seq = s.alloc(address, 262144);  // the FP8 transpose's size
+        if (declared) s.derived(address, "layers.0.mlp.fc1", "weight", "transpose");
+        s.pop();
+        s.pop();
+        s.push("optimizer", "optimizer");
+        s.pop();
+        return seq;
+    };
+    s.step(1);
+    const uint64_t proven = backward(0x100000, true);
+    s.step(2);
+    s.mark(ALLOCSCOPE_PROVENANCE_PAUSED);
+    backward(0x200000, false);  // kept, undeclared, while paused: nothing
+    const Outcome d = drive(s);
+    REQUIRE(d.findings.size() == 1);
+    CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(d.findings[0].basis == "proven");
+    REQUIRE(d.findings[0].evidence.size() == 1);
+    CHECK(d.findings[0].evidence[0].alloc_seq == proven);
+
+    // The same stream without the pause: step 2's form is a size match.
+    Stream t;
+    t.param("layers.0.mlp.fc1", "weight", 262144, 131072);
+    t.mark(ALLOCSCOPE_PROVENANCE_ON);
+    t.step(1);
+    t.push("layers.0", "backward");
+    t.push("layers.0.mlp.fc1", "backward");
+    t.alloc(0x200000, 262144);
+    t.pop();
+    t.pop();
+    t.push("optimizer", "optimizer");
+    t.pop();
+    const Outcome e = drive(t);
+    REQUIRE(e.findings.size() == 1);
+    CHECK(e.findings[0].basis == "size-only");
 }

@@ -6,6 +6,7 @@
 // own code.
 // Longer than 600 lines: one detector's specification: its cases share the
 // stream builders above them.
+#include <allocscope/allocscope.h>
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -270,6 +271,7 @@ TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_PUSH) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_TAG_POP) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_PARAM) |
+                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_MARK) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_DERIVED)));
 }
 
@@ -1058,4 +1060,46 @@ TEST_CASE("a layer with proven and size-only copies: an error and an info, no al
           "derived from layers.0.attn.qkv.weight: cast; alive at the end of forward");
     CHECK(totals[1]->severity == ALLOCSCOPE_SEVERITY_INFO);
     CHECK(totals[1]->bytes == 65536);
+}
+
+TEST_CASE("while provenance is paused no size is matched; what observed steps proved stands") {
+    // The PyTorch bridge observes some steps only (ALLOCSCOPE_PROVENANCE_STEPS):
+    // step 1 observed (a proven copy), step 2 paused (the same copy, not
+    // declared: the observer was not looking), step 3 observed again (an
+    // undeclared allocation of a weight-derived size: matched by size).
+    Stream s;
+    s.param("layers.0.attn.qkv", "weight", 196608, 98304);
+    s.mark(ALLOCSCOPE_PROVENANCE_ON);
+    auto forward = [&s](uint64_t address, bool declared) {
+        s.push("layers.0", "forward");
+        s.push("layers.0.attn.qkv", "forward/quantize");
+        const uint64_t seq = s.alloc(address, 196608);
+        if (declared) s.derived(address, "layers.0.attn.qkv", "weight", "cast");
+        s.pop();
+        s.pop();
+        backward_freeing(s, {address});
+        return seq;
+    };
+    s.step(1);
+    const uint64_t proven = forward(0x100000, true);
+    s.step(2);
+    s.mark(ALLOCSCOPE_PROVENANCE_PAUSED);
+    forward(0x200000, false);
+    s.step(3);
+    s.mark(ALLOCSCOPE_PROVENANCE_RESUMED);
+    const uint64_t sized = forward(0x300000, false);
+    const Outcome d = drive(s);
+    const auto layers = per_layer(d);
+    REQUIRE(layers.size() == 2);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(layers[0]->basis == "proven");
+    REQUIRE(layers[0]->evidence.size() == 1);
+    CHECK(layers[0]->evidence[0].alloc_seq == proven);
+    CHECK(layers[0]->summary.find("retained in 1 forward)") != std::string::npos);
+    // Only step 3's: step 2's copy, made while paused, is no candidate.
+    CHECK(layers[1]->severity == ALLOCSCOPE_SEVERITY_INFO);
+    CHECK(layers[1]->basis == "size-only");
+    REQUIRE(layers[1]->evidence.size() == 1);
+    CHECK(layers[1]->evidence[0].alloc_seq == sized);
+    CHECK(layers[1]->summary.find("retained in 1 forward)") != std::string::npos);
 }

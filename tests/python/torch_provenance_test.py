@@ -382,3 +382,58 @@ def test_with_provenance_the_findings_file_says_it_was_on(script):
         findings = json.load(f)
     assert [r.get("provenance") for r in findings["ranks"]] == ["on"], findings["ranks"]
     assert "had sizes only" not in p.stderr, p.stderr
+
+
+def test_provenance_observes_the_steps_its_schedule_names(script):
+    # first=1,every=2,window=1: steps 0 and 2 of 0-2 observed, step 1 not;
+    # the trace marks the pause and the resumption, the findings file and
+    # the run's summary name the steps observed.
+    out = os.path.join(os.path.dirname(script), "out-steps")
+    p, derived, kinds = run(script, out, {"FP8_IMPL": "function", "FP8_MODE": "seed"},
+                            flags=["--provenance-steps", "first=1,every=2,window=1"], plugins=None)
+    assert p.returncode == 0 and "done" in p.stdout, "steps: exit status %d" % p.returncode
+    assert derived is not None, "steps: no replay"
+    assert "provenance: paused 1 times (steps the first 1, then 1 in every 2)" in p.stderr, p.stderr
+    assert kinds.get("mark") == 3, "steps: on, paused, resumed: %r" % kinds
+    for i in range(LAYERS):
+        copies = [d for d in derived if d["how"] == QUANTIZED % i]
+        transposes = [d for d in derived if d["how"] == TRANSPOSED % i]
+        assert len(copies) == 2 and len(transposes) == 2, (
+            "steps: layers.%d: %d copies, %d transposes (want 2 and 2: steps 0 and 2)"
+            % (i, len(copies), len(transposes)))
+    with open(os.path.join(out, "findings.json")) as f:
+        findings = json.load(f)
+    assert [r.get("provenance") for r in findings["ranks"]] == ["on in steps 0, 2 of 0–2"], (
+        findings["ranks"])
+    lines = [l for l in p.stderr.splitlines() if "provenance observed steps" in l]
+    assert lines == [
+        "allocscope: provenance observed steps 0, 2 of 0–2 (ALLOCSCOPE_PROVENANCE_STEPS, by "
+        "default the first 4 steps, then 2 in every 100): the weight detectors judged those "
+        "steps; --provenance-steps all observes every step"], p.stderr
+    assert "had sizes only" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("value", ["bogus", "first=0", "every=4,window=5", "first=2,first=3"])
+def test_a_bad_steps_value_is_named_in_one_line_and_the_default_kept(script, value):
+    out = os.path.join(os.path.dirname(script), "out-bad-steps-%s" % re.sub(r"\W", "_", value))
+    p, derived, kinds = run(script, out, {"FP8_IMPL": "function", "FP8_MODE": "fixed",
+                                          "ALLOCSCOPE_PROVENANCE_STEPS": value}, plugins=None)
+    assert p.returncode == 0 and "done" in p.stdout, "bad steps: exit status %d" % p.returncode
+    said = [l for l in p.stderr.splitlines() if "ALLOCSCOPE_PROVENANCE_STEPS=" in l]
+    assert len(said) == 1 and ("%r" % value) in said[0] and "the default is used" in said[0], (
+        p.stderr)
+    # The default observes the first 4 steps: all 3 of this run.
+    with open(os.path.join(out, "findings.json")) as f:
+        assert [r.get("provenance") for r in json.load(f)["ranks"]] == ["on"]
+
+
+@pytest.mark.parametrize("value", ["bogus", "first=0", "every=4,window=5", "window=x"])
+def test_run_refuses_a_bad_provenance_steps_flag(script, value):
+    p = subprocess.run([CLI, "run", "--out", os.path.join(os.path.dirname(script), "out-refused"),
+                        "--provenance-steps", value, "--", sys.executable, "-c", "pass"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "allocscope: --provenance-steps '%s': " % value), p.stderr

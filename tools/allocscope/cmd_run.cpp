@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "args.h"
@@ -40,7 +42,7 @@ constexpr const char* kRunHelp =
     R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
                      [--check] [--fail-on info|warning|error] [--nvtx] [--no-provenance]
-                     -- CMD [ARGS...]
+                     [--provenance-steps all|first=N[,every=N[,window=N]]] -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
@@ -98,6 +100,16 @@ options:
                      and the summary says which layers matched (README.md,
                      "PyTorch, unchanged"). --provenance sets
                      ALLOCSCOPE_PROVENANCE=1 (the default)
+  --provenance-steps SPEC
+                     the steps provenance observes (sets
+                     ALLOCSCOPE_PROVENANCE_STEPS): all, or
+                     first=N[,every=N[,window=N]], counted from the step
+                     the shim starts in. The default, first=4,every=100,
+                     window=2, observes steps 0-3, 100-101, 200-201, ...: in
+                     the others torch runs its ops without the observer
+                     (docs/PERFORMANCE.md), the weight detectors match no
+                     sizes, and the summary names the steps observed.
+                     every=0: none after the first
 
 environment:
   ALLOCSCOPE_LIB     path of liballocscope.so to preload instead of the bundled one
@@ -355,6 +367,43 @@ int collect_findings(const fs::path& out_dir, bool check, const Recovered& recov
 
 }  // namespace
 
+namespace {
+
+// What is wrong with a --provenance-steps value (the grammar of
+// tools/python/allocscope/torch/_provenance.py, parse_steps), "" if nothing.
+std::string provenance_steps_problem(const std::string& spec) {
+    if (spec == "all") return {};
+    uint64_t values[3] = {4, 100, 2};  // first, every, window
+    bool seen[3] = {false, false, false};
+    static constexpr std::string_view kKeys[] = {"first", "every", "window"};
+    std::string_view rest = spec;
+    while (true) {
+        const size_t comma = rest.find(',');
+        const std::string_view part = rest.substr(0, comma);
+        const size_t eq = part.find('=');
+        const std::string_view key = part.substr(0, eq);
+        const auto k = std::find(std::begin(kKeys), std::end(kKeys), key) - std::begin(kKeys);
+        if (eq == std::string_view::npos || k == 3 || seen[k])
+            return "'" + std::string(part) +
+                   "' is not a key=value of first, every or window, each once (all, or "
+                   "first=N[,every=N[,window=N]])";
+        seen[k] = true;
+        const std::string_view value = part.substr(eq + 1);
+        if (value.empty() || value.size() > 12 ||
+            !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            return std::string(key) + "='" + std::string(value) + "' is not a whole number";
+        values[k] = std::stoull(std::string(value));
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+    }
+    if (values[0] < 1) return "first must be at least 1 (all observes every step)";
+    if (values[1] > 0 && (values[2] < 1 || values[2] > values[1]))
+        return "window must be from 1 to every (" + std::to_string(values[1]) + ")";
+    return {};
+}
+
+}  // namespace
+
 int run_command(const std::vector<std::string>& args) {
     std::string out;
     bool force = false;
@@ -367,6 +416,7 @@ int run_command(const std::vector<std::string>& args) {
     bool python = true;
     bool provenance = false;
     bool no_provenance = false;
+    std::string provenance_steps;
     Severity threshold = Severity::error;
     Args parser("run", kRunHelp);
     parser.value({"--out"}, out)
@@ -391,6 +441,13 @@ int run_command(const std::vector<std::string>& args) {
         .flag({"--no-python"}, python, false)
         .flag({"--provenance"}, provenance)
         .flag({"--no-provenance"}, no_provenance)
+        .value({"--provenance-steps"},
+               [&provenance_steps](const std::string& v) {
+                   if (const std::string problem = provenance_steps_problem(v); !problem.empty())
+                       return "--provenance-steps '" + v + "': " + problem;
+                   provenance_steps = v;
+                   return std::string();
+               })
         .stop_at_first_positional();
     if (const auto status = parser.parse(args)) return *status;
     const std::vector<std::string>& command = parser.positionals();
@@ -460,6 +517,8 @@ int run_command(const std::vector<std::string>& args) {
         return fail("--provenance and --no-provenance contradict each other");
     if (provenance) setenv("ALLOCSCOPE_PROVENANCE", "1", 1);
     if (no_provenance) setenv("ALLOCSCOPE_PROVENANCE", "0", 1);
+    if (!provenance_steps.empty())
+        setenv("ALLOCSCOPE_PROVENANCE_STEPS", provenance_steps.c_str(), 1);
     if (python) set_up_python(lib, command[0]);
 
     std::vector<char*> argv;

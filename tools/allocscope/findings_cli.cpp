@@ -134,6 +134,8 @@ void print_run_findings(const FindingsFile& file, const std::string& where, std:
     print_disabled(file, out);
     if (const std::string line = unproven_weights_line(file); !line.empty())
         std::fprintf(out, "allocscope: %s\n", line.c_str());
+    if (const std::string line = provenance_steps_line(file); !line.empty())
+        std::fprintf(out, "allocscope: %s\n", line.c_str());
     bool rankless = false;
     for (const RankRun& r : file.ranks)
         rankless |= r.rank < 0;

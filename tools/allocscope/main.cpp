@@ -20,7 +20,8 @@ Allocation attribution for CUDA training runs.
 commands:
   run [--out DIR] [--force] [--stack-depth N] [--plugins LIST] [--plugin-dir DIR]
       [--plugin-option NAME.KEY=VALUE] [--check] [--fail-on SEV] [--nvtx]
-      [--no-python] [--no-provenance] -- CMD [ARGS...]
+      [--no-python] [--no-provenance]
+      [--provenance-steps SPEC] -- CMD [ARGS...]
                     run CMD with the interposer preloaded, recording one trace
                     per process into DIR (default ./allocscope-out); detection
                     plugins run live and their findings go to DIR/findings.json;

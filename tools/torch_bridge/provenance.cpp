@@ -65,6 +65,21 @@
 // every op has an activation among its inputs). Chains are made once per
 // (chain, op) and reused every step, with their text.
 //
+// Steps. Even gated, the observer costs a host-bound step about a sixth of
+// its time (docs/PERFORMANCE.md), nearly all of it torch's boxing. Training
+// runs the same ops on the same parameters every step, and the weight
+// detectors report per layer the step that kept the most, so the observer
+// runs in some steps only (ALLOCSCOPE_PROVENANCE_STEPS; by default the
+// first 4 steps, then 2 steps in every 100, counted from the step current
+// when it was installed) and is disabled in the others, where torch then
+// boxes nothing. The map lives on across the pauses: a storage derived in
+// an observed step stays known while it lives. Where the window closes and
+// opens again the trace gets a mark (ALLOCSCOPE_PROVENANCE_PAUSED,
+// ALLOCSCOPE_PROVENANCE_RESUMED): the weight detectors match no sizes
+// while paused, and the findings file names the steps observed. Where tags
+// do not come through tag_hooks.cpp no step is looked at: every step is
+// observed.
+//
 // C API (loaded by allocscope/torch/_provenance.py with ctypes, unless
 // ALLOCSCOPE_PROVENANCE=0):
 //   int allocscope_torch_provenance_install(uint32_t forward_kind,
@@ -74,6 +89,11 @@
 //   void allocscope_torch_provenance_param(const char* layer,
 //         const char* name, const int64_t* shape, size_t ndim)
 //     a parameter of `layer` with its full shape
+//   void allocscope_torch_provenance_steps(uint64_t first, uint64_t every,
+//         uint64_t window)
+//     the steps observed (before install; the default 4, 100, 2): the
+//     first `first`, then `window` steps in every `every` (0: none after
+//     the first); first 0 observes every step
 // ALLOCSCOPE_LOG=debug: the ops observed, the callbacks' average time per
 // op and per step, the ops that took the lock, the seeds, the storages
 // derived and the declarations, and how often the gate switched, at exit.
@@ -112,6 +132,8 @@
 #include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <allocscope/allocscope.h>
+
 #include "per_step.h"
 
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -135,6 +157,8 @@ namespace {
 using Derived = void (*)(const void*, const char*, const char*, const char*);
 using CurrentLayer = size_t (*)(char*, size_t);
 using KindDepth = int (*)(uint32_t);
+using CurrentStep = uint64_t (*)();
+using Mark = void (*)(const char*);
 
 constexpr size_t kChainEnds = 4;      // op names kept at each end of a chain
 constexpr size_t kFirstSweep = 4096;  // map entries before dead ones are swept
@@ -282,6 +306,8 @@ struct State {
     Derived derived = nullptr;
     CurrentLayer current_layer = nullptr;
     KindDepth kind_depth = nullptr;
+    CurrentStep current_step = nullptr;
+    Mark mark = nullptr;
     uint32_t forward = 0;
     uint32_t backward = 0;
     bool debug = false;
@@ -317,12 +343,32 @@ uint64_t mono_ns() noexcept {
 // provenance_tag_changed() looks again after each tag call of a thread,
 // and the callback is disabled when no thread is in one. Where tags come
 // another way (ctypes, NVTX) the gate stays open.
+// The steps observed (see "Steps" above): set before install, read-only
+// after.
+struct Schedule {
+    uint64_t first = 4;    // the first steps observed; 0: every step
+    uint64_t every = 100;  // then `window` steps in every `every`; 0: none
+    uint64_t window = 2;
+    bool observes(uint64_t since_install) const noexcept {
+        if (first == 0 || since_install < first) return true;
+        return every > 0 && since_install % every < window;
+    }
+};
+Schedule g_schedule;
+
 struct Gate {
     std::mutex mu;
     at::CallbackHandle handle = 0;
     bool enabled = true;  // the callback's state
     int threads = 0;      // threads in a parameter scope
     std::atomic<uint64_t> switches{0};
+    // The window: whether the current step is observed, as of the step in
+    // `step_seen` (the first tag call of each step looks again).
+    bool windowed = false;  // a schedule applies (tags through tag_hooks.cpp)
+    bool observing = true;
+    uint64_t base_step = 0;  // the interposer's step at install
+    std::atomic<uint64_t> step_seen{0};
+    std::atomic<uint64_t> pauses{0};
 };
 Gate& gate() {
     static Gate* g = new Gate;  // never destroyed, as the state
@@ -330,6 +376,15 @@ Gate& gate() {
 }
 std::atomic<bool> g_gating{false};
 thread_local bool t_in_scope = false;
+
+// "first 4, then 2 in every 100", for the debug line.
+std::string schedule_text() {
+    const Schedule& c = g_schedule;
+    if (c.first == 0) return "all";
+    std::string out = "the first " + std::to_string(c.first);
+    if (c.every == 0) return out + ", none after";
+    return out + ", then " + std::to_string(c.window) + " in every " + std::to_string(c.every);
+}
 
 // ALLOCSCOPE_LOG=debug: one line at exit.
 struct Report {
@@ -351,6 +406,10 @@ struct Report {
             std::fprintf(stderr,
                          "allocscope: provenance: the gate switched the observer %llu times\n",
                          static_cast<unsigned long long>(gate().switches.load()));
+        if (gate().windowed)
+            std::fprintf(stderr, "allocscope: provenance: paused %llu times (steps %s)\n",
+                         static_cast<unsigned long long>(gate().pauses.load()),
+                         schedule_text().c_str());
     }
 };
 Report g_report;
@@ -709,26 +768,52 @@ bool resolve(F& out, const char* name) {
     return out != nullptr;
 }
 
+// Whether the callback should run now: some thread in a parameter scope
+// (when gated) and the step observed (when windowed). `g`'s lock is held.
+void apply_gate(Gate& g) {
+    const bool want = (!g_gating.load(std::memory_order_relaxed) || g.threads > 0) && g.observing;
+    if (want == g.enabled) return;
+    if (want) {
+        at::reenableCallback(g.handle);
+    } else {
+        at::disableCallback(g.handle);
+    }
+    g.enabled = want;
+    g.switches.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The first tag call of a step looks whether the step is observed, and
+// marks the trace where that changes. `g`'s lock is not held.
+void check_window(Gate& g) {
+    const State& s = state();
+    const uint64_t step = s.current_step();
+    if (step == g.step_seen.load(std::memory_order_relaxed)) return;
+    std::lock_guard lock(g.mu);
+    if (step == g.step_seen.load(std::memory_order_relaxed)) return;
+    g.step_seen.store(step, std::memory_order_relaxed);
+    const bool observe = g_schedule.observes(step >= g.base_step ? step - g.base_step : 0);
+    if (observe == g.observing) return;
+    g.observing = observe;
+    if (!observe) g.pauses.fetch_add(1, std::memory_order_relaxed);
+    // Before the callback changes: the mark precedes what the step does.
+    s.mark(observe ? ALLOCSCOPE_PROVENANCE_RESUMED : ALLOCSCOPE_PROVENANCE_PAUSED);
+    apply_gate(g);
+}
+
 }  // namespace
 
 void allocscope::torch_bridge::provenance_tag_changed() noexcept {
-    if (!g_gating.load(std::memory_order_relaxed)) return;
+    if (!g_installed.load(std::memory_order_acquire)) return;
     try {
+        Gate& g = gate();
+        if (g.windowed) check_window(g);
+        if (!g_gating.load(std::memory_order_relaxed)) return;
         const bool now = in_param_scope(state());
         if (now == t_in_scope) return;
-        Gate& g = gate();
         std::lock_guard lock(g.mu);
         t_in_scope = now;
         g.threads += now ? 1 : -1;
-        const bool want = g.threads > 0;
-        if (want == g.enabled) return;
-        if (want) {
-            at::reenableCallback(g.handle);
-        } else {
-            at::disableCallback(g.handle);
-        }
-        g.enabled = want;
-        g.switches.fetch_add(1, std::memory_order_relaxed);
+        apply_gate(g);
     } catch (...) {  // out of memory: the gate stays as it is
     }
 }
@@ -743,7 +828,9 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
     State& s = state();
     if (!resolve(s.derived, "allocscope_derived") ||
         !resolve(s.current_layer, "allocscope_current_layer") ||
-        !resolve(s.kind_depth, "allocscope_keyed_kind_depth")) {
+        !resolve(s.kind_depth, "allocscope_keyed_kind_depth") ||
+        !resolve(s.current_step, "allocscope_current_step") ||
+        !resolve(s.mark, "allocscope_mark")) {
         copy_error(
             "liballocscope.so in this process has no allocscope_derived (too old, or not "
             "loaded)",
@@ -766,12 +853,17 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
         // scope yet. ALLOCSCOPE_PROVENANCE_GATE=0 keeps it open (to measure
         // what the gate saves, and whether it loses anything).
         const char* open = std::getenv("ALLOCSCOPE_PROVENANCE_GATE");
-        if (allocscope::torch_bridge::g_tags_through_hooks.load() &&
-            !(open && std::strcmp(open, "0") == 0)) {
+        const bool hooks = allocscope::torch_bridge::g_tags_through_hooks.load();
+        if (hooks && !(open && std::strcmp(open, "0") == 0)) {
             at::disableCallback(g.handle);
             g.enabled = false;
             g_gating.store(true);
         }
+        // The steps are counted from this one; windowed only where the
+        // tag calls come here to look at the step.
+        g.windowed = hooks && g_schedule.first != 0;
+        g.base_step = s.current_step();
+        g.step_seen.store(g.base_step, std::memory_order_relaxed);
     } catch (const std::exception& e) {
         std::string what = e.what();
         if (const size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
@@ -780,6 +872,14 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
     }
     g_installed.store(true);
     return 0;
+}
+
+ALLOCSCOPE_BRIDGE_EXPORT void allocscope_torch_provenance_steps(uint64_t first, uint64_t every,
+                                                                uint64_t window) {
+    if (g_installed.load()) return;  // read without a lock once installed
+    g_schedule.first = first;
+    g_schedule.every = every;
+    g_schedule.window = every == 0 ? 0 : std::min(std::max<uint64_t>(window, 1), every);
 }
 
 ALLOCSCOPE_BRIDGE_EXPORT void allocscope_torch_provenance_param(const char* layer, const char* name,

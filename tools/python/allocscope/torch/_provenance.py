@@ -21,6 +21,57 @@ _registering = False  # parameters are being registered: the process trains
 
 _SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
+# The steps the op observer runs in (tools/torch_bridge/provenance.cpp,
+# "Steps"): the first FIRST, then WINDOW in every EVERY.
+DEFAULT_STEPS = (4, 100, 2)
+_STEPS_HELP = ("accepted: all, or first=N[,every=N[,window=N]] (the default first=4,every=100,"
+               "window=2; every=0: none after the first; window at most every)")
+
+
+def parse_steps(raw):
+    """ALLOCSCOPE_PROVENANCE_STEPS's value as (first, every, window), first
+    0 for every step; raises ValueError naming what is wrong."""
+    text = raw.strip().lower()
+    if text == "all":
+        return (0, 0, 0)
+    first, every, window = DEFAULT_STEPS
+    seen = set()
+    for part in text.split(","):
+        key, eq, value = part.strip().partition("=")
+        key = key.strip()
+        if not eq or key not in ("first", "every", "window") or key in seen:
+            raise ValueError("%r is not a key=value of first, every or window, each once" % part.strip())
+        seen.add(key)
+        value = value.strip()
+        if not value.isdigit() or len(value) > 12:
+            raise ValueError("%s=%r is not a whole number" % (key, value))
+        n = int(value)
+        if key == "first":
+            first = n
+        elif key == "every":
+            every = n
+        else:
+            window = n
+    if first < 1:
+        raise ValueError("first must be at least 1 (all observes every step)")
+    if every > 0 and not 1 <= window <= every:
+        raise ValueError("window must be from 1 to every (%d), got %d" % (every, window))
+    return (first, every, window if every > 0 else 0)
+
+
+def _steps():
+    """The schedule from ALLOCSCOPE_PROVENANCE_STEPS; a bad value says so
+    in one line and keeps the default."""
+    raw = os.environ.get("ALLOCSCOPE_PROVENANCE_STEPS")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_STEPS
+    try:
+        return parse_steps(raw)
+    except ValueError as e:
+        _say("provenance steps", "ALLOCSCOPE_PROVENANCE_STEPS=%r: %s; %s; the default is used"
+             % (raw, e, _STEPS_HELP))
+        return DEFAULT_STEPS
+
 
 def _wanted():
     """ALLOCSCOPE_PROVENANCE: on unless 0, false or no (core's switch
@@ -100,8 +151,12 @@ def _install_provenance():
         param = lib.allocscope_torch_provenance_param
         param.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]
         param.restype = None
+        steps = lib.allocscope_torch_provenance_steps
+        steps.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
+        steps.restype = None
     except (OSError, AttributeError) as e:
         return _off("the PyTorch bridge %s has no op observer (%s)" % (path, e))
+    steps(*_steps())
     error = ctypes.create_string_buffer(512)
     if install(_FORWARD, _BACKWARD, error, len(error)) < 0:
         return _off(error.value.decode("utf-8", "replace"))
