@@ -380,6 +380,8 @@ def main():
         ("allocscope", {}, under("a1")),
         # without the bridge's op observer (provenance of weight-derived tensors)
         ("allocscope/no-provenance", {}, under("anp", "--no-provenance")),
+        # the observer in every step, not the default's first 4 and 2 in every 100
+        ("allocscope/every-step", {}, under("aes", "--provenance-steps", "all")),
         # the observer not gated to the parameters' scopes
         ("allocscope/open-gate", {"ALLOCSCOPE_PROVENANCE_GATE": "0"}, under("aog")),
         # 16 native frames instead of 24 (the Python frames follow either way)
