@@ -4,19 +4,15 @@
 # ALLOCSCOPE_LOG=debug (the interposer's stack capture, the bridge's Python
 # frame walk and every shim hook report what they cost, in OUT/debug.log),
 # then rank 0's main thread under cProfile without and with allocscope
-# (OUT/profiles.txt). Builds BUILD first if needed. PROFILES=0 skips the
-# cProfile runs.
+# (OUT/profiles.txt). Builds what it needs in BUILD first
+# (tools/gpu-build-min). PROFILES=0 skips the cProfile runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:?usage: tests/bench/torch_cost_probe.sh BUILD OUT}
 out=${2:?usage: tests/bench/torch_cost_probe.sh BUILD OUT}
 steps=${STEPS:-60}
 mkdir -p "$out"
-if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Dcuda=enabled -Dtorch=enabled -Dwerror=true >"$out/setup.log" 2>&1 ||
-    { tail -30 "$out/setup.log"; exit 1; }
-fi
-ninja -C "$build" >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+tools/gpu-build-min "$build" "$out/build.log" || exit 1
 cli="$build/tools/allocscope"
 script=tests/gpu/fsdp2_fp8_train.py
 torchrun=(python3 -m torch.distributed.run --standalone --nproc_per_node "${NPROC:-2}")

@@ -366,6 +366,10 @@ struct Gate {
     // `step_seen` (the first tag call of each step looks again).
     bool windowed = false;  // a schedule applies (tags through tag_hooks.cpp)
     bool observing = true;
+    std::atomic<bool> observing_now{true};  // `observing`, read without the lock
+    // Paused, no thread's scope is followed: a pause starts a new
+    // generation, and a thread's t_in_scope of an older one counts as false.
+    std::atomic<uint64_t> generation{1};
     uint64_t base_step = 0;  // the interposer's step at install
     std::atomic<uint64_t> step_seen{0};
     std::atomic<uint64_t> pauses{0};
@@ -376,6 +380,7 @@ Gate& gate() {
 }
 std::atomic<bool> g_gating{false};
 thread_local bool t_in_scope = false;
+thread_local uint64_t t_generation = 0;  // of Gate::generation, when t_in_scope was set
 
 // "first 4, then 2 in every 100", for the debug line.
 std::string schedule_text() {
@@ -794,7 +799,12 @@ void check_window(Gate& g) {
     const bool observe = g_schedule.observes(step >= g.base_step ? step - g.base_step : 0);
     if (observe == g.observing) return;
     g.observing = observe;
-    if (!observe) g.pauses.fetch_add(1, std::memory_order_relaxed);
+    g.observing_now.store(observe, std::memory_order_relaxed);
+    if (!observe) {
+        g.pauses.fetch_add(1, std::memory_order_relaxed);
+        g.threads = 0;
+        g.generation.fetch_add(1, std::memory_order_relaxed);
+    }
     // Before the callback changes: the mark precedes what the step does.
     s.mark(observe ? ALLOCSCOPE_PROVENANCE_RESUMED : ALLOCSCOPE_PROVENANCE_PAUSED);
     apply_gate(g);
@@ -808,9 +818,17 @@ void allocscope::torch_bridge::provenance_tag_changed() noexcept {
         Gate& g = gate();
         if (g.windowed) check_window(g);
         if (!g_gating.load(std::memory_order_relaxed)) return;
+        // Paused: nothing to follow until the window opens again.
+        if (!g.observing_now.load(std::memory_order_relaxed)) return;
         const bool now = in_param_scope(state());
-        if (now == t_in_scope) return;
+        if (t_generation == g.generation.load(std::memory_order_relaxed) && now == t_in_scope)
+            return;
         std::lock_guard lock(g.mu);
+        if (t_generation != g.generation.load(std::memory_order_relaxed)) {
+            t_generation = g.generation.load(std::memory_order_relaxed);
+            t_in_scope = false;  // not counted in this generation
+        }
+        if (!g.observing || now == t_in_scope) return;
         t_in_scope = now;
         g.threads += now ? 1 : -1;
         apply_gate(g);
