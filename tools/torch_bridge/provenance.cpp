@@ -394,7 +394,8 @@ std::string schedule_text() {
 // ALLOCSCOPE_LOG=debug: one line at exit.
 struct Report {
     ~Report() {
-        if (!g_installed.load() || !state().debug) return;
+        // Not in a process that ran no op under the observer (a launcher).
+        if (!g_installed.load() || !state().debug || state().ops.load() == 0) return;
         State& s = state();
         const uint64_t ops = s.ops.load();
         const std::string per_step = allocscope::torch_bridge::per_step_text(s.op_ns.load());
