@@ -15,9 +15,13 @@ on the CPU. Each configuration runs `--repeat` times, interleaved:
 
   plain                  no allocscope
   allocscope/no-prov     allocscope run --no-provenance --plugins none
-  allocscope/open-gate   allocscope run --plugins none, ALLOCSCOPE_PROVENANCE_GATE=0
-                         (the observer on for every op)
-  allocscope             allocscope run --plugins none (provenance on, gated)
+  allocscope/open-gate   allocscope run --plugins none --provenance-steps all,
+                         ALLOCSCOPE_PROVENANCE_GATE=0 (the observer on for every op
+                         of every step)
+  allocscope/every-step  allocscope run --plugins none --provenance-steps all
+                         (gated, every step)
+  allocscope             allocscope run --plugins none (the defaults: gated, the
+                         first 4 steps, then 2 in every 100)
 
 Prints each configuration's median step time over runs, its fastest run,
 its overhead over plain, and the observer's own counters per step (ops
@@ -126,8 +130,11 @@ def one(args, name, script, out):
     if name == "allocscope/open-gate":
         env["ALLOCSCOPE_PROVENANCE_GATE"] = "0"
     if name != "plain":
-        cmd = [args.cli, "run", "--force", "--out", out, "--plugins", "none"] + (
-            ["--no-provenance"] if name == "allocscope/no-prov" else []) + ["--"] + cmd
+        flags = {"allocscope/no-prov": ["--no-provenance"],
+                 "allocscope/open-gate": ["--provenance-steps", "all"],
+                 "allocscope/every-step": ["--provenance-steps", "all"]}.get(name, [])
+        cmd = [args.cli, "run", "--force", "--out", out, "--plugins", "none"] + flags + [
+            "--"] + cmd
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        universal_newlines=True, timeout=900)
     if p.returncode != 0:
@@ -149,7 +156,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
-    names = ["plain", "allocscope/no-prov", "allocscope/open-gate", "allocscope"]
+    names = ["plain", "allocscope/no-prov", "allocscope/open-gate", "allocscope/every-step",
+             "allocscope"]
     means = {n: [] for n in names}
     counters = {}
     with tempfile.TemporaryDirectory(prefix="allocscope-provbench-") as d:
