@@ -930,6 +930,140 @@ std::string traces_dir(const Report& report) {
     return dir;
 }
 
+// One rank's lines of the run section, after its name ("NAME: " is put
+// before the first by the caller).
+std::string run_lines(const TraceAnalysis& a) {
+    std::string out = u(a.events) + " events over " + seconds(a.span_ns) + ", " + u(a.steps) +
+                      " steps; tensors are " +
+                      (a.owner == Pool::device_block ? "caching-allocator blocks"
+                                                     : "device segments (no block events)") +
+                      "\n";
+    if (a.truncated)
+        out += "  warning: " + printable(a.truncation_message) + "; reporting what precedes it\n";
+    std::string peak, exit;
+    for (const PoolSummary& p : a.pools) {
+        peak += std::string(peak.empty() ? "" : "; ") + to_string(p.pool) + " " +
+                human_bytes(p.peak_bytes) + " at step " + u(p.peak_step) + ", " +
+                tag_text(p.peak_layer, p.peak_phase);
+        exit += (exit.empty() ? "" : ", ") + std::string(to_string(p.pool)) + " " +
+                human_bytes(p.live_bytes_at_exit);
+    }
+    if (!peak.empty()) out += "  peak " + peak + "\n  live at exit: " + exit + "\n";
+    if (a.unknown_frees || a.double_frees || a.failed_frees)
+        out += "  frees of unknown addresses: " + u(a.unknown_frees) +
+               ", double frees: " + u(a.double_frees) + ", failed frees: " + u(a.failed_frees) +
+               "\n";
+    if (a.oom_events) {
+        out += "  failed allocations (oom): " + u(a.oom_events) + ", largest request " +
+               human_bytes(a.largest_failed_request) + "; " + u(a.oom_moments_total) +
+               " out-of-memory moment(s), " + u(a.recovered_failures) +
+               " failed call(s) recovered from (the allocator retried)\n";
+    }
+    return out;
+}
+
+struct RankLines {
+    const TraceAnalysis* analysis;
+    std::string text;  // run_lines
+};
+
+// A number standing alone in a line ("6721 events", "40.0 MiB", "step 0,"):
+// after the line's start, a space or '(' and before a space, ',', ';', ')'
+// or the end; not the digits of a name such as "layers.7".
+struct NumberSpan {
+    size_t begin, end;
+};
+std::vector<NumberSpan> standalone_numbers(std::string_view text) {
+    std::vector<NumberSpan> spans;
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (!std::isdigit(static_cast<unsigned char>(text[i]))) continue;
+        if (i > 0 && text[i - 1] != ' ' && text[i - 1] != '(') {
+            while (i + 1 < text.size() && !std::isspace(static_cast<unsigned char>(text[i + 1])))
+                ++i;
+            continue;
+        }
+        size_t j = i;
+        while (j < text.size() &&
+               (std::isdigit(static_cast<unsigned char>(text[j])) || text[j] == '.'))
+            ++j;
+        if (j == text.size() || text[j] == ' ' || text[j] == ',' || text[j] == ';' ||
+            text[j] == ')' || text[j] == '\n')
+            spans.push_back({i, j});
+        i = j;
+    }
+    return spans;
+}
+
+// The run section with alike ranks together: ranks whose lines differ in
+// their standalone numbers only are one group, printed once with each
+// number that differs as its range ("110.350–110.854 s"); a rank unlike
+// the others is printed on its own, so outliers stand out by name.
+std::string grouped_run_section(const std::vector<RankLines>& ranks) {
+    struct Group {
+        std::string key;
+        std::vector<size_t> members;
+    };
+    std::vector<Group> groups;
+    std::vector<std::vector<NumberSpan>> spans;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+        const std::string& text = ranks[i].text;
+        spans.push_back(standalone_numbers(text));
+        std::string key;
+        size_t at = 0;
+        for (const NumberSpan& n : spans.back()) {
+            key.append(text, at, n.begin - at);
+            key += '#';
+            at = n.end;
+        }
+        key.append(text, at, std::string::npos);
+        // A rank without a number (a trace's name) is grouped with nothing.
+        const bool groupable = ranks[i].analysis->header.rank >= 0;
+        auto g = groupable ? std::find_if(groups.begin(), groups.end(),
+                                          [&](const Group& c) {
+                                              return c.key == key &&
+                                                     ranks[c.members[0]].analysis->header.rank >= 0;
+                                          })
+                           : groups.end();
+        if (g == groups.end()) {
+            groups.push_back({std::move(key), {i}});
+        } else {
+            g->members.push_back(i);
+        }
+    }
+    std::string out;
+    for (const Group& g : groups) {
+        const RankLines& first = ranks[g.members[0]];
+        if (g.members.size() == 1) {
+            out += rank_name(*first.analysis) + ": " + first.text;
+            continue;
+        }
+        std::vector<int32_t> ids;
+        for (size_t m : g.members)
+            ids.push_back(ranks[m].analysis->header.rank);
+        // Each number as its range over the group.
+        std::string text;
+        size_t at = 0;
+        const std::vector<NumberSpan>& own = spans[g.members[0]];
+        for (size_t k = 0; k < own.size(); ++k) {
+            text.append(first.text, at, own[k].begin - at);
+            std::string lo, hi;
+            double lo_v = 0, hi_v = 0;
+            for (size_t m : g.members) {
+                const NumberSpan n = spans[m][k];
+                const std::string v = ranks[m].text.substr(n.begin, n.end - n.begin);
+                const double x = std::strtod(v.c_str(), nullptr);
+                if (lo.empty() || x < lo_v) lo = v, lo_v = x;
+                if (hi.empty() || x > hi_v) hi = v, hi_v = x;
+            }
+            text += lo == hi ? lo : lo + "–" + hi;
+            at = own[k].end;
+        }
+        text.append(first.text, at, std::string::npos);
+        out += ranks_text(ids) + " (" + u(g.members.size()) + " alike): " + text;
+    }
+    return out;
+}
+
 std::string concise_text(const Report& report) {
     std::vector<const TraceAnalysis*> traces;
     for (const RankReport& r : report.ranks)
@@ -945,36 +1079,13 @@ std::string concise_text(const Report& report) {
         const PoolSummary* p = a.pool(a.owner);
         return p ? p->peak_bytes : 0;
     };
+    std::vector<RankLines> lines;
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
         if (!tallest || owner_peak(a) > owner_peak(*tallest)) tallest = &a;
-        if (a.truncated)
-            out += "warning: " + printable(a.truncation_message) + "; reporting what precedes it\n";
-        out += rank_name(a) + ": " + u(a.events) + " events over " + seconds(a.span_ns) + ", " +
-               u(a.steps) + " steps; tensors are " +
-               (a.owner == Pool::device_block ? "caching-allocator blocks"
-                                              : "device segments (no block events)") +
-               "\n";
-        std::string peak, exit;
-        for (const PoolSummary& p : a.pools) {
-            peak += std::string(peak.empty() ? "" : "; ") + to_string(p.pool) + " " +
-                    human_bytes(p.peak_bytes) + " at step " + u(p.peak_step) + ", " +
-                    tag_text(p.peak_layer, p.peak_phase);
-            exit += (exit.empty() ? "" : ", ") + std::string(to_string(p.pool)) + " " +
-                    human_bytes(p.live_bytes_at_exit);
-        }
-        if (!peak.empty()) out += "  peak " + peak + "\n  live at exit: " + exit + "\n";
-        if (a.unknown_frees || a.double_frees || a.failed_frees)
-            out += "  frees of unknown addresses: " + u(a.unknown_frees) +
-                   ", double frees: " + u(a.double_frees) + ", failed frees: " + u(a.failed_frees) +
-                   "\n";
-        if (a.oom_events) {
-            out += "  failed allocations (oom): " + u(a.oom_events) + ", largest request " +
-                   human_bytes(a.largest_failed_request) + "; " + u(a.oom_moments_total) +
-                   " out-of-memory moment(s), " + u(a.recovered_failures) +
-                   " failed call(s) recovered from (the allocator retried)\n";
-        }
+        lines.push_back({&a, run_lines(a)});
     }
+    out += grouped_run_section(lines);
     if (tallest) text_timeline(out, *tallest, rank_name(*tallest));
     const std::string pool = tallest ? std::string(to_string(tallest->owner)) : "owner";
     out += "\nby (layer, phase), " + pool + " bytes" +

@@ -499,3 +499,63 @@ TEST_CASE("streams whose weight detectors did not run need no line") {
     file.ranks = {r};
     CHECK(unproven_weights_line(file).empty());
 }
+
+TEST_CASE("provenance in some steps: no line about sizes, one line naming the steps observed") {
+    FindingsFile file;
+    file.ranks = {stream(0, "on in steps 0–3, 100–101 of 0–240"),
+                  stream(1, "on in steps 0–3, 100–101 of 0–240")};
+    file.findings.push_back(size_only("weight-copy-accumulation", 0, "layers.0"));
+    CHECK(unproven_weights_line(file).empty());  // provenance ran
+    CHECK(provenance_steps_line(file) ==
+          "provenance observed steps 0–3, 100–101 of 0–240 (ALLOCSCOPE_PROVENANCE_STEPS, by "
+          "default the first 4 steps, then 2 in every 100): the weight detectors judged those "
+          "steps; --provenance-steps all observes every step");
+    // Ranks that differ are named with their steps; every step observed: no line.
+    file.ranks[1].provenance = "on in steps 0–3 of 0–7";
+    CHECK(provenance_steps_line(file).rfind(
+              "provenance observed steps 0–3, 100–101 of 0–240 on rank 0; 0–3 of 0–7 on rank 1 (",
+              0) == 0);
+    file.ranks = {stream(0, "on")};
+    CHECK(provenance_steps_line(file).empty());
+}
+
+namespace {
+
+RankReport run_rank(int32_t rank, uint64_t events, uint64_t span_ns, uint64_t peak) {
+    RankReport r;
+    r.analysis.header.rank = rank;
+    r.analysis.path = "/runs/b/rank" + std::to_string(rank) + ".trace";
+    r.analysis.events = events;
+    r.analysis.span_ns = span_ns;
+    r.analysis.steps = 4;
+    r.analysis.owner = Pool::device_block;
+    PoolSummary p;
+    p.pool = Pool::device_block;
+    p.allocations = 10;
+    p.peak_bytes = peak;
+    p.peak_step = 1;
+    p.peak_layer = "layers.7";
+    p.peak_phase = "forward";
+    r.analysis.pools.push_back(p);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("the run section prints alike ranks once, their numbers as ranges, others apart") {
+    Report report;
+    for (int32_t rank = 0; rank < 6; ++rank)
+        report.ranks.push_back(
+            run_rank(rank, 6721 + uint64_t(rank % 2), 110'300'000'000 + rank, 40 << 20));
+    // Rank 6 peaks in another layer: not alike.
+    report.ranks.push_back(run_rank(6, 6721, 110'300'000'000, 40 << 20));
+    report.ranks.back().analysis.pools[0].peak_layer = "layers.3";
+    const std::string text = render_text(report);
+    CHECK(text.find("== run ==\nranks 0–5 (6 alike): 6721–6722 events over 110.300 s, 4 steps; "
+                    "tensors are caching-allocator blocks\n  peak block 40.0 MiB at step 1, "
+                    "layers.7 forward\n") != std::string::npos);
+    CHECK(text.find("\nrank 6: 6721 events over 110.300 s, 4 steps;") != std::string::npos);
+    CHECK(count(text, " events over ") == 2);
+    // --full keeps a section per rank.
+    CHECK(count(render_text(report, TextDetail::full), " events over ") >= 7);
+}
