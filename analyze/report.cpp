@@ -488,6 +488,25 @@ std::string unproven_weights_line(const FindingsFile& file) {
            ", not proven, so not errors; " + how;
 }
 
+std::string distinct_findings_text(const FindingsFile& file, const std::string& where) {
+    size_t distinct[3] = {0, 0, 0};
+    size_t all[3] = {0, 0, 0};
+    const std::vector<FindingGroup> groups = collapse_findings(file);
+    for (const FindingGroup& g : groups)
+        ++distinct[static_cast<int>(g.members[0]->severity)];
+    for (const Finding& f : file.findings)
+        ++all[static_cast<int>(f.severity)];
+    auto counted = [](size_t n, const char* what) {
+        return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+    };
+    std::string out = counted(distinct[2], "error") + ", " + counted(distinct[1], "warning") +
+                      ", " + counted(distinct[0], "info") + where;
+    if (groups.size() != file.findings.size())
+        out += " (" + std::to_string(all[2]) + ", " + std::to_string(all[1]) + " and " +
+               std::to_string(all[0]) + " counting each rank's)";
+    return out;
+}
+
 std::string provenance_steps_line(const FindingsFile& file) {
     constexpr std::string_view kIn = "on in steps ";
     // The texts of the streams whose provenance paused, each once, with
@@ -827,12 +846,9 @@ void concise_findings(std::string& out, const Report& report) {
         ++by[static_cast<int>(f.severity)];
         if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
     }
-    auto counted = [](size_t n, const char* what) {
-        return u(n) + " " + what + (n == 1 ? "" : "s");
-    };
-    out += u(all.size()) + (ranks.empty() ? "" : " on " + ranks_text(ranks)) + ": " +
-           counted(by[2], "error") + ", " + counted(by[1], "warning") + ", " +
-           counted(by[0], "info") + " (what several ranks found alike is shown once)\n";
+    out +=
+        distinct_findings_text(report.findings, ranks.empty() ? "" : " on " + ranks_text(ranks)) +
+        "; what several ranks found alike is one finding, shown once\n";
     if (const std::string line = unproven_weights_line(report.findings); !line.empty())
         out += "  " + line + "\n";
     if (const std::string line = provenance_steps_line(report.findings); !line.empty())

@@ -107,6 +107,10 @@ std::string unproven_weights_line(const FindingsFile& file);
 // Where provenance observed some steps only (RankRun::provenance "on in
 // steps ..."): one line naming them, else "".
 std::string provenance_steps_line(const FindingsFile& file);
+// "9 errors, 0 warnings, 40 infos<where> (576, 0 and 2560 counting each
+// rank's)": findings that several ranks found alike (collapse_findings)
+// counted once; the count over the ranks follows where it differs.
+std::string distinct_findings_text(const FindingsFile& file, const std::string& where = "");
 // A group's summary line (summary_line with its ranks) and, for each rank
 // whose finding differs from the first's (bytes, count, summary or
 // evidence: how many, their bytes and steps), a line "  rank R: ..." saying how.

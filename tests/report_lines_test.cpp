@@ -370,7 +370,9 @@ TEST_CASE("the concise text shows a finding of two ranks once, --full once per r
     const std::string concise = render_text(report);
     CHECK(count(concise, "weight-copy-accumulation") == 1);
     CHECK(count(concise, "ranks 0–1  layers.0/forward  1.50 KiB  copies (step 5)") == 1);
-    CHECK(concise.find("12 on ranks 0–1: 2 errors, 0 warnings, 10 infos") != std::string::npos);
+    CHECK(concise.find("findings: 1 error, 0 warnings, 5 infos on ranks 0–1 (2, 0 and 10 "
+                       "counting each rank's); what several ranks found alike is one finding, "
+                       "shown once\n") != std::string::npos);
     CHECK(concise.find("info: 10 finding(s), 5 distinct: peak-owner 10") != std::string::npos);
     CHECK(count(concise, "info    peak-owner") == 3);  // the largest few
     CHECK(concise.find("... 2 more distinct info findings (--full)") != std::string::npos);

@@ -118,9 +118,6 @@ void print_findings(const FindingsFile& file, std::FILE* out) {
 }
 
 void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out) {
-    size_t by[3] = {0, 0, 0};
-    for (const Finding& f : file.findings)
-        ++by[static_cast<int>(f.severity)];
     std::vector<FindingGroup> groups = collapse_findings(file);
     std::stable_sort(groups.begin(), groups.end(),
                      [](const FindingGroup& a, const FindingGroup& b) {
@@ -142,11 +139,7 @@ void print_run_findings(const FindingsFile& file, const std::string& where, std:
     const size_t n = file.ranks.size();
     const std::string on = rankless ? std::to_string(n) + (n == 1 ? " process" : " processes")
                                     : std::to_string(n) + (n == 1 ? " rank" : " ranks");
-    auto count = [](size_t k, const char* what) {
-        return std::to_string(k) + " " + what + (k == 1 ? "" : "s");
-    };
-    std::fprintf(out, "allocscope: %s, %s, %s on %s — %s\n", count(by[2], "error").c_str(),
-                 count(by[1], "warning").c_str(), count(by[0], "info").c_str(), on.c_str(),
+    std::fprintf(out, "allocscope: %s — %s\n", distinct_findings_text(file, " on " + on).c_str(),
                  where.c_str());
 }
 
