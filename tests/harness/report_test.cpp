@@ -401,6 +401,29 @@ TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
     CHECK_FALSE(contains(html, "<img"));
 }
 
+TEST_CASE("a module that cannot be symbolized is noted once, whatever the number of traces") {
+    // The traces name the harness binary they were recorded from; read
+    // where that file is gone (traces copied off the machine), each rank's
+    // trace would give the same note.
+    TempDir t;
+    const fs::path copy = t / "allocscope-harness";
+    fs::copy_file(env("HARNESS"), copy);
+    // Its libraries (the sim runtime) where the original finds them.
+    const std::string libs = fs::path(env("HARNESS")).parent_path().string();
+    REQUIRE(sh("LD_LIBRARY_PATH=" + libs + " " + env("E2E_CLI") + " run --force --out " +
+               (t / "run").string() + " -- " + copy.string() +
+               " --backend sim --ranks 4 --layers 2 --steps 2 --warmup 1") == 0);
+    fs::remove(copy);
+    std::string out;
+    REQUIRE(sh(env("E2E_CLI") + " report " + (t / "run").string(), &out) == 0);
+    CAPTURE(out);
+    CHECK(count_lines(out, "note: cannot symbolize " + copy.string() + ": ") == 1);
+    // --rank reads one trace: the same note, once.
+    REQUIRE(sh(env("E2E_CLI") + " report " + (t / "run").string() + " --rank 2", &out) == 0);
+    CHECK(count_lines(out, "note: cannot symbolize " + copy.string() + ": ") == 1);
+    CHECK(out.find("allocscope report: 1 trace(s), rank 2") != std::string::npos);
+}
+
 TEST_CASE("report refuses unreadable input and an unwritable output with exit 2") {
     TempDir t;
     CHECK(sh(env("E2E_CLI") + " report " + (t / "missing").string()) == 2);

@@ -138,10 +138,17 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
     Progress progress;
     AnalysisOptions options;
     options.top_sites = top;
+    // A note once, however many traces give it (traces of one machine read
+    // on another: the same module cannot be symbolized for each).
+    auto note = [&report](const std::string& w) {
+        if (std::find(report.notes.begin(), report.notes.end(), w) == report.notes.end())
+            report.notes.push_back(w);
+    };
     for (size_t i = 0; i < in.traces.size(); ++i) {
+        // --rank R: only R's trace is decoded, the others' headers read.
+        if (rank >= 0 && TraceReader(in.traces[i]).header().rank != rank) continue;
         progress.show("reading " + in.traces[i], i, in.traces.size());
         Trace t = load_trace(in.traces[i]);  // TraceError names file and offset
-        if (rank >= 0 && t.header.rank != rank) continue;
         RankReport r;
         r.analysis = analyze(t, options);
         r.steps = step_memory(t);
@@ -153,14 +160,13 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
             r.baseline_steps = base->second;
             r.has_baseline = true;
         } else if (!baseline.empty()) {
-            report.notes.push_back("the baseline " + baseline + " has no trace of rank " +
-                                   std::to_string(t.header.rank));
+            note("the baseline " + baseline + " has no trace of rank " +
+                 std::to_string(t.header.rank));
         }
         report.ranks.push_back(std::move(r));
         RankReport& added = report.ranks.back();
         // Symbolize what the report shows, each address once.
-        Symbolizer symbolizer(t.modules,
-                              [&report](const std::string& w) { report.notes.push_back(w); });
+        Symbolizer symbolizer(t.modules, note);
         symbolizer.use_strings(t.strings);
         const bool only = in.traces.size() == 1;
         std::vector<uint64_t> addresses;
