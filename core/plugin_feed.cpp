@@ -17,23 +17,28 @@
 
 namespace allocscope {
 
-void PluginHost::ProvenanceSteps::on_mark(std::string_view what, uint64_t step) {
-    constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
-    if (what == std::string_view(ALLOCSCOPE_PROVENANCE_PAUSED).substr(kMark.size())) {
-        if (!observing) return;
-        if (step > from) observed.emplace_back(from, step - 1);
-        observing = false;
-        windowed = true;
-    } else if (what == std::string_view(ALLOCSCOPE_PROVENANCE_RESUMED).substr(kMark.size())) {
-        if (observing) return;
-        observing = true;
-        from = step;
-    } else {  // on, or off: a new start
-        const uint64_t last = last_step;
-        *this = ProvenanceSteps{};
-        on_step = from = step;
-        last_step = std::max(last, step);
+bool PluginHost::ProvenanceSteps::on_mark(std::string_view mark, uint64_t step) {
+    if (mark == ALLOCSCOPE_PROVENANCE_PAUSED) {
+        if (observing) {
+            if (step > from) observed.emplace_back(from, step - 1);
+            observing = false;
+            windowed = true;
+        }
+        return true;
     }
+    if (mark == ALLOCSCOPE_PROVENANCE_RESUMED) {
+        if (!observing) {
+            observing = true;
+            from = step;
+        }
+        return true;
+    }
+    // On, or off: a new start.
+    const uint64_t last = last_step;
+    *this = ProvenanceSteps{};
+    on_step = from = step;
+    last_step = std::max(last, step);
+    return false;
 }
 
 std::string PluginHost::ProvenanceSteps::text() const {
@@ -110,13 +115,9 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     // for the findings file: the run stream's, the last one counts.
     if (e.kind == EventKind::mark && source == ALLOCSCOPE_SOURCE_RUN) {
         constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
-        if (text.text.substr(0, kMark.size()) == kMark) {
-            const std::string_view what = text.text.substr(kMark.size());
-            provenance_steps_.on_mark(what, e.step);
-            if (what != std::string_view(ALLOCSCOPE_PROVENANCE_PAUSED).substr(kMark.size()) &&
-                what != std::string_view(ALLOCSCOPE_PROVENANCE_RESUMED).substr(kMark.size()))
-                provenance_ = std::string(what);
-        }
+        if (text.text.substr(0, kMark.size()) == kMark &&
+            !provenance_steps_.on_mark(text.text, e.step))
+            provenance_ = std::string(text.text.substr(kMark.size()));
     }
     allocscope_event_v1 ev{};
     ev.seq = e.seq;

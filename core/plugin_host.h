@@ -208,7 +208,9 @@ class PluginHost {
         uint64_t from = 0;       // the first step of the open window
         uint64_t last_step = 0;  // the run stream's latest step with a tag pushed
         std::vector<std::pair<uint64_t, uint64_t>> observed;  // closed windows, inclusive
-        void on_mark(std::string_view what, uint64_t step);
+        // A provenance mark (ALLOCSCOPE_PROVENANCE_MARK...) at `step`; true
+        // for a pause or a resumption, which leave the status as it is.
+        bool on_mark(std::string_view mark, uint64_t step);
         std::string text() const;  // "in steps 0–3, 100 of 0–140"
     } provenance_steps_;
 };

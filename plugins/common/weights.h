@@ -18,7 +18,6 @@
 #include <allocscope/sdk/weight_sizes.h>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -250,14 +249,11 @@ class WeightDetector {
     // the detectors report the step that kept the most.
     void on_mark(const allocscope_event_v1& e) {
         if (!e.text || e.source != ALLOCSCOPE_SOURCE_RUN) return;
+        constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
         const std::string_view text = e.text;
-        if (text == ALLOCSCOPE_PROVENANCE_PAUSED) {
-            provenance_paused_ = true;
-        } else if (text == ALLOCSCOPE_PROVENANCE_RESUMED ||
-                   text.substr(0, std::strlen(ALLOCSCOPE_PROVENANCE_MARK)) ==
-                       ALLOCSCOPE_PROVENANCE_MARK) {
-            provenance_paused_ = false;  // resumed, or a new word on provenance
-        }
+        // Resumed, or a new word on provenance, ends a pause.
+        if (text.substr(0, kMark.size()) == kMark)
+            provenance_paused_ = text == ALLOCSCOPE_PROVENANCE_PAUSED;
     }
     // Whether sizes are matched now (not while provenance is paused).
     bool matching_sizes() const { return !provenance_paused_; }
