@@ -160,6 +160,14 @@ RunMeasure measure_run(const Trace& t) {
     }
     for (size_t k = 0; k < sum.size(); ++k)
         m.layer_increments.push_back(sum[k] / double(count[k]));
+    m.steps = steps.size();
+    for (const StepMemory& s : steps) {
+        for (const auto& [layer, live] : s.forward_ends) {
+            if (std::find(m.forward_layers.begin(), m.forward_layers.end(), layer) ==
+                m.forward_layers.end())
+                m.forward_layers.push_back(layer);
+        }
+    }
     if (increments > 0) m.forward_mean = total / double(increments);
     m.forward_steps = forward.size();
     if (!backward.empty()) {
@@ -182,8 +190,60 @@ RunMeasure measure_run(const Trace& t) {
     return m;
 }
 
+namespace {
+
+// "layers.2, layers.3, ... (6)": at most four names, then the count.
+std::string some_names(const std::vector<std::string>& names) {
+    std::string out;
+    for (size_t i = 0; i < names.size() && i < 4; ++i)
+        out += (i ? ", " : "") + printable(names[i]);
+    if (names.size() > 4) out += ", ... (" + std::to_string(names.size()) + ")";
+    return out;
+}
+
+std::vector<std::string> missing_from(const std::vector<std::string>& names,
+                                      const std::vector<std::string>& other) {
+    std::vector<std::string> out;
+    for (const std::string& n : names) {
+        if (std::find(other.begin(), other.end(), n) == other.end()) out.push_back(n);
+    }
+    return out;
+}
+
+void compare_shapes(RankDiff& d, const RunMeasure& base, const RunMeasure& cand) {
+    const std::vector<std::string> only_base =
+        missing_from(base.forward_layers, cand.forward_layers);
+    const std::vector<std::string> only_cand =
+        missing_from(cand.forward_layers, base.forward_layers);
+    if (!base.forward_layers.empty() && !cand.forward_layers.empty() &&
+        (!only_base.empty() || !only_cand.empty())) {
+        d.unrelated = only_base.size() == base.forward_layers.size();
+        std::string line = "the runs' forwards have different layers: BASE " +
+                           std::to_string(base.forward_layers.size()) + " numbered, CAND " +
+                           std::to_string(cand.forward_layers.size());
+        if (!only_base.empty()) line += "; only in BASE: " + some_names(only_base);
+        if (!only_cand.empty()) line += "; only in CAND: " + some_names(only_cand);
+        line += d.unrelated ? " (no layer in common: runs of different models)"
+                            : ". Layer rows compare the layers both have; the means are "
+                              "over different layers";
+        d.notes.push_back(line);
+    }
+    if (base.steps != cand.steps && base.steps > 0 && cand.steps > 0) {
+        std::string line = "the runs have different numbers of steps: BASE " +
+                           std::to_string(base.steps) + ", CAND " + std::to_string(cand.steps);
+        if (std::min(base.steps, cand.steps) == 1)
+            line +=
+                "; a run of one step has no step after warm-up, so its numbers include "
+                "warm-up allocations";
+        d.notes.push_back(line);
+    }
+}
+
+}  // namespace
+
 RankDiff diff_runs(RunMeasure base, RunMeasure cand, const DiffThresholds& thresholds) {
     RankDiff d;
+    compare_shapes(d, base, cand);
     if (base.forward_mean && cand.forward_mean) {
         d.forward_excess = *cand.forward_mean - *base.forward_mean;
         d.forward_exceeded = *d.forward_excess > double(thresholds.forward);
@@ -205,8 +265,17 @@ RankDiff diff_runs(RunMeasure base, RunMeasure cand, const DiffThresholds& thres
         r.phase = k.phase;
         r.cand = k.bytes;
     }
+    auto has_layer = [](const RunMeasure& m, const std::string& layer) {
+        for (const RunMeasure::Kept& k : m.kept) {
+            if (k.layer == layer) return true;
+        }
+        return std::find(m.forward_layers.begin(), m.forward_layers.end(), layer) !=
+               m.forward_layers.end();
+    };
     for (auto& [key, r] : rows) {
         r.excess = int64_t(r.cand) - int64_t(r.base);
+        r.in_base = has_layer(base, r.layer);
+        r.in_cand = has_layer(cand, r.layer);
         if (r.excess != 0) d.kept.push_back(r);
     }
     std::stable_sort(
@@ -217,14 +286,23 @@ RankDiff diff_runs(RunMeasure base, RunMeasure cand, const DiffThresholds& thres
     return d;
 }
 
-std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds) {
+std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds,
+                      const std::vector<std::string>& notes) {
     std::string out;
+    for (const std::string& n : notes)
+        out += "note: " + printable(n) + "\n";
+    if (!notes.empty()) out += "\n";
     bool exceeded = false;
     for (const RankDiff& d : diffs) {
-        out += "== " +
-               (d.cand.rank >= 0 ? "rank " + std::to_string(d.cand.rank) : std::string("no rank")) +
-               " ==\n  base: " + printable(d.base.path) + "\n  cand: " + printable(d.cand.path) +
-               "\n";
+        const int32_t rank = d.cand.rank >= 0 ? d.cand.rank : d.base.rank;
+        std::string title = rank >= 0 ? "rank " + std::to_string(rank) : std::string("no rank");
+        if (rank >= 0 && (d.cand.rank < 0 || d.base.rank < 0))
+            title +=
+                std::string(d.cand.rank < 0 ? " (CAND" : " (BASE") + ": a process without a rank)";
+        out += "== " + title + " ==\n  base: " + printable(d.base.path) +
+               "\n  cand: " + printable(d.cand.path) + "\n";
+        for (const std::string& n : d.notes)
+            out += "  note: " + printable(n) + "\n";
         for (const auto* m : {&d.base, &d.cand}) {
             if (!m->oom) continue;
             out += "  " + std::string(m == &d.base ? "BASE" : "CAND") +
@@ -248,20 +326,26 @@ std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& 
                    "): " + (d.forward_exceeded ? "EXCEEDED" : "ok") + "\n";
             out += "    " + std::string("layer") + std::string(22, ' ') +
                    "base         cand       excess\n";
-            const size_t n =
-                std::max(d.base.layer_increments.size(), d.cand.layer_increments.size());
-            for (size_t k = 0; k < n; ++k) {
-                const std::string name = k < d.cand.layers.size()   ? d.cand.layers[k]
-                                         : k < d.base.layers.size() ? d.base.layers[k]
-                                                                    : "?";
-                const double b =
-                    k < d.base.layer_increments.size() ? d.base.layer_increments[k] : 0;
-                const double c =
-                    k < d.cand.layer_increments.size() ? d.cand.layer_increments[k] : 0;
+            // By name: a layer only one run has shows "-" on the other side.
+            std::vector<std::string> names = d.cand.layers;
+            for (const std::string& n : d.base.layers) {
+                if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+            }
+            auto increment = [](const RunMeasure& m,
+                                const std::string& n) -> std::optional<double> {
+                for (size_t k = 0; k < m.layers.size() && k < m.layer_increments.size(); ++k) {
+                    if (m.layers[k] == n) return m.layer_increments[k];
+                }
+                return std::nullopt;
+            };
+            for (const std::string& name : names) {
+                const std::optional<double> b = increment(d.base, name);
+                const std::optional<double> c = increment(d.cand, name);
                 char line[200];
                 std::snprintf(line, sizeof line, "    %-24s %12s %12s %12s\n",
-                              printable(name).c_str(), plain_bytes(b).c_str(),
-                              plain_bytes(c).c_str(), signed_bytes(c - b).c_str());
+                              printable(name).c_str(), b ? plain_bytes(*b).c_str() : "-",
+                              c ? plain_bytes(*c).c_str() : "-",
+                              b && c ? signed_bytes(*c - *b).c_str() : "-");
                 out += line;
             }
         }
@@ -287,8 +371,10 @@ std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& 
                 char line[240];
                 std::snprintf(line, sizeof line, "    %-24s %-12s %12s %12s %12s\n",
                               printable(r.layer).c_str(), printable(r.phase).c_str(),
-                              human_bytes(r.base).c_str(), human_bytes(r.cand).c_str(),
-                              signed_bytes(double(r.excess)).c_str());
+                              r.in_base ? human_bytes(r.base).c_str() : "-",
+                              r.in_cand ? human_bytes(r.cand).c_str() : "-",
+                              r.in_base && r.in_cand ? signed_bytes(double(r.excess)).c_str()
+                                                     : (r.in_base ? "only BASE" : "only CAND"));
                 out += line;
             }
         }
@@ -299,10 +385,22 @@ std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& 
     return out;
 }
 
-std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds) {
+namespace {
+
+std::string json_strings(const std::vector<std::string>& lines) {
+    std::string out = "[";
+    for (size_t i = 0; i < lines.size(); ++i)
+        out += (i ? ", " : "") + json_quote(lines[i]);
+    return out + "]";
+}
+
+}  // namespace
+
+std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds,
+                      const std::vector<std::string>& notes) {
     std::string out = "{\"thresholds\": {\"forward\": " + std::to_string(thresholds.forward) +
                       ", \"backward\": " + std::to_string(thresholds.backward) +
-                      "},\n \"ranks\": [";
+                      "},\n \"notes\": " + json_strings(notes) + ",\n \"ranks\": [";
     bool exceeded = false;
     for (size_t i = 0; i < diffs.size(); ++i) {
         const RankDiff& d = diffs[i];
@@ -335,13 +433,15 @@ std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& 
                ", \"forward_exceeded\": " + (d.forward_exceeded ? "true" : "false") +
                ", \"backward_excess\": " + optional_number(d.backward_excess) +
                ", \"backward_exceeded\": " + (d.backward_exceeded ? "true" : "false") +
-               ",\n   \"kept\": [";
+               ",\n   \"notes\": " + json_strings(d.notes) + ",\n   \"kept\": [";
         for (size_t k = 0; k < d.kept.size(); ++k) {
             const RankDiff::Row& r = d.kept[k];
             out += (k ? ", " : "") + std::string("{\"layer\": ") + json_quote(r.layer) +
                    ", \"phase\": " + json_quote(r.phase) + ", \"base\": " + std::to_string(r.base) +
                    ", \"cand\": " + std::to_string(r.cand) +
-                   ", \"excess\": " + std::to_string(r.excess) + "}";
+                   ", \"excess\": " + std::to_string(r.excess) +
+                   ", \"in_base\": " + (r.in_base ? "true" : "false") +
+                   ", \"in_cand\": " + (r.in_cand ? "true" : "false") + "}";
         }
         out += "]}";
     }

@@ -45,6 +45,11 @@ struct RunMeasure {
     std::optional<double> backward_delta;
     uint64_t backward_steps = 0;
     bool warmup_dropped = false;
+    // Every numbered layer whose forward ended in some step (first seen
+    // first), and the steps the trace has samples in: what tells whether
+    // two runs are of the same model and length.
+    std::vector<std::string> forward_layers;
+    uint64_t steps = 0;
     // Per (layer group, base phase): the most bytes one scope kept alive at
     // its end.
     struct Kept {
@@ -97,13 +102,26 @@ struct RankDiff {
         uint64_t base = 0;
         uint64_t cand = 0;
         int64_t excess = 0;
+        // Whether the run has the layer at all (a scope of it, or its
+        // forward): a layer only one run has is not "0 B" in the other.
+        bool in_base = true;
+        bool in_cand = true;
     };
     std::vector<Row> kept;  // by excess, largest first; only rows that differ
+    // Why the two runs' numbers may not compare, one line each: layers only
+    // one of them has, different numbers of steps.
+    std::vector<std::string> notes;
+    // Both runs have numbered layers and none in common: different models.
+    bool unrelated = false;
 };
 
 RankDiff diff_runs(RunMeasure base, RunMeasure cand, const DiffThresholds& thresholds);
 
-std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds);
-std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds);
+// `notes`: what concerns the runs as a whole (ranks only one of them has),
+// printed first.
+std::string diff_text(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds,
+                      const std::vector<std::string>& notes = {});
+std::string diff_json(const std::vector<RankDiff>& diffs, const DiffThresholds& thresholds,
+                      const std::vector<std::string>& notes = {});
 
 }  // namespace allocscope

@@ -213,10 +213,14 @@ void PluginHost::load(const std::vector<std::string>& entries, const std::string
         const std::string name = key.substr(0, key.find('.'));
         bool known = false;
         for (const auto& in : instances_)
-            known = known || (in->plugin && in->name == name);
+            known = known || (in->plugin && in->name == name) || in->entry == name;
         if (!known) {
-            warn("allocscope: plugin option '" + one_line(key) + "' names no loaded plugin ('" +
-                 one_line(name) + "')");
+            // Kept as a plugin that did not load, so that the findings say
+            // what was not checked (and --check does not pass).
+            Instance& in = new_instance(name, "");
+            in.reason = "plugin option '" + one_line(key) + "' names no loaded plugin ('" +
+                        one_line(name) + "')";
+            warn("allocscope: " + in.reason);
         }
     }
 }
@@ -276,6 +280,26 @@ void PluginHost::install(Instance& in, const allocscope_plugin_v1* p) {
     in.enabled = true;
     if (p->init) {
         invoke(in, "init", [&] { return p->init(&in.api, &in.state); });
+    }
+    if (in.enabled) reject_unread_options(in);
+}
+
+// A plugin reads its options in init (plugins/README.md): an option given
+// for it that it did not ask for is misspelt, and running without it would
+// check something else than the user asked for.
+void PluginHost::reject_unread_options(Instance& in) {
+    const std::string prefix = in.name + ".";
+    for (const auto& [key, value] : settings_.options) {
+        if (!key.starts_with(prefix)) continue;
+        const std::string k = key.substr(prefix.size());
+        if (std::find(in.keys_read.begin(), in.keys_read.end(), k) != in.keys_read.end()) continue;
+        std::string known;
+        for (const std::string& r : in.keys_read)
+            known += (known.empty() ? "" : ", ") + one_line(r);
+        disable(in, "option '" + one_line(key) + "' is not one it reads (" +
+                        (known.empty() ? std::string("it reads none") : "its options: " + known) +
+                        ")");
+        return;
     }
 }
 
@@ -379,9 +403,11 @@ uint64_t PluginHost::cb_live_bytes(void* ctx, uint32_t level) {
 }
 
 const char* PluginHost::cb_option(void* ctx, const char* key) {
-    const Instance* in = static_cast<Instance*>(ctx);
+    Instance* in = static_cast<Instance*>(ctx);
     if (!key) return nullptr;
     try {
+        if (std::find(in->keys_read.begin(), in->keys_read.end(), key) == in->keys_read.end())
+            in->keys_read.emplace_back(key);
         auto it = in->host->settings_.options.find(in->name + "." + key);
         return it == in->host->settings_.options.end() ? nullptr : it->second.c_str();
     } catch (...) {

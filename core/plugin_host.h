@@ -153,6 +153,7 @@ class PluginHost {
     void reject(Instance& in, const std::string& reason);
     void install(Instance& in, const allocscope_plugin_v1* plugin);
     void disable(Instance& in, const std::string& reason);
+    void reject_unread_options(Instance& in);
     template <typename Call>
     void invoke(Instance& in, const char* what, Call&& call);
     void start_stream(uint32_t source);

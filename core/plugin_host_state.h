@@ -39,6 +39,9 @@ struct PluginHost::Instance {
     std::string reason;
     std::string invalid_emit;  // set by emit(), acted on when the call returns
     int log_lines = 0;
+    // The option keys the plugin asked for (cb_option), in the order asked:
+    // an option it never asks for during init is a typo (install()).
+    std::vector<std::string> keys_read;
 };
 
 // One level's live allocations as the plugins see them: only the pools

@@ -1055,27 +1055,73 @@ TEST_CASE(
     const fs::path out = s / "out";
     const std::string base =
         cli() + " run --out " + out.string() + " --force --plugin-dir " + plugin_dir();
-    // Without --check the program's status stands, whatever did not load.
+    // A mistyped plugin name, or an option no plugin reads, is found before
+    // the program starts: run refuses to start it, whether or not --check.
+    for (const std::string& wrong :
+         {std::string(" --plugins test-count,nosuch"),
+          std::string(" --plugins test-count --plugin-option test-cuont.severity=error"),
+          std::string(" --plugins test-count --plugin-option test-count.severity_=error")}) {
+        CAPTURE(wrong);
+        for (const std::string& check : {std::string(), std::string(" --check")}) {
+            ShellResult r = run_shell(base + wrong + check + " -- " + program() + " exit 0");
+            CHECK(r.status == 2);
+            CHECK(count_lines(r.err, " was not started") == 1);
+            CHECK(count_lines(r.err, "allocscope:") == 2);
+            CHECK_FALSE(fs::exists(out / "rank0.trace"));
+        }
+    }
+    ShellResult typo = run_shell(base + " --plugins test-count,nosuch -- " + program() + " exit 0");
+    CHECK(contains(typo.err, "no allocscope-plugin-nosuch.so in "));
+    ShellResult key =
+        run_shell(base + " --plugins test-count --plugin-option test-count.sevrity=1 -- " +
+                  program() + " exit 0");
+    CHECK(contains(key.err,
+                   "plugin test-count disabled: option 'test-count.sevrity' is not one it "
+                   "reads (its options: severity, evidence, transcript)"));
+    ShellResult name = run_shell(base +
+                                 " --plugin-option test-cuont.severity=error --plugins "
+                                 "test-count -- " +
+                                 program() + " exit 0");
+    CHECK(contains(name.err,
+                   "plugin option 'test-cuont.severity' names no loaded plugin ('test-cuont')"));
+
+    // A process traced without the CLI finds the same mistakes when its
+    // plugins start: test-count ran and found nothing at error, but nosuch
+    // checked nothing, and a check of the run says so.
+    const std::string lib =
+        (fs::path(cli()).parent_path() / ".." / "interposer" / "liballocscope.so").string();
+    const std::string traced = "RANK=0 ALLOCSCOPE_PLUGIN_DIR=" + plugin_dir() +
+                               " ALLOCSCOPE_LOG=quiet LD_PRELOAD=" + lib +
+                               " ALLOCSCOPE_OUT=" + out.string() + " ";
+    fs::remove_all(out);
     ShellResult plain =
-        run_shell(base + " --plugins test-count,nosuch -- " + program() + " exit 0");
-    CHECK(plain.status == 0);
-    // A mistyped plugin name: test-count ran and found nothing at error,
-    // but nosuch checked nothing.
-    ShellResult typo =
-        run_shell(base + " --plugins test-count,nosuch --check -- " + program() + " exit 0");
-    CHECK(typo.status == 4);
-    CHECK(count_lines(typo.err, "check failed: not everything was checked: plugin nosuch") == 1);
+        run_shell(traced + "ALLOCSCOPE_PLUGINS=test-count,nosuch " + program() + " exit 0");
+    CHECK(plain.status == 0);  // the program's status stands, whatever did not load
     ShellResult check = run_shell(cli() + " check " + out.string());
     CHECK(check.status == 4);
     CHECK(contains(check.out, "plugin nosuch on "));
+    for (const std::string& options :
+         {std::string("test-count.sevrity=1"), std::string("test-cuont.severity=error")}) {
+        CAPTURE(options);
+        fs::remove_all(out);
+        ShellResult r = run_shell(
+            traced + "ALLOCSCOPE_PLUGINS=test-count ALLOCSCOPE_PLUGIN_OPTIONS=" + options + " " +
+            program() + " exit 0");
+        CHECK(r.status == 0);
+        ShellResult c = run_shell(cli() + " check " + out.string());
+        CHECK(c.status == 4);
+    }
     // Findings at or above the threshold still say 3, and the same line
     // says what was not checked.
-    ShellResult both = run_shell(base +
-                                 " --plugins test-count,nosuch --plugin-option "
-                                 "test-count.severity=error --check -- " +
-                                 program() + " exit 0");
+    fs::remove_all(out);
+    ShellResult both_run = run_shell(traced +
+                                     "ALLOCSCOPE_PLUGINS=test-count,nosuch "
+                                     "ALLOCSCOPE_PLUGIN_OPTIONS=test-count.severity=error " +
+                                     program() + " exit 0");
+    CHECK(both_run.status == 0);
+    ShellResult both = run_shell(cli() + " check " + out.string());
     CHECK(both.status == 3);
-    CHECK(count_lines(both.err,
+    CHECK(count_lines(both.out,
                       "check failed: 1 finding(s) at or above error; and not everything was "
                       "checked: plugin nosuch") == 1);
     // No process recorded (recording disabled): nothing was checked.
@@ -1205,10 +1251,11 @@ namespace {
 // "size" option: "base" (a plugin built before they were appended) or full.
 struct NotesState {
     const allocscope_host_v1* host;
+    const char* size;  // options are read in init (plugins/README.md)
 };
 
 allocscope_plugin_status notes_init(const allocscope_host_v1* host, void** state) {
-    *state = new NotesState{host};
+    *state = new NotesState{host, host->option(host->ctx, "size")};
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
@@ -1218,7 +1265,7 @@ allocscope_plugin_status notes_event(void*, const allocscope_event_v1*) {
 
 allocscope_plugin_status notes_finish(void* state) {
     std::unique_ptr<NotesState> s(static_cast<NotesState*>(state));
-    const char* size = s->host->option(s->host->ctx, "size");
+    const char* size = s->size;
     const allocscope_evidence_v1 ev[2] = {{512, "layers.0", "forward", 1, 4, 0, 0},
                                           {1024, "layers.0", "forward", 1, 5, 9, 0}};
     const char* notes[2] = {"derived from layers.0.weight: cast", nullptr};

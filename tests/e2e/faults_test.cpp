@@ -333,10 +333,19 @@ TEST_CASE("broken plugins running live: one message each, the others run on, pro
     TempDir t;
     const fs::path out = t / "out";
     Run plain = run(program() + " script");
-    Run r = run(cli() + " run --out " + out.string() + " --plugin-dir " + test_plugin_dir() +
-                " --plugins test-count,test-throw,test-error,test-abi2,test-nosym,test-badsize,"
-                "peak-owner-missing -- " +
-                program() + " script");
+    const std::string plugins =
+        "test-count,test-throw,test-error,test-abi2,test-nosym,test-badsize,peak-owner-missing";
+    // allocscope run loads them first and refuses to start the program...
+    Run refused = run(cli() + " run --out " + out.string() + " --plugin-dir " + test_plugin_dir() +
+                      " --plugins " + plugins + " -- " + program() + " script");
+    CHECK(refused.status == 2);
+    CHECK(refused.out.empty());
+    CHECK(count_lines(refused.err, "allocscope: plugin test-abi2 disabled: ") == 1);
+    CHECK(count_lines(refused.err, " was not started") == 1);
+    // ...a process traced without it finds them live.
+    Run r = run("RANK=0 LD_PRELOAD=" + interposer() + " ALLOCSCOPE_OUT=" + out.string() +
+                " ALLOCSCOPE_PLUGIN_DIR=" + test_plugin_dir() + " ALLOCSCOPE_PLUGINS=" + plugins +
+                " " + program() + " script");
     CHECK(r.status == plain.status);
     CHECK(r.out == plain.out);
     CAPTURE(r.err);
@@ -349,7 +358,7 @@ TEST_CASE("broken plugins running live: one message each, the others run on, pro
     CHECK(count_lines(r.err, "does not export 'allocscope_plugin'") >= 1);
     CHECK(count_lines(r.err, "allocscope: plugin test-badsize disabled: ") == 1);
     CHECK(count_lines(r.err, "allocscope: plugin peak-owner-missing disabled: ") == 1);
-    const FindingsFile f = read_findings_file((out / "findings.json").string());
+    const FindingsFile f = read_findings_file((out / "findings.rank0.json").string());
     REQUIRE(f.ranks.size() == 1);
     CHECK(f.ranks[0].plugins == std::vector<std::string>{"test-count"});
     CHECK(f.ranks[0].disabled.size() == 6);

@@ -424,6 +424,65 @@ TEST_CASE("a module that cannot be symbolized is noted once, whatever the number
     CHECK(out.find("allocscope report: 1 trace(s), rank 2") != std::string::npos);
 }
 
+TEST_CASE("check is as concise as the run: errors first, alike ranks once, infos counted") {
+    TempDir t;
+    run_harness(t.dir, "--recipe delayed --te seed");
+    const FindingsFile findings = read_findings_file((t / "findings.json").string());
+    std::string out, err;
+    CHECK(sh(env("E2E_CLI") + " check " + t.dir.string(), &out, &err) == 3);
+    CAPTURE(out);
+    const std::vector<std::string> lines = lines_of(out);
+    REQUIRE_FALSE(lines.empty());
+    CHECK(lines[0].starts_with("error "));  // the first line is the first error
+    for (const std::string& line : lines)
+        CHECK_FALSE(line.starts_with("info "));
+    for (const Finding& f : findings.findings) {
+        if (f.severity == Severity::error)
+            CHECK(count_lines(out, summary_line(f, "ranks 0–1")) == 1);
+    }
+    CHECK(count_lines(out, "check failed: ") == 1);
+    CHECK(lines.size() < findings.findings.size() / 2);
+    // --full lists every finding of every rank; --fail-on info lists infos.
+    std::string full;
+    CHECK(sh(env("E2E_CLI") + " check --full " + t.dir.string(), &full) == 3);
+    CHECK(lines_of(full).size() > findings.findings.size());
+    std::string infos;
+    CHECK(sh(env("E2E_CLI") + " check --fail-on info " + t.dir.string(), &infos) == 3);
+    size_t info_lines = 0;
+    for (const std::string& line : lines_of(infos))
+        info_lines += line.starts_with("info ");
+    CHECK(info_lines > 0);
+}
+
+TEST_CASE("report, export, replay and diff refuse to write over what they read") {
+    TempDir t;
+    run_harness(t / "run", "--recipe bf16");
+    const std::string cli = env("E2E_CLI");
+    const fs::path run = t / "run";
+    const std::string trace = slurp(run / "rank0.trace");
+    const std::string findings = slurp(run / "findings.json");
+    for (const std::string& command :
+         {" report " + run.string() + " -o " + (run / "rank0.trace").string(),
+          " report " + (run / "rank1.trace").string() + " -o " + (run / "rank1.trace").string(),
+          " report " + run.string() + " -o " + (run / ".." / "run" / "findings.json").string(),
+          " export --format perfetto " + run.string() + " -o " + (run / "findings.json").string(),
+          " export --format collapsed " + run.string() + " -o " +
+              (run / "findings.rank0.json").string(),
+          " replay " + run.string() + " -o " + (run / "findings.json").string(),
+          " diff " + run.string() + " " + run.string() + " -o " + (run / "rank0.trace").string()}) {
+        CAPTURE(command);
+        std::string out, err;
+        CHECK(sh(cli + command, &out, &err) == 2);
+        CHECK(count_lines(err, "allocscope:") == 1);
+        CHECK(contains(err, "write it elsewhere"));
+    }
+    CHECK(slurp(run / "rank0.trace") == trace);
+    CHECK(slurp(run / "findings.json") == findings);
+    CHECK(sh(cli + " check " + run.string()) == 0);
+    // Other names in the run's directory are the user's to choose.
+    CHECK(sh(cli + " report " + run.string() + " -o " + (run / "again.txt").string()) == 0);
+}
+
 TEST_CASE("report refuses unreadable input and an unwritable output with exit 2") {
     TempDir t;
     CHECK(sh(env("E2E_CLI") + " report " + (t / "missing").string()) == 2);
@@ -524,6 +583,87 @@ TEST_CASE("diff: transposes kept after backward exceed the backward threshold") 
     CHECK(sh(env("E2E_CLI") + " diff " + bf16.dir.string() + " " + qi.dir.string()) == 3);
 }
 
+TEST_CASE("diff says what makes two runs not compare, and refuses what cannot be paired") {
+    TempDir t;
+    const std::string cli = env("E2E_CLI");
+    auto record = [&](const std::string& name, const std::string& shape) {
+        REQUIRE(sh(cli + " run --force --out " + (t / name).string() + " -- " + env("HARNESS") +
+                   " --backend sim --recipe bf16 " + shape) == 0);
+    };
+    record("eight", "--ranks 2 --layers 8 --steps 9 --warmup 1");
+    record("two", "--ranks 2 --layers 2 --steps 1 --warmup 0");
+    record("one-rank", "--ranks 1 --layers 8 --steps 9 --warmup 1");
+    std::string out, err;
+    CHECK(sh(cli + " diff " + (t / "eight").string() + " " + (t / "two").string(), &out, &err) ==
+          0);
+    CAPTURE(out);
+    // Layers only BASE has are "-", not 0 B, and a note says so.
+    CHECK(count_lines(out,
+                      "note: the runs' forwards have different layers: BASE 8 numbered, "
+                      "CAND 2; only in BASE: layers.2, layers.3, layers.4, layers.5, ... (6)") ==
+          2);
+    CHECK(count_lines(out,
+                      "note: the runs have different numbers of steps: BASE 9, CAND 1; a run "
+                      "of one step has no step after warm-up") == 2);
+    CHECK(count_lines(err, "allocscope: note: the runs' forwards have different layers") == 1);
+    for (const std::string& line : lines_of(out)) {
+        if (line.starts_with("    layers.7 ")) {
+            CHECK(contains(line, " - "));
+            CHECK_FALSE(contains(line, " 0 B"));
+        }
+    }
+    // Ranks only one run has are named, in the output and on stderr.
+    record("eight-again", "--ranks 1 --layers 8 --steps 9 --warmup 1");
+    for (const auto& entry : fs::directory_iterator(t / "eight-again")) {
+        if (entry.path().filename().string().starts_with("pid")) fs::remove(entry.path());
+    }
+    fs::copy_file(t / "eight" / "rank0.trace", t / "eight-again" / "rank0.trace");
+    CHECK(sh(cli + " diff " + (t / "eight").string() + " " + (t / "eight-again").string(), &out,
+             &err) == 0);
+    CHECK(count_lines(out, "note: rank 1 of BASE has no trace in CAND: not compared") == 1);
+    CHECK(count_lines(err, "rank 1 of BASE has no trace in CAND") == 1);
+    CHECK(sh(cli + " diff --format json " + (t / "eight").string() + " " +
+                 (t / "eight-again").string(),
+             &out) == 0);
+    const json::Value doc = json::parse(out);
+    REQUIRE(doc.at("notes").items.size() == 1);
+    // A run of one process (no rank: pid<PID>.trace) against a rank of a
+    // distributed run: --rank names the rank it stands for.
+    CHECK(sh(cli + " diff " + (t / "eight").string() + " " + (t / "one-rank").string(), nullptr,
+             &err) == 2);
+    CHECK(count_lines(err,
+                      "CAND is one process without a rank: name the rank of BASE to compare "
+                      "it with (--rank R)") == 1);
+    // (exit 3: one process holds whole parameters, a rank of two half.)
+    CHECK(sh(cli + " diff --rank 1 " + (t / "eight").string() + " " + (t / "one-rank").string(),
+             &out, &err) == 3);
+    CHECK(count_lines(out, "== rank 1 (CAND: a process without a rank) ==") == 1);
+    CHECK(count_lines(out, "note: ") == 0);  // same model, same steps
+    // --rank compares one rank of each.
+    CHECK(sh(cli + " diff --rank 1 " + (t / "eight").string() + " " + (t / "two").string(), &out) ==
+          0);
+    CHECK(count_lines(out, "== rank 1 ==") == 1);
+    CHECK(count_lines(out, "== rank 0 ==") == 0);
+    CHECK(sh(cli + " diff --rank 1 " + (t / "eight").string() + " " + (t / "eight-again").string(),
+             nullptr, &err) == 2);
+    CHECK(count_lines(err, "allocscope: CAND has no trace of rank 1 (its ranks: 0)") == 1);
+    // Processes without a rank do not pair by rank: one trace file each.
+    fs::create_directories(t / "pids");
+    for (const char* n : {"p1", "p2"}) {
+        const fs::path one = t / n;
+        REQUIRE(sh(cli + " run --out " + one.string() + " -- " + env("E2E_PROGRAM") + " exit 0") ==
+                0);
+        const std::vector<fs::path> traces = files_matching(one, "pid", ".trace");
+        REQUIRE(traces.size() == 1);
+        fs::rename(traces[0], t / "pids" / (std::string(n) + ".trace"));
+    }
+    CHECK(sh(cli + " diff " + (t / "pids").string() + " " + (t / "pids").string(), nullptr, &err) ==
+          2);
+    CHECK(count_lines(err, "traces of processes without a rank (") == 1);
+    CHECK(sh(cli + " diff " + (t / "pids" / "p1.trace").string() + " " +
+             (t / "pids" / "p2.trace").string()) == 0);
+}
+
 TEST_CASE("diff refuses bad input with exit 2") {
     TempDir t;
     const std::string cli = env("E2E_CLI");
@@ -622,6 +762,24 @@ TEST_CASE("diff: backward tagged on autograd's thread still gives the backward h
     REQUIRE(d.backward_excess);
     CHECK(*d.backward_excess == doctest::Approx(600 * 1024.0 - 2 * 65536.0));
     CHECK(d.backward_exceeded);
+}
+
+TEST_CASE("diff: runs whose forwards share no layer are different models") {
+    const Trace base = pytorch_shaped_trace(1024, 4096);
+    Trace other = pytorch_shaped_trace(1024, 4096);
+    for (std::string& s : other.strings) {
+        if (s.starts_with("layers.")) s = "blocks." + s.substr(7);
+    }
+    const RankDiff d = diff_runs(measure_run(base), measure_run(other), {});
+    CHECK(d.unrelated);
+    REQUIRE(d.notes.size() == 1);
+    CHECK(d.notes[0] ==
+          "the runs' forwards have different layers: BASE 2 numbered, CAND 2; only in BASE: "
+          "layers.0, layers.1; only in CAND: blocks.0, blocks.1 (no layer in common: runs of "
+          "different models)");
+    const RankDiff same = diff_runs(measure_run(base), measure_run(base), {});
+    CHECK_FALSE(same.unrelated);
+    CHECK(same.notes.empty());
 }
 
 TEST_CASE("diff on real PyTorch FSDP2 runs measures both halves of the reference test") {

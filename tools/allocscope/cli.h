@@ -74,13 +74,20 @@ std::vector<std::string> rank_findings_files_in(const std::string& dir);
 // FindingsError.
 FindingsFile merge_findings_files(const std::vector<std::string>& files);
 
-// The one-line-per-finding summary, then a totals line.
+// Why writing `output` (-o) would destroy something an allocscope command
+// reads: it is one of `inputs` (files), or a trace or findings file of one of
+// them (run directories). "" when it is safe, or when output is "" or "-".
+std::string overwrite_problem(const std::string& output, const std::vector<std::string>& inputs);
+
+// The one-line-per-finding summary, then a totals line (check --full).
 void print_findings(const FindingsFile& file, std::FILE* out);
-// What a run prints of its findings: errors and warnings, one line each for
-// what several ranks found alike (report.h, collapse_findings); the plugins
-// that were disabled; then "N errors, N warnings, N infos on R ranks" and
-// `where` (the report's path).
-void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out);
+// What a run, check and replay print of findings: errors and warnings (and
+// infos when `lowest` is info), one line each for what several ranks found
+// alike (report.h, collapse_findings); the plugins that were disabled, one
+// line for each reason with the ranks it applies to; then "N errors, N
+// warnings, N infos on R ranks" and `where` (the report's path).
+void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out,
+                        Severity lowest = Severity::warning);
 // What `file` shows was not checked: one line per plugin that did not run
 // to the end of a process's stream ("plugin X on rank 1: <reason>"), and one
 // when no process's stream is in it. Empty when everything ran.

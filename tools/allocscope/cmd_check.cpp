@@ -14,10 +14,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kCheckHelp = R"(usage: allocscope check PATH [--fail-on info|warning|error]
+constexpr const char* kCheckHelp =
+    R"(usage: allocscope check PATH [--fail-on info|warning|error] [--full]
 
 Reads a findings file (PATH, or PATH/findings.json when PATH is a directory
-such as an `allocscope run` output), prints one line per finding and exits
+such as an `allocscope run` output), prints its errors and warnings (and
+infos with --fail-on info) as a run does, one line for what several ranks
+found alike, then the counts and the verdict, and exits
   3  when any finding is at or above the --fail-on severity (default error)
   4  otherwise, when not everything was checked: a plugin did not load or
      was disabled (a bad option, an error) on some process, or no process
@@ -31,6 +34,10 @@ findings.<name>.json is next to it) are replayed first, through the plugins
 ALLOCSCOPE_PLUGINS, ALLOCSCOPE_PLUGIN_DIR and ALLOCSCOPE_PLUGIN_OPTIONS name
 (every built-in plugin by default), and findings.json is written anew.
 
+options:
+  --fail-on SEV  info, warning or error (default error)
+  --full         one line for every finding of every rank, infos included
+
 example:
   allocscope check allocscope-out --fail-on warning
 )";
@@ -39,7 +46,9 @@ example:
 
 int check_command(const std::vector<std::string>& args) {
     Severity threshold = Severity::error;
+    bool full = false;
     Args parser("check", kCheckHelp);
+    parser.flag({"--full"}, full);
     parser.value({"--fail-on"}, [&threshold](const std::string& v) {
         return parse_fail_on(v, threshold)
                    ? std::string()
@@ -96,7 +105,10 @@ int check_command(const std::vector<std::string>& args) {
             return fail(e.what());
         }
     }
-    print_findings(file, stdout);
+    if (full)
+        print_findings(file, stdout);
+    else
+        print_run_findings(file, "findings: " + path, stdout, threshold);
     return gate(file, threshold, stdout);
 }
 

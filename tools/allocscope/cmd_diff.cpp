@@ -1,14 +1,18 @@
 // allocscope diff: the reference test's comparison of two runs (analyze/diff.h).
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "args.h"
 #include "cli.h"
 #include "diff.h"
+#include "findings.h"
 #include "progress.h"
+#include "report.h"
 #include "trace_reader.h"
 
 namespace allocscope::cli {
@@ -19,7 +23,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kDiffHelp =
     R"(usage: allocscope diff BASE CAND [--forward-threshold B] [--backward-threshold B]
-                       [--format text|json] [-o FILE]
+                       [--rank R] [--format text|json] [-o FILE]
 
 Compares two runs the way TransformerEngine's FSDP2 memory test does, for
 any pair of runs (BASE: the reference, e.g. a bf16 run; CAND: the run
@@ -36,9 +40,16 @@ Live bytes are caching-allocator blocks (memory_allocated), or device
 segments when a trace has no block events. The first step is dropped as
 warm-up when there are two or more.
 
+What makes the numbers not compare is said first, in "note:" lines (and on
+standard error): ranks only one run has, layers only one run's forward has,
+different numbers of steps. Runs whose forwards share no layer (different
+models) are refused. A directory of several processes without a rank
+(pid<PID>.trace) does not pair: name one trace file of each run.
+
 options:
   --forward-threshold B    bytes, e.g. 51200, 50KiB, 1MiB
   --backward-threshold B
+  --rank R                 compare rank R of each run only
   --format F               text (default) or json
   -o FILE                  write to FILE instead of standard output
 
@@ -87,6 +98,7 @@ std::vector<std::string> traces_of(const std::string& path) {
 
 int diff_command(const std::vector<std::string>& args) {
     DiffThresholds thresholds;
+    long rank = -1;
     std::string format = "text", output;
     auto bytes = [](const std::string& name, uint64_t& out) {
         return [name, &out](const std::string& v) {
@@ -98,13 +110,46 @@ int diff_command(const std::vector<std::string>& args) {
     Args parser("diff", kDiffHelp);
     parser.value({"--forward-threshold"}, bytes("--forward-threshold", thresholds.forward))
         .value({"--backward-threshold"}, bytes("--backward-threshold", thresholds.backward))
+        .value({"--rank"}, non_negative("--rank", rank, std::numeric_limits<int32_t>::max()))
         .value({"--format"}, one_of("--format", {"text", "json"}, format))
         .value({"-o"}, output);
     if (const auto status = parser.parse(args)) return *status;
     const std::vector<std::string>& paths = parser.positionals();
     if (paths.size() != 2) return fail("diff needs BASE and CAND (" + parser.see_help() + ")");
-    const std::vector<std::string> base_files = traces_of(paths[0]);
-    const std::vector<std::string> cand_files = traces_of(paths[1]);
+    if (const std::string problem = overwrite_problem(output, paths); !problem.empty())
+        return fail(problem);
+    std::vector<std::string> base_files = traces_of(paths[0]);
+    std::vector<std::string> cand_files = traces_of(paths[1]);
+    // Ranks from the headers (cheap): --rank's choice, and processes
+    // without a rank, which do not pair by rank.
+    for (auto* side : {&base_files, &cand_files}) {
+        const char* name = side == &base_files ? "BASE" : "CAND";
+        std::vector<std::string> kept, rankless;
+        std::set<int32_t> ranks;
+        for (const std::string& f : *side) {
+            const int32_t r = TraceReader(f).header().rank;  // TraceError names the file
+            ranks.insert(r);
+            if (r < 0) rankless.push_back(fs::path(f).filename().string());
+            if (rank < 0 || r == rank) kept.push_back(f);
+        }
+        // One process without a rank stands for the rank asked for.
+        if (rank >= 0 && kept.empty() && side->size() == 1 && rankless.size() == 1) kept = *side;
+        if (rank >= 0 && kept.empty()) {
+            std::string have;
+            for (int32_t r : ranks)
+                have +=
+                    (have.empty() ? "" : ", ") + (r < 0 ? std::string("none") : std::to_string(r));
+            return fail(std::string(name) + " has no trace of rank " + std::to_string(rank) +
+                        " (its ranks: " + have + ")");
+        }
+        if (rank < 0 && rankless.size() > 1) {
+            return fail(std::string(name) + " holds " + std::to_string(rankless.size()) +
+                        " traces of processes without a rank (" + rankless[0] + ", " + rankless[1] +
+                        (rankless.size() > 2 ? ", ..." : "") +
+                        "), which do not pair: name one trace file of each run");
+        }
+        *side = std::move(kept);
+    }
 
     Progress progress;
     size_t done = 0;
@@ -123,22 +168,56 @@ int diff_command(const std::vector<std::string>& args) {
     progress.done();
 
     std::vector<RankDiff> diffs;
+    std::vector<std::string> notes;
     if (base.size() == 1 && cand.size() == 1) {
         diffs.push_back(diff_runs(base.begin()->second, cand.begin()->second, thresholds));
     } else {
-        for (auto& [rank, c] : cand) {
-            auto b = base.find(rank);
+        std::vector<int32_t> only_cand, only_base;
+        for (auto& [r, c] : cand) {
+            auto b = base.find(r);
             if (b == base.end()) {
-                std::fprintf(stderr, "allocscope: rank %d of CAND has no trace in BASE; skipped\n",
-                             rank);
+                only_cand.push_back(r);
                 continue;
             }
             diffs.push_back(diff_runs(b->second, c, thresholds));
         }
+        for (const auto& [r, b] : base) {
+            if (!cand.count(r)) only_base.push_back(r);
+        }
+        if (!only_cand.empty())
+            notes.push_back(ranks_text(only_cand) + " of CAND " +
+                            (only_cand.size() == 1 ? "has" : "have") +
+                            " no trace in BASE: not compared");
+        if (!only_base.empty())
+            notes.push_back(ranks_text(only_base) + " of BASE " +
+                            (only_base.size() == 1 ? "has" : "have") +
+                            " no trace in CAND: not compared");
     }
-    if (diffs.empty()) return fail("BASE and CAND have no rank in common");
-    const std::string text =
-        format == "json" ? diff_json(diffs, thresholds) : diff_text(diffs, thresholds);
+    if (diffs.empty()) {
+        for (const auto* side : {&base, &cand}) {
+            if (side->size() == 1 && side->begin()->first < 0)
+                return fail(std::string(side == &base ? "BASE" : "CAND") +
+                            " is one process without a rank: name the rank of " +
+                            (side == &base ? "CAND" : "BASE") + " to compare it with (--rank R)");
+        }
+        return fail("BASE and CAND have no rank in common");
+    }
+    for (const RankDiff& d : diffs) {
+        if (d.unrelated) return fail(d.notes.front());
+    }
+    for (const std::string& n : notes)
+        std::fprintf(stderr, "allocscope: note: %s\n", n.c_str());
+    {
+        std::set<std::string> said;  // alike ranks: one line
+        for (const RankDiff& d : diffs) {
+            for (const std::string& n : d.notes) {
+                if (said.insert(n).second)
+                    std::fprintf(stderr, "allocscope: note: %s\n", printable(n).c_str());
+            }
+        }
+    }
+    const std::string text = format == "json" ? diff_json(diffs, thresholds, notes)
+                                              : diff_text(diffs, thresholds, notes);
     if (output.empty()) {
         std::fwrite(text.data(), 1, text.size(), stdout);
     } else {

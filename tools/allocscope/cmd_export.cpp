@@ -123,6 +123,8 @@ int export_command(const std::vector<std::string>& args) {
         return fail("export needs a trace file or directory (" + parser.see_help() + ")");
     if (format.empty())
         return fail("export needs --format perfetto, collapsed or memory-viz (see --help)");
+    if (const std::string problem = overwrite_problem(output, paths); !problem.empty())
+        return fail(problem);
 
     const TraceInputs in = expand_trace_paths(paths);
     std::vector<Selected> selected;

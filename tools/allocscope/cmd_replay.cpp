@@ -99,6 +99,12 @@ int replay_command(const std::vector<std::string>& args) {
     const std::vector<std::string>& paths = parser.positionals();
     if (paths.empty())
         return fail("replay needs a trace file or directory (" + parser.see_help() + ")");
+    {
+        std::vector<std::string> inputs = paths;
+        inputs.insert(inputs.end(), baseline_paths.begin(), baseline_paths.end());
+        if (const std::string problem = overwrite_problem(output, inputs); !problem.empty())
+            return fail(problem);
+    }
     if (!plugin_dir.empty()) {
         std::error_code ec;
         if (!fs::is_directory(plugin_dir, ec)) {

@@ -219,6 +219,10 @@ int report_command(const std::vector<std::string>& args) {
     const std::vector<std::string>& paths = parser.positionals();
     if (paths.empty())
         return fail("report needs a trace file or directory (" + parser.see_help() + ")");
+    std::vector<std::string> inputs = paths;
+    if (!baseline.empty()) inputs.push_back(baseline);
+    if (const std::string problem = overwrite_problem(output, inputs); !problem.empty())
+        return fail(problem);
     const Report report = build_report(paths, rank, top, baseline);
     const std::string text =
         format == "json"   ? render_json(report)

@@ -20,6 +20,7 @@
 #include "cli.h"
 #include "config.h"
 #include "output_file.h"
+#include "plugin_host.h"
 #include "replay_engine.h"
 
 #ifndef ALLOCSCOPE_INSTALL_LIBDIR
@@ -402,6 +403,37 @@ std::string provenance_steps_problem(const std::string& spec) {
     return {};
 }
 
+// The plugin directory liballocscope.so at `lib` uses when
+// ALLOCSCOPE_PLUGIN_DIR is unset (interposer/live_plugins.cpp):
+// <libdir>/allocscope/plugins installed, <build>/plugins in a build tree.
+std::string interposer_plugin_dir(const std::string& lib) {
+    if (const char* dir = std::getenv("ALLOCSCOPE_PLUGIN_DIR"); dir && *dir) return dir;
+    const fs::path libdir = fs::path(lib).parent_path();
+    std::vector<std::string> candidates{(libdir / "allocscope" / "plugins").string()};
+    if (libdir.filename() == "interposer")
+        candidates.push_back((libdir.parent_path() / "plugins").string());
+    return first_directory(candidates);
+}
+
+// The plugins the traced processes will load, loaded here first with their
+// options: a plugin that does not load, a misspelt plugin name in an
+// option, an option key a plugin does not read, a bad value. Each problem
+// is one line; the program is not started while there is one, since it
+// would train in full with something else checked than was asked for.
+std::vector<std::string> plugin_problems(const std::string& lib) {
+    PluginChoice choice = plugin_choice_from_environment();
+    std::vector<std::string> problems;
+    if (choice.off) return problems;
+    HostSettings settings;
+    settings.options = choice.options;
+    settings.warn = [&problems](const std::string& line) { problems.push_back(line); };
+    settings.info = [](const std::string&) {};
+    PluginHost host(std::move(settings));
+    host.load(choice.plugins, choice.dir.empty() ? interposer_plugin_dir(lib) : choice.dir);
+    host.finish();
+    return problems;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& args) {
@@ -500,8 +532,6 @@ int run_command(const std::vector<std::string>& args) {
                         "library per process: unset it or run without --nvtx");
         }
     }
-    prepare_out_dir(out_dir, force);
-
     std::string preload = lib;
     if (const char* existing = std::getenv("LD_PRELOAD"); existing && *existing) {
         preload += std::string(":") + existing;
@@ -519,6 +549,13 @@ int run_command(const std::vector<std::string>& args) {
     if (no_provenance) setenv("ALLOCSCOPE_PROVENANCE", "0", 1);
     if (!provenance_steps.empty())
         setenv("ALLOCSCOPE_PROVENANCE_STEPS", provenance_steps.c_str(), 1);
+    if (const std::vector<std::string> problems = plugin_problems(lib); !problems.empty()) {
+        for (const std::string& line : problems)
+            std::fprintf(stderr, "%s\n", line.c_str());
+        return fail("the plugins or their options above are wrong; " + command[0] +
+                    " was not started");
+    }
+    prepare_out_dir(out_dir, force);
     if (python) set_up_python(lib, command[0]);
 
     std::vector<char*> argv;

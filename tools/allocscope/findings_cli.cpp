@@ -37,6 +37,27 @@ std::string cli_plugin_dir() {
     return first_directory(candidates);
 }
 
+std::string overwrite_problem(const std::string& output, const std::vector<std::string>& inputs) {
+    if (output.empty() || output == "-") return {};
+    std::error_code ec;
+    const fs::path out = fs::absolute(output, ec).lexically_normal();
+    if (ec) return {};
+    const std::string name = out.filename().string();
+    const bool recorded = name.ends_with(".trace") || name.ends_with(".trace.tmp") ||
+                          (name.starts_with("findings") && name.ends_with(".json"));
+    for (const std::string& input : inputs) {
+        if (fs::is_directory(input, ec)) {
+            if (recorded && fs::equivalent(out.parent_path(), input, ec))
+                return "-o " + output + " would write over what the run in " + input +
+                       " recorded (its traces and findings are read by report, check, diff and "
+                       "export): write it elsewhere";
+        } else if (fs::equivalent(out, input, ec)) {
+            return "-o " + output + " is an input of this command: write it elsewhere";
+        }
+    }
+    return {};
+}
+
 TraceInputs expand_trace_paths(const std::vector<std::string>& paths) {
     TraceInputs in;
     std::set<std::string> findings;
@@ -90,17 +111,37 @@ FindingsFile merge_findings_files(const std::vector<std::string>& files) {
 
 namespace {
 
+// One line per (plugin, reason) that was disabled, naming the ranks (or
+// processes) it was disabled on: 64 ranks with one misspelt option give one
+// line, not 64.
 void print_disabled(const FindingsFile& file, std::FILE* out) {
+    struct Alike {
+        std::string plugin, reason;
+        std::vector<int32_t> ranks;
+        std::vector<std::string> traces;  // processes without a rank
+    };
+    std::vector<Alike> alike;
     for (const RankRun& r : file.ranks) {
         for (const DisabledPlugin& d : r.disabled) {
-            std::string who = r.rank >= 0 ? "rank " + std::to_string(r.rank) : r.trace;
-            std::string line =
-                "allocscope: " + who + ": plugin " + d.plugin + " was disabled: " + d.reason;
-            for (char& c : line) {
-                if (static_cast<unsigned char>(c) < 0x20) c = '?';
-            }
-            std::fprintf(out, "%s\n", line.c_str());
+            auto it = std::find_if(alike.begin(), alike.end(), [&](const Alike& a) {
+                return a.plugin == d.plugin && a.reason == d.reason;
+            });
+            if (it == alike.end())
+                it = alike.insert(alike.end(), Alike{d.plugin, d.reason, {}, {}});
+            if (r.rank >= 0)
+                it->ranks.push_back(r.rank);
+            else
+                it->traces.push_back(r.trace);
         }
+    }
+    for (const Alike& a : alike) {
+        std::string who = a.ranks.empty() ? std::string() : ranks_text(a.ranks);
+        for (const std::string& t : a.traces)
+            who += (who.empty() ? "" : ", ") + t;
+        std::fprintf(
+            out, "%s\n",
+            printable("allocscope: " + who + ": plugin " + a.plugin + " was disabled: " + a.reason)
+                .c_str());
     }
 }
 
@@ -117,14 +158,16 @@ void print_findings(const FindingsFile& file, std::FILE* out) {
                  file.findings.size(), by[2], by[1], by[0]);
 }
 
-void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out) {
+void print_run_findings(const FindingsFile& file, const std::string& where, std::FILE* out,
+                        Severity lowest) {
+    lowest = std::min(lowest, Severity::warning);
     std::vector<FindingGroup> groups = collapse_findings(file);
     std::stable_sort(groups.begin(), groups.end(),
                      [](const FindingGroup& a, const FindingGroup& b) {
                          return a.members[0]->severity > b.members[0]->severity;
                      });
     for (const FindingGroup& g : groups) {
-        if (g.members[0]->severity == Severity::info) break;
+        if (g.members[0]->severity < lowest) break;
         for (const std::string& line : group_lines(g))
             std::fprintf(out, "%s\n", line.c_str());
     }

@@ -48,7 +48,7 @@ commands:
          [--baseline PATH] [-o FILE]
                     run detection plugins on recorded traces; exit 4 when a
                     plugin did not run
-  check PATH [--fail-on info|warning|error]
+  check PATH [--fail-on info|warning|error] [--full]
                     exit 3 when a findings file holds a finding at or above
                     the severity (default error), 4 when not everything was
                     checked, 0 otherwise
