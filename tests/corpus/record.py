@@ -2,6 +2,7 @@
 """Records the labelled accuracy corpus (tools/accuracy) on a GPU machine.
 
     E2E_CLI=build-gpu/tools/allocscope python3 tests/corpus/record.py OUT [--only NAME,...]
+        [--jobs N]
 
 Each run is one workload script under `allocscope run` (provenance on,
 plugins off: tools/accuracy replays them), 1 or 2 ranks (2 ranks share
@@ -93,6 +94,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--only", help="comma list of run names")
     parser.add_argument("--steps", type=int, help="override the workloads' step counts")
+    parser.add_argument("--jobs", type=int, default=1, help="runs recorded at the same time")
     args = parser.parse_args()
     cli = os.environ.get("E2E_CLI")
     if not cli:
@@ -105,8 +107,9 @@ def main():
         print("SKIP: no GPU")
         return 77
     names = args.only.split(",") if args.only else list(RUNS)
-    failed = []
-    for name in names:
+
+    def record(name):
+        """Records one run; returns its line for the log, and whether it failed."""
         script, ranks, extra = RUNS[name]
         backend = "nccl" if gpus >= ranks else "gloo"
         out = os.path.join(args.out, name)
@@ -124,10 +127,8 @@ def main():
                                 text=True, env=env)
         elapsed = time.time() - start
         if result.returncode != 0:
-            print("FAILED %s (exit %d, %.0f s):\n%s" % (name, result.returncode, elapsed,
-                                                         result.stdout[-3000:]))
-            failed.append(name)
-            continue
+            return ("FAILED %s (exit %d, %.0f s):\n%s" % (name, result.returncode, elapsed,
+                                                         result.stdout[-3000:]), True)
         for extra_file in ("report.txt", "report.html", "findings.json"):
             path = os.path.join(out, extra_file)
             if os.path.exists(path):
@@ -149,8 +150,19 @@ def main():
             json.dump(labels, f, indent=1, sort_keys=True)
             f.write("\n")
         size = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out))
-        print("recorded %s: %d problems, %d bytes, %.0f s" % (name, len(labels["problems"]),
-                                                               size, elapsed), flush=True)
+        return ("recorded %s: %d problems, %d bytes, %.0f s" % (name, len(labels["problems"]),
+                                                                size, elapsed), False)
+
+    # Runs are independent (each torchrun --standalone picks its own port):
+    # --jobs N records N at a time, sharing the GPUs.
+    from concurrent.futures import ThreadPoolExecutor
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for name, (line, bad) in zip(names, pool.map(record, names)):
+            print(line, flush=True)
+            if bad:
+                failed.append(name)
     print("%d recorded, %d failed%s" % (len(names) - len(failed), len(failed),
                                         (": " + ", ".join(failed)) if failed else ""))
     return 1 if failed else 0
