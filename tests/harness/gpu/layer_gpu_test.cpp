@@ -90,6 +90,11 @@ class DeviceArray {
         cuda_ok(cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)), "cudaMalloc");
         data_ = static_cast<T*>(p);
         cuda_ok(cudaMemset(data_, 0xFF, count * sizeof(T)), "cudaMemset");
+        // cudaMemset is asynchronous on the legacy stream, which the layer's
+        // non-blocking stream does not wait for: on a GPU busy with another
+        // process the fill ran after the layer had written its outputs, and
+        // every gradient read back as NaN.
+        cuda_ok(cudaDeviceSynchronize(), "cudaMemset sync");
     }
     explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
     DeviceArray(DeviceArray&& other) noexcept
