@@ -216,8 +216,18 @@ OomSeeds find_oom_moments(const Trace& t) {
 
 // The moment of `seed`, with the live set `live` and the pools' totals
 // `replay` hold at its event.
+// get_allocation_size of PyTorch's native caching allocator (its constants
+// kSmallSize, kSmallBuffer, kMinLargeAlloc, kLargeBuffer, kRoundLarge).
+uint64_t native_segment_for(uint64_t block) {
+    constexpr uint64_t MiB = 1 << 20;
+    if (block <= 1 * MiB) return 2 * MiB;
+    if (block < 10 * MiB) return 20 * MiB;
+    return (block + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+}
+
 OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const OwnerLive& live,
-                     const Replay& replay, Pool owner, const AnalysisOptions& options) {
+                     const Replay& replay, Pool owner, uint64_t direct_driver_live,
+                     uint64_t direct_driver_count, const AnalysisOptions& options) {
     const Event& e = t.events[seed.index];
     OomMoment m;
     m.seq = e.seq;
@@ -237,7 +247,18 @@ OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const 
     m.allocated = replay.totals(owner).live_bytes;
     m.allocated_count = replay.totals(owner).live_count;
     m.reserved_known = owner == Pool::device_block;
-    m.reserved = m.reserved_known ? replay.totals(Pool::device_segment).live_bytes : m.allocated;
+    const uint64_t segments = replay.totals(Pool::device_segment).live_bytes;
+    m.outside_allocator = std::min(direct_driver_live, segments);
+    if (owner == Pool::device_segment) {
+        // The segments are the allocations (no blocks seen): the plain
+        // driver ones are not the program's allocator's.
+        m.allocated -= m.outside_allocator;
+        m.allocated_count -= std::min(direct_driver_count, m.allocated_count);
+    }
+    m.reserved = m.reserved_known ? segments - m.outside_allocator : m.allocated;
+    const bool mapped = replay.totals(Pool::physical).live_bytes > 0;
+    if (m.by_allocator && m.reserved_known && !mapped && m.api == "allocscope_block_alloc")
+        m.segment_asked = native_segment_for(m.requested);
     std::map<uint32_t, TagLive> by_tag;
     live.for_each([&](const Live& l) {
         TagLive& row = by_tag[l.tag];
@@ -382,9 +403,25 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         return std::string(base_phase(tables.tags[scopes[s->back()].tag].phase));
     };
 
+    // Plain driver allocations live (is_direct_driver_allocation): device
+    // memory that is not the caching allocator's.
+    std::unordered_map<uint64_t, uint64_t> direct_driver;
+    uint64_t direct_driver_live = 0;
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
         const FreeOutcome outcome = replay.apply(e);
+        if (e.level != Level::block && is_direct_driver_allocation(e.api)) {
+            if (e.kind == EventKind::alloc && e.result == 0) {
+                auto [it, fresh] = direct_driver.try_emplace(e.address, e.size);
+                if (!fresh) direct_driver_live -= it->second, it->second = e.size;
+                direct_driver_live += e.size;
+            } else if (e.kind == EventKind::free) {
+                if (auto it = direct_driver.find(e.address); it != direct_driver.end()) {
+                    direct_driver_live -= it->second;
+                    direct_driver.erase(it);
+                }
+            }
+        }
         if (e.kind == EventKind::free && outcome != FreeOutcome::freed)
             ++odd_frees[{outcome == FreeOutcome::unknown ? "unknown " : "double ", e.api}];
         switch (e.kind) {
@@ -455,8 +492,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             }
         }
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
-            a.ooms.push_back(
-                oom_moment(t, oom.moments[next_oom++], tables, live, replay, a.owner, options));
+            a.ooms.push_back(oom_moment(t, oom.moments[next_oom++], tables, live, replay, a.owner,
+                                        direct_driver_live, direct_driver.size(), options));
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (i % bucket == 0 || owner_now > bucket_best) {

@@ -158,8 +158,21 @@ struct OomMoment {
     // them (reserved; reserved - allocated is cached but unallocated).
     uint64_t allocated = 0;
     uint64_t allocated_count = 0;
+    // reserved: the runtime-API segments alone (cudaMalloc: the caching
+    // allocator's); what libraries took for themselves with plain driver
+    // calls (cuMemAlloc_v2 ...: cuBLAS workspaces, NCCL buffers) is
+    // outside_allocator, which PyTorch's own counters and its OOM message
+    // leave out too.
     uint64_t reserved = 0;
     bool reserved_known = false;  // the owner is blocks, so reserved is separate
+    uint64_t outside_allocator = 0;
+    // The segment PyTorch's native allocator asks the device for to place
+    // the requested block (its "Tried to allocate" figure): 2 MiB for
+    // blocks up to 1 MiB, 20 MiB below 10 MiB, else the request rounded up
+    // to 2 MiB (c10/cuda/CUDACachingAllocator.cpp, get_allocation_size).
+    // 0 where that rule does not apply: not the allocator's verdict, or its
+    // segments are mapped (expandable segments).
+    uint64_t segment_asked = 0;
     std::vector<TagLive> by_tag;  // largest first
     std::vector<Site> sites;      // largest first
     // The seqs of the owner-pool allocations live then, ascending: a

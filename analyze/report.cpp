@@ -238,6 +238,8 @@ void json_oom(std::string& out, const Report& report, const RankReport& r, const
            ", \"failed_calls\": " + u(m.failed_calls) + ",\n     \"allocated\": " + u(m.allocated) +
            ", \"allocated_count\": " + u(m.allocated_count) +
            ", \"reserved\": " + (m.reserved_known ? u(m.reserved) : std::string("null")) +
+           ", \"outside_allocator\": " + u(m.outside_allocator) +
+           ", \"segment_asked\": " + (m.segment_asked ? u(m.segment_asked) : std::string("null")) +
            ", \"stack\": " + u(m.stack) + ", \"frames\": ";
     auto it = r.stacks.find(m.stack);
     json_string_list(out, it == r.stacks.end() ? std::vector<std::string>{} : it->second);
@@ -270,6 +272,9 @@ std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
                        tag_text(m.layer, m.phase) + ", " + seconds(m.t_ns) + ": " +
                        human_bytes(m.requested) + " requested";
     if (m.device >= 0) line += " on device " + std::to_string(m.device);
+    if (m.segment_asked)
+        line += ", for which the allocator asked for a " + human_bytes(m.segment_asked) +
+                " segment (PyTorch's \"Tried to allocate\")";
     if (m.by_allocator) {
         line += " (the caching allocator gave up";
         if (m.failed_calls) line += " after " + u(m.failed_calls) + " failed device allocation(s)";
@@ -292,6 +297,9 @@ std::string oom_held(const OomMoment& m) {
         if (m.reserved > m.allocated)
             line += " (" + human_bytes(m.reserved - m.allocated) + " cached, not allocated)";
     }
+    if (m.outside_allocator)
+        line += "; outside the allocator " + human_bytes(m.outside_allocator) +
+                " (plain driver allocations: cuBLAS workspaces, NCCL buffers, ...)";
     return line;
 }
 

@@ -198,8 +198,11 @@ TEST_CASE("the reports open with the out-of-memory moment and the findings' shar
     REQUIRE(oom != std::string::npos);
     CHECK(oom < text.find("== run =="));
     CHECK(text.find("rank 0: out of memory at step 3, layers.2 forward") != std::string::npos);
-    CHECK(text.find("20.0 MiB requested on device 0 (the caching allocator gave up after 2 failed "
-                    "device allocation(s)); device free 1.00 MiB") != std::string::npos);
+    CHECK(
+        text.find(
+            "20.0 MiB requested on device 0, for which the allocator asked for a 20.0 MiB segment "
+            "(PyTorch's \"Tried to allocate\") (the caching allocator gave up after 2 failed "
+            "device allocation(s)); device free 1.00 MiB") != std::string::npos);
     CHECK(text.find("allocated 50.0 MiB in 2 allocation(s); reserved 64.0 MiB (14.0 MiB cached, "
                     "not allocated)") != std::string::npos);
     CHECK(text.find("error weight-copy-accumulation (layers.0 forward) held 30.0 MiB of the 50.0 "
@@ -314,4 +317,61 @@ TEST_CASE("perfetto marks every failed request, the allocator's verdict as out o
     }
     CHECK(verdicts == 1);
     CHECK(failed == 2);
+}
+
+TEST_CASE(
+    "the moment's figures are PyTorch's: reserved is the allocator's segments, plain driver "
+    "allocations are outside it, and the segment asked for is its rule's") {
+    TempDir t;
+    TraceBuilder b{0};
+    b.step(0);
+    b.segment(0x10000000, 64 * MiB);  // the caching allocator's cudaMalloc
+    // A library's own workspace (cuBLAS takes it with cuMemAlloc_v2).
+    Event& workspace = b.add(EventKind::alloc, 1);
+    workspace.level = Level::segment;
+    workspace.memory = MemoryKind::device;
+    workspace.api = Api::cuMemAlloc_v2;
+    workspace.address = 0x30000000;
+    workspace.size = 32 * MiB;
+    b.push("layers.0", "backward");
+    b.block(0x10000000, 40 * MiB);
+    Event& verdict = b.add(EventKind::oom, 1);
+    verdict.level = Level::block;
+    verdict.memory = MemoryKind::device;
+    verdict.api = Api::block_alloc;
+    verdict.size = 1583104;  // 1.51 MiB: a block the allocator places in a 20 MiB segment
+    verdict.address = 1 * MiB;
+    verdict.result = 2;
+    b.pop();
+    const Trace trace = load_trace(b.write(t / "rank0.trace"));
+    const TraceAnalysis a = analyze(trace);
+    REQUIRE(a.ooms.size() == 1);
+    const OomMoment& m = a.ooms[0];
+    CHECK(m.allocated == 40 * MiB);
+    CHECK(m.reserved == 64 * MiB);
+    CHECK(m.outside_allocator == 32 * MiB);
+    CHECK(m.segment_asked == 20 * MiB);
+    const std::string text = render_text(report_of(trace));
+    CHECK(contains(text,
+                   "1.51 MiB requested on device 0, for which the allocator asked for a "
+                   "20.0 MiB segment (PyTorch's \"Tried to allocate\")"));
+    CHECK(contains(text,
+                   "reserved 64.0 MiB (24.0 MiB cached, not allocated); outside the "
+                   "allocator 32.0 MiB"));
+    const json::Value doc = json::parse(render_json(report_of(trace)));
+    const json::Value& moment = doc.at("out_of_memory").items.at(0);
+    CHECK(moment.at("reserved").as_u64() == 64 * MiB);
+    CHECK(moment.at("outside_allocator").as_u64() == 32 * MiB);
+    CHECK(moment.at("segment_asked").as_u64() == 20 * MiB);
+    // The rule's three ranges: small blocks share 2 MiB segments, blocks of
+    // 10 MiB and more get their size rounded up to 2 MiB.
+    for (const auto& [block, segment] : {std::pair<uint64_t, uint64_t>{512 * 1024, 2 * MiB},
+                                         {1 * MiB, 2 * MiB},
+                                         {10 * MiB, 10 * MiB},
+                                         {10 * MiB + 1, 12 * MiB}}) {
+        CAPTURE(block);
+        verdict.size = block;
+        const Trace again = load_trace(b.write(t / ("rank0-" + std::to_string(block) + ".trace")));
+        CHECK(analyze(again).ooms.at(0).segment_asked == segment);
+    }
 }
