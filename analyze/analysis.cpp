@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_map>
 
+#include <allocscope/allocscope.h>
 #include <allocscope/sdk/flat_map.h>
 
 namespace allocscope {
@@ -225,9 +226,90 @@ uint64_t native_segment_for(uint64_t block) {
     return (block + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
 }
 
+// The device segments live, and which of them have held a caching-allocator
+// block: those are the allocator's reserve (segments it took for blocks,
+// cached or in use). A segment that never held one was taken by someone
+// else: a library's workspace through cudaMalloc, a plain driver
+// allocation (cuMemAlloc_v2 ...: cuBLAS workspaces, NCCL buffers).
+class SegmentOwners {
+  public:
+    void apply(const Event& e) {
+        if (e.kind == EventKind::alloc && e.result == 0) {
+            const Pool pool = pool_of(e);
+            if (pool == Pool::device_segment) {
+                drop(e.address);
+                live_[e.address] = {e.size, false};
+            } else if (pool == Pool::device_block) {
+                claim(e.address, e.size);
+            }
+        } else if (e.kind == EventKind::free && e.result == 0 &&
+                   pool_of(e) == Pool::device_segment) {
+            drop(e.address);
+        }
+    }
+    uint64_t allocator_bytes() const { return allocator_bytes_; }
+
+  private:
+    struct Segment {
+        uint64_t size = 0;
+        bool allocator = false;
+    };
+    void drop(uint64_t address) {
+        auto it = live_.find(address);
+        if (it == live_.end()) return;
+        if (it->second.allocator) allocator_bytes_ -= it->second.size;
+        live_.erase(it);
+    }
+    // Every segment the block [address, address + size) lies in: one, or
+    // several mappings of an expandable segment.
+    void claim(uint64_t address, uint64_t size) {
+        auto it = live_.upper_bound(address);
+        if (it != live_.begin()) --it;
+        for (; it != live_.end() && it->first < address + std::max<uint64_t>(size, 1); ++it) {
+            if (it->first + it->second.size <= address || it->second.allocator) continue;
+            it->second.allocator = true;
+            allocator_bytes_ += it->second.size;
+        }
+    }
+    std::map<uint64_t, Segment> live_;
+    uint64_t allocator_bytes_ = 0;
+};
+
+// What allocscope counts as the allocator's at one point of the replay.
+// With blocks, reserved is the segments that have held one, and what else
+// is in segments (a library's cudaMalloc, plain driver allocations) is
+// outside, as PyTorch's own counters leave it out. Where the segments are
+// the allocations (no blocks seen, cudaMallocAsync), allocated leaves the
+// plain driver ones out.
+struct AllocatorView {
+    uint64_t allocated = 0;
+    uint64_t allocated_count = 0;
+    uint64_t reserved = 0;
+    uint64_t outside = 0;
+};
+
+AllocatorView allocator_view(const Replay& replay, const SegmentOwners& owners, Pool owner,
+                             uint64_t direct_driver_live, uint64_t direct_driver_count) {
+    AllocatorView v;
+    v.allocated = replay.totals(owner).live_bytes;
+    v.allocated_count = replay.totals(owner).live_count;
+    const uint64_t segments = replay.totals(Pool::device_segment).live_bytes;
+    if (owner == Pool::device_block) {
+        v.reserved = std::min(owners.allocator_bytes(), segments);
+        v.outside = segments - v.reserved;
+    } else {
+        v.outside = std::min(direct_driver_live, segments);
+        v.allocated -= v.outside;
+        v.allocated_count -= std::min(direct_driver_count, v.allocated_count);
+        v.reserved = v.allocated;
+    }
+    return v;
+}
+
 OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const OwnerLive& live,
-                     const Replay& replay, Pool owner, uint64_t direct_driver_live,
-                     uint64_t direct_driver_count, const AnalysisOptions& options) {
+                     const Replay& replay, const SegmentOwners& owners, Pool owner,
+                     uint64_t direct_driver_live, uint64_t direct_driver_count,
+                     const AnalysisOptions& options) {
     const Event& e = t.events[seed.index];
     OomMoment m;
     m.seq = e.seq;
@@ -236,6 +318,14 @@ OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const 
     m.tid = e.tid;
     m.layer = e.layer < t.strings.size() ? t.str(e.layer) : "";
     m.phase = e.phase < t.strings.size() ? t.str(e.phase) : "";
+    for (size_t j = seed.index; m.layer.empty() && j-- > 0;) {
+        const Event& p = t.events[j];
+        if (p.step != e.step) break;
+        if (p.layer == 0 || p.layer >= t.strings.size()) continue;
+        m.last_layer = t.str(p.layer);
+        m.last_phase = p.phase < t.strings.size() ? t.str(p.phase) : "";
+        break;
+    }
     m.stack = e.stack < t.stacks.size() ? e.stack : 0;
     m.requested = e.size;
     m.device = e.device;
@@ -244,18 +334,13 @@ OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const 
     m.by_allocator = seed.by_allocator;
     m.continued = seed.continued;
     m.failed_calls = seed.failed_calls;
-    m.allocated = replay.totals(owner).live_bytes;
-    m.allocated_count = replay.totals(owner).live_count;
+    const AllocatorView view =
+        allocator_view(replay, owners, owner, direct_driver_live, direct_driver_count);
+    m.allocated = view.allocated;
+    m.allocated_count = view.allocated_count;
     m.reserved_known = owner == Pool::device_block;
-    const uint64_t segments = replay.totals(Pool::device_segment).live_bytes;
-    m.outside_allocator = std::min(direct_driver_live, segments);
-    if (owner == Pool::device_segment) {
-        // The segments are the allocations (no blocks seen): the plain
-        // driver ones are not the program's allocator's.
-        m.allocated -= m.outside_allocator;
-        m.allocated_count -= std::min(direct_driver_count, m.allocated_count);
-    }
-    m.reserved = m.reserved_known ? segments - m.outside_allocator : m.allocated;
+    m.outside_allocator = view.outside;
+    m.reserved = view.reserved;
     const bool mapped = replay.totals(Pool::physical).live_bytes > 0;
     if (m.by_allocator && m.reserved_known && !mapped && m.api == "allocscope_block_alloc")
         m.segment_asked = native_segment_for(m.requested);
@@ -407,9 +492,46 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     // memory that is not the caching allocator's.
     std::unordered_map<uint64_t, uint64_t> direct_driver;
     uint64_t direct_driver_live = 0;
+    // The allocator's counter marks, and the devices allocated on so far
+    // (bit d: device d; the replay's totals are the process's).
+    const auto counters_text =
+        std::find(t.strings.begin(), t.strings.end(), ALLOCSCOPE_COUNTERS_MARK);
+    const uint32_t counters_id =
+        counters_text == t.strings.end() ? kNone : uint32_t(counters_text - t.strings.begin());
+    uint64_t devices_seen = 0;
+    SegmentOwners segment_owners;
     for (size_t i = 0; i < n; ++i) {
         const Event& e = t.events[i];
         const FreeOutcome outcome = replay.apply(e);
+        segment_owners.apply(e);
+        if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
+            devices_seen |= uint64_t{1} << (e.device & 63);
+        if (e.kind == EventKind::mark && e.aux == counters_id) {
+            CounterSummary& cs = a.counters;
+            if ((devices_seen & (devices_seen - 1)) != 0) {
+                ++cs.uncompared;
+            } else {
+                const AllocatorView view = allocator_view(replay, segment_owners, a.owner,
+                                                          direct_driver_live, direct_driver.size());
+                CounterCheck c;
+                c.step = e.step;
+                c.seq = e.seq;
+                c.device = e.device;
+                c.allocated = e.address;
+                c.reserved = e.size;
+                c.device_used = e.stream;
+                c.seen_allocated = view.allocated;
+                c.seen_reserved = view.reserved;
+                c.seen_outside = view.outside;
+                c.reserved_compared = a.owner == Pool::device_block;
+                ++cs.checks;
+                if (c.agrees())
+                    ++cs.agree;
+                else if (!cs.first_difference)
+                    cs.first_difference = c;
+                cs.last = c;
+            }
+        }
         if (e.level != Level::block && is_direct_driver_allocation(e.api)) {
             if (e.kind == EventKind::alloc && e.result == 0) {
                 auto [it, fresh] = direct_driver.try_emplace(e.address, e.size);
@@ -492,8 +614,9 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             }
         }
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
-            a.ooms.push_back(oom_moment(t, oom.moments[next_oom++], tables, live, replay, a.owner,
-                                        direct_driver_live, direct_driver.size(), options));
+            a.ooms.push_back(oom_moment(t, oom.moments[next_oom++], tables, live, replay,
+                                        segment_owners, a.owner, direct_driver_live,
+                                        direct_driver.size(), options));
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (i % bucket == 0 || owner_now > bucket_best) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,11 @@ struct OomMoment {
     uint32_t tid = 0;
     std::string layer;  // the failing request's tag
     std::string phase;
+    // Where the request has no layer (autograd's and the optimizer's own
+    // work between module hooks, FSDP's collectives): the layer of the last
+    // event of the same step that had one, on any thread. "" where none.
+    std::string last_layer;
+    std::string last_phase;
     uint32_t stack = 0;  // the failing request's stack, 0: none
     uint64_t requested = 0;
     int32_t device = -1;
@@ -158,11 +164,11 @@ struct OomMoment {
     // them (reserved; reserved - allocated is cached but unallocated).
     uint64_t allocated = 0;
     uint64_t allocated_count = 0;
-    // reserved: the runtime-API segments alone (cudaMalloc: the caching
-    // allocator's); what libraries took for themselves with plain driver
-    // calls (cuMemAlloc_v2 ...: cuBLAS workspaces, NCCL buffers) is
-    // outside_allocator, which PyTorch's own counters and its OOM message
-    // leave out too.
+    // reserved: the segments that have held a block (the caching
+    // allocator's); what libraries took for themselves (a workspace through
+    // cudaMalloc, plain driver calls such as cuMemAlloc_v2: cuBLAS
+    // workspaces, NCCL buffers) is outside_allocator, which PyTorch's own
+    // counters and its OOM message leave out too.
     uint64_t reserved = 0;
     bool reserved_known = false;  // the owner is blocks, so reserved is separate
     uint64_t outside_allocator = 0;
@@ -178,6 +184,41 @@ struct OomMoment {
     // The seqs of the owner-pool allocations live then, ascending: a
     // finding's evidence is part of the moment when its alloc_seq is here.
     std::vector<uint64_t> live_seqs;
+};
+
+// The program's allocator, as its own counters say and as allocscope
+// replays it, at one ALLOCSCOPE_COUNTERS_MARK mark (a step boundary).
+struct CounterCheck {
+    uint64_t step = 0;
+    uint64_t seq = 0;
+    int32_t device = -1;
+    // The allocator's counters: its blocks in use and the segments it holds
+    // (torch.cuda.memory_allocated, memory_reserved), and the device memory
+    // in use by the driver's count (0: not known).
+    uint64_t allocated = 0;
+    uint64_t reserved = 0;
+    uint64_t device_used = 0;
+    // allocscope's at the mark, by the rules of OomMoment: live blocks (or,
+    // without blocks, the segments), the segments that have held a block,
+    // and the rest of the device segments (outside the allocator).
+    uint64_t seen_allocated = 0;
+    uint64_t seen_reserved = 0;
+    uint64_t seen_outside = 0;
+    bool reserved_compared = false;  // blocks are the owner: segments are the reserve
+
+    bool agrees() const {
+        return seen_allocated == allocated && (!reserved_compared || seen_reserved == reserved);
+    }
+};
+
+struct CounterSummary {
+    uint64_t checks = 0;  // marks set against the replay
+    uint64_t agree = 0;
+    // Marks not compared: the process allocated on more than one device
+    // (the replay's totals are the process's).
+    uint64_t uncompared = 0;
+    std::optional<CounterCheck> first_difference;
+    std::optional<CounterCheck> last;  // the run's last compared mark
 };
 
 struct AnalysisOptions {
@@ -226,6 +267,7 @@ struct TraceAnalysis {
     std::vector<OomMoment> ooms;
     uint64_t oom_moments_total = 0;
     uint64_t recovered_failures = 0;
+    CounterSummary counters;  // the self-check against the allocator's counters
 
     const PoolSummary* pool(Pool p) const;
 };

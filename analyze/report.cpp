@@ -231,8 +231,10 @@ void json_oom(std::string& out, const Report& report, const RankReport& r, const
            ", \"trace\": " + json_quote(a.path) + ", \"seq\": " + u(m.seq) +
            ", \"t_ns\": " + u(m.t_ns) + ", \"step\": " + u(m.step) + ", \"tid\": " + u(m.tid) +
            ", \"layer\": " + json_quote(m.layer) + ", \"phase\": " + json_quote(m.phase) +
-           ", \"requested\": " + u(m.requested) + ", \"device\": " + std::to_string(m.device) +
-           ", \"device_free\": " + u(m.device_free) + ", \"api\": " + json_quote(m.api) +
+           ", \"last_layer\": " + json_quote(m.last_layer) +
+           ", \"last_phase\": " + json_quote(m.last_phase) + ", \"requested\": " + u(m.requested) +
+           ", \"device\": " + std::to_string(m.device) + ", \"device_free\": " + u(m.device_free) +
+           ", \"api\": " + json_quote(m.api) +
            ", \"by_allocator\": " + (m.by_allocator ? "true" : "false") +
            ", \"continued\": " + (m.continued ? "true" : "false") +
            ", \"failed_calls\": " + u(m.failed_calls) + ",\n     \"allocated\": " + u(m.allocated) +
@@ -264,13 +266,80 @@ void json_oom(std::string& out, const Report& report, const RankReport& r, const
     out += "}";
 }
 
+std::string json_counter_check(const std::optional<CounterCheck>& c) {
+    if (!c) return "null";
+    return "{\"step\": " + u(c->step) + ", \"seq\": " + u(c->seq) +
+           ", \"device\": " + std::to_string(c->device) + ", \"allocated\": " + u(c->allocated) +
+           ", \"reserved\": " + u(c->reserved) + ", \"device_used\": " + u(c->device_used) +
+           ", \"seen_allocated\": " + u(c->seen_allocated) +
+           ", \"seen_reserved\": " + (c->reserved_compared ? u(c->seen_reserved) : "null") +
+           ", \"seen_outside\": " + u(c->seen_outside) + "}";
+}
+
+std::string json_counters(const CounterSummary& cs) {
+    return "{\"checks\": " + u(cs.checks) + ", \"agree\": " + u(cs.agree) +
+           ", \"uncompared\": " + u(cs.uncompared) +
+           ", \"first_difference\": " + json_counter_check(cs.first_difference) +
+           ", \"last\": " + json_counter_check(cs.last) + "}";
+}
+
+std::string signed_bytes(uint64_t ours, uint64_t theirs) {
+    return ours >= theirs ? "+" + human_bytes(ours - theirs) : "-" + human_bytes(theirs - ours);
+}
+
 }  // namespace
+
+// The self-check against the allocator's own counters (ALLOCSCOPE_COUNTERS_MARK
+// marks): whether allocscope's live bytes agreed with them at each, and
+// where the device memory the driver counts in use went.
+std::vector<std::string> counter_lines(const TraceAnalysis& a) {
+    std::vector<std::string> out;
+    const CounterSummary& cs = a.counters;
+    if (cs.uncompared)
+        out.push_back("self-check: " + u(cs.uncompared) +
+                      " allocator count(s) not compared (the process allocated on several "
+                      "devices; allocscope's totals are the process's)");
+    if (cs.checks == 0) return out;
+    if (const std::optional<CounterCheck>& d = cs.first_difference) {
+        std::string line = "self-check: differs from the allocator at " + u(cs.checks - cs.agree) +
+                           " of " + u(cs.checks) + " steps; first at step " + u(d->step) +
+                           ": allocated " + human_bytes(d->allocated) + " by its count, " +
+                           human_bytes(d->seen_allocated) + " by allocscope's (" +
+                           signed_bytes(d->seen_allocated, d->allocated) + ")";
+        if (d->reserved_compared)
+            line += "; reserved " + human_bytes(d->reserved) + " by its count, " +
+                    human_bytes(d->seen_reserved) + " by allocscope's (" +
+                    signed_bytes(d->seen_reserved, d->reserved) + ")";
+        out.push_back(line);
+    } else {
+        out.push_back("self-check: agrees with the allocator at " + u(cs.agree) + " of " +
+                      u(cs.checks) + " steps (" +
+                      (cs.last->reserved_compared ? "allocated and reserved" : "allocated") + ")");
+    }
+    const CounterCheck& last = *cs.last;
+    if (last.device_used) {
+        const uint64_t outside =
+            last.device_used > last.reserved ? last.device_used - last.reserved : 0;
+        const uint64_t rest = outside > last.seen_outside ? outside - last.seen_outside : 0;
+        out.push_back("device memory in use at step " + u(last.step) + " (the driver's count): " +
+                      human_bytes(last.device_used) + "; the allocator's segments " +
+                      human_bytes(last.reserved) + "; outside the allocator " +
+                      human_bytes(outside) + ": " + human_bytes(last.seen_outside) +
+                      " in libraries' own allocations allocscope saw (NCCL buffers, cuBLAS "
+                      "workspaces), " +
+                      human_bytes(rest) +
+                      " it did not see (the CUDA context, libraries' code and static buffers)");
+    }
+    return out;
+}
 
 // The first line of a moment: who ran out, where, how much was asked.
 std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
-    std::string line = rank_name(a) + ": out of memory at step " + u(m.step) + ", " +
-                       tag_text(m.layer, m.phase) + ", " + seconds(m.t_ns) + ": " +
-                       human_bytes(m.requested) + " requested";
+    std::string line =
+        rank_name(a) + ": out of memory at step " + u(m.step) + ", " + tag_text(m.layer, m.phase);
+    if (!m.last_layer.empty())
+        line += " (after " + tag_text(m.last_layer, m.last_phase) + ", the last layer tagged)";
+    line += ", " + seconds(m.t_ns) + ": " + human_bytes(m.requested) + " requested";
     if (m.device >= 0) line += " on device " + std::to_string(m.device);
     if (m.segment_asked)
         line += ", for which the allocator asked for a " + human_bytes(m.segment_asked) +
@@ -299,7 +368,7 @@ std::string oom_held(const OomMoment& m) {
     }
     if (m.outside_allocator)
         line += "; outside the allocator " + human_bytes(m.outside_allocator) +
-                " (plain driver allocations: cuBLAS workspaces, NCCL buffers, ...)";
+                " (libraries' own: cuBLAS workspaces, NCCL buffers, ...)";
     return line;
 }
 
@@ -692,6 +761,8 @@ std::string full_text(const Report& report) {
                    " out-of-memory moment(s), " + u(a.recovered_failures) +
                    " failed call(s) recovered from (the allocator retried)\n";
         }
+        for (const std::string& line : counter_lines(a))
+            out += line + "\n";
         out += "\n  " + pad("pool", 16) + rpad("allocations", 12) + rpad("allocated", 12) +
                rpad("peak", 12) + "  at\n";
         for (const PoolSummary& p : a.pools) {
@@ -983,6 +1054,8 @@ std::string run_lines(const TraceAnalysis& a) {
                " out-of-memory moment(s), " + u(a.recovered_failures) +
                " failed call(s) recovered from (the allocator retried)\n";
     }
+    for (const std::string& line : counter_lines(a))
+        out += "  " + line + "\n";
     return out;
 }
 
@@ -1152,15 +1225,17 @@ std::string render_json(const Report& report) {
         const RankReport& r = report.ranks[i];
         const TraceAnalysis& a = r.analysis;
         out += i ? ",\n" : "\n";
-        out +=
-            "    {\"trace\": " + json_quote(a.path) +
-            ", \"rank\": " + std::to_string(a.header.rank) + ", \"pid\": " + u(a.header.pid) +
-            ", \"events\": " + u(a.events) + ", \"span_ns\": " + u(a.span_ns) +
-            ", \"steps\": " + u(a.steps) + ", \"truncated\": " + (a.truncated ? "true" : "false") +
-            ", \"oom_events\": " + u(a.oom_events) +
-            ", \"oom_moments\": " + u(a.oom_moments_total) +
-            ", \"recovered_failures\": " + u(a.recovered_failures) +
-            ", \"owner_pool\": " + json_quote(to_string(a.owner)) + ",\n     \"events_by_kind\": {";
+        out += "    {\"trace\": " + json_quote(a.path) +
+               ", \"rank\": " + std::to_string(a.header.rank) + ", \"pid\": " + u(a.header.pid) +
+               ", \"events\": " + u(a.events) + ", \"span_ns\": " + u(a.span_ns) +
+               ", \"steps\": " + u(a.steps) +
+               ", \"truncated\": " + (a.truncated ? "true" : "false") +
+               ", \"oom_events\": " + u(a.oom_events) +
+               ", \"oom_moments\": " + u(a.oom_moments_total) +
+               ", \"recovered_failures\": " + u(a.recovered_failures) +
+               ", \"owner_pool\": " + json_quote(to_string(a.owner)) +
+               ",\n     \"allocator_check\": " + json_counters(a.counters) +
+               ",\n     \"events_by_kind\": {";
         for (size_t k = 0; k < a.events_by_kind.size(); ++k) {
             out += (k ? ", " : "") + json_quote(a.events_by_kind[k].what) + ": " +
                    u(a.events_by_kind[k].n);

@@ -81,6 +81,11 @@ std::vector<OomShare> oom_shares(const Report& report, const RankReport& r, cons
 std::string oom_headline(const TraceAnalysis& a, const OomMoment& m);
 std::string oom_held(const OomMoment& m);
 
+// The self-check's lines (TraceAnalysis::counters): agreement with the
+// allocator's own counters, and the device memory outside it. None when the
+// trace has no counter marks.
+std::vector<std::string> counter_lines(const TraceAnalysis& a);
+
 // A few lines on a moment for a terminal: who asked for how much, where,
 // what was allocated and reserved, and the findings' share.
 std::string oom_summary(const Report& report, const RankReport& r, const OomMoment& m);

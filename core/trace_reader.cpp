@@ -252,7 +252,19 @@ Trace load_trace(const std::string& path) {
     trace.path = path;
     trace.header = reader.header();
     TraceRecord r;
-    while (reader.next(r)) {
+    // A corrupt record (a flipped byte, a torn write) ends the trace there,
+    // as a cut does: what came before it is kept, and truncation_message
+    // says where and what.
+    auto next = [&]() {
+        try {
+            return reader.next(r);
+        } catch (const TraceError& e) {
+            trace.corrupt = true;
+            trace.truncation_message = e.what();
+            return false;
+        }
+    };
+    while (next()) {
         switch (r.type) {
             case RecordType::event:
                 trace.events.push_back(r.event);
@@ -276,8 +288,8 @@ Trace load_trace(const std::string& path) {
                 break;
         }
     }
-    trace.truncated = reader.truncated();
-    trace.truncation_message = reader.truncation_message();
+    trace.truncated = trace.corrupt || reader.truncated();
+    if (!trace.corrupt) trace.truncation_message = reader.truncation_message();
     return trace;
 }
 

@@ -98,13 +98,16 @@ struct Trace {
     std::vector<ModuleRecord> modules;
     std::vector<ParamRecord> params;  // index = param index
     std::optional<FooterRecord> footer;
-    bool truncated = false;
+    bool truncated = false;  // cut short or corrupt: the events are a prefix
+    bool corrupt = false;    // a record after the header failed its checks
     std::string truncation_message;
 
     const std::string& str(uint32_t id) const { return strings.at(id); }
 };
 
-Trace load_trace(const std::string& path);  // throws TraceError
+// Throws TraceError when the file or its header cannot be read; a corrupt
+// record after the header ends the trace there (truncated and corrupt set).
+Trace load_trace(const std::string& path);
 
 // Whether the file at `path` ends in a footer record whose checksum holds:
 // the process that wrote it closed it at its exit. Reads the header and the

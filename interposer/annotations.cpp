@@ -1,6 +1,7 @@
 // What a program tells the recorder besides its tags: the training step,
 // parameters (allocscope_register_param) and what is derived from them
 // (allocscope_derived), marks, and the Python frames its stacks end in.
+#include "allocscope/allocscope.h"
 #include "recorder_internal.h"
 
 namespace allocscope::recorder {
@@ -100,6 +101,31 @@ void mark(const char* text) noexcept {
     }
     TagEntry tag = current_tag();
     emit_simple(EventKind::mark, tag.layer, tag.phase, id, 0);
+}
+
+void allocator_counters(int device, uint64_t allocated, uint64_t reserved,
+                        uint64_t device_used) noexcept {
+    ApiScope scope;
+    if (!scope.active()) return;
+    uint32_t id = 0;
+    try {
+        id = intern(ALLOCSCOPE_COUNTERS_MARK);
+    } catch (...) {
+        return;
+    }
+    const TagEntry tag = current_tag();
+    EventRing::Slot* slot = begin_event(EventKind::mark);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.layer = tag.layer;
+    e.phase = tag.phase;
+    e.aux = id;
+    e.address = allocated;
+    e.size = reserved;
+    e.stream = device_used;
+    e.device = device;
+    e.api = Api::c_api;
+    EventRing::publish(slot);
 }
 
 // Also inside a hook: the outer-frames provider names frames from there.

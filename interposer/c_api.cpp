@@ -76,6 +76,11 @@ ALLOCSCOPE_EXPORT void allocscope_mark(const char* text) {
     allocscope::recorder::mark(text);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_allocator_counters(int device, uint64_t allocated,
+                                                     uint64_t reserved, uint64_t device_used) {
+    allocscope::recorder::allocator_counters(device, allocated, reserved, device_used);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_derived(const void* ptr, const char* layer, const char* name,
                                           const char* how) {
     allocscope::recorder::derived(ptr, layer, name, how);

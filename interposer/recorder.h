@@ -128,6 +128,10 @@ uint64_t current_step() noexcept;
 void register_param(const char* layer, const char* name, uint64_t numel, const char* dtype,
                     uint64_t sharded_numel) noexcept;
 void mark(const char* text) noexcept;
+// A mark ALLOCSCOPE_COUNTERS_MARK carrying an allocator's counters
+// (allocscope_allocator_counters).
+void allocator_counters(int device, uint64_t allocated, uint64_t reserved,
+                        uint64_t device_used) noexcept;
 // allocscope_derived: the allocation at `ptr` is derived from parameter
 // (layer, name); `how` may be NULL.
 void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept;

@@ -20,6 +20,7 @@ int main(void) {
     int block[4];
     allocscope_dl_block_alloc(block, sizeof block, 0, NULL);
     allocscope_dl_block_free(block);
+    allocscope_dl_allocator_counters(0, 1024, 2048, 0);
     allocscope_dl_pop();
     if (allocscope_dl()->push != NULL) return 1;
     puts("ok");

@@ -1,11 +1,15 @@
 // Out-of-memory moments (analyze/analysis.h, OomMoment): which failed
 // requests are moments, what was live at them, and how the text, JSON and
-// HTML reports, the diff and the exports show them, on constructed traces
-// where every number is known.
+// HTML reports, the diff and the exports show them; and the self-check
+// against the allocator's own counters (CounterSummary), which counts the
+// allocator's memory by the same rules. On constructed traces where every
+// number is known.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
+
+#include <allocscope/allocscope.h>
 
 #include "analysis.h"
 #include "diff.h"
@@ -122,6 +126,51 @@ TEST_CASE("the out-of-memory moment is the allocator's verdict, with what was li
     CHECK(m.by_tag[1].bytes == 20 * MiB);
     REQUIRE(m.sites.size() == 2);
     CHECK(m.sites[0].bytes == 30 * MiB);
+}
+
+TEST_CASE(
+    "an untagged moment (the optimizer, autograd between hooks) names the last layer tagged "
+    "in its step, on any thread") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 64 * MiB);
+    b.step(1);
+    b.push("layers.5", "forward");
+    b.block(0x10000000, 1 * MiB);
+    b.pop();
+    b.step(2);
+    b.push("layers.0", "forward");
+    b.block(0x10100000, 1 * MiB);
+    b.pop();
+    b.push("layers.1", "backward", 2);  // autograd's thread
+    b.block(0x10200000, 1 * MiB, 0, 2);
+    b.pop(2);
+    b.push("", "optimizer");
+    b.block_oom(8 * MiB);
+    b.pop();
+    b.block(0x10300000, 1 * MiB);  // each moment caught, the program went on
+    b.step(3);
+    b.block_oom(8 * MiB);  // nothing tagged in step 3 before it
+    b.block(0x10400000, 1 * MiB);
+    b.push("layers.0", "forward");
+    b.block_oom(8 * MiB);
+    b.pop();
+    const Trace trace = load_trace(b.write(t / "rank0.trace"));
+    const TraceAnalysis a = analyze(trace);
+    REQUIRE(a.ooms.size() == 3);
+    CHECK(a.ooms[0].layer.empty());
+    CHECK(a.ooms[0].phase == "optimizer");
+    CHECK(a.ooms[0].last_layer == "layers.1");
+    CHECK(a.ooms[0].last_phase == "backward");
+    CHECK(contains(oom_headline(a, a.ooms[0]),
+                   "at step 2, (untagged) optimizer (after layers.1 backward, the last layer "
+                   "tagged), "));
+    CHECK(a.ooms[1].last_layer.empty());  // not step 2's layers
+    CHECK_FALSE(contains(oom_headline(a, a.ooms[1]), "the last layer tagged"));
+    CHECK(a.ooms[2].layer == "layers.0");
+    CHECK(a.ooms[2].last_layer.empty());
+    const std::string json = render_json(report_of(trace));
+    CHECK(contains(json, "\"last_layer\": \"layers.1\", \"last_phase\": \"backward\""));
 }
 
 TEST_CASE("a failed call followed by a successful allocation on its thread was recovered from") {
@@ -374,4 +423,94 @@ TEST_CASE(
         const Trace again = load_trace(b.write(t / ("rank0-" + std::to_string(block) + ".trace")));
         CHECK(analyze(again).ooms.at(0).segment_asked == segment);
     }
+}
+
+namespace {
+
+// The allocator's counters as a bridge passes them (allocscope_allocator_counters).
+void counters(TraceBuilder& b, uint64_t allocated, uint64_t reserved, uint64_t device_used) {
+    Event& e = b.add(EventKind::mark, 1);
+    e.aux = b.str(ALLOCSCOPE_COUNTERS_MARK);
+    e.address = allocated;
+    e.size = reserved;
+    e.stream = device_used;
+    e.device = 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the self-check agrees where the allocator's counters are allocscope's live blocks and "
+    "the segments that held one; a library's segment is outside the allocator") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 20 * MiB);           // the allocator's
+    b.segment(0x30000000, 8 * MiB);            // a library's workspace (cudaMalloc)
+    Event& nccl = b.add(EventKind::alloc, 1);  // a plain driver allocation
+    nccl.level = Level::segment;
+    nccl.memory = MemoryKind::device;
+    nccl.api = Api::cuMemAlloc_v2;
+    nccl.address = 0x40000000;
+    nccl.size = 4 * MiB;
+    for (uint64_t step = 0; step < 3; ++step) {
+        b.step(step);
+        counters(b, step * MiB, step ? 20 * MiB : 0, 100 * MiB);
+        b.push("layers.0", "forward");
+        b.block(0x10000000 + step * MiB, 1 * MiB);
+        b.pop();
+    }
+    b.step(3);
+    counters(b, 3 * MiB + 512, 20 * MiB, 100 * MiB);  // 512 B allocscope never saw
+    const Trace trace = load_trace(b.write(t / "rank0.trace"));
+    const TraceAnalysis a = analyze(trace);
+    const CounterSummary& cs = a.counters;
+    CHECK(cs.checks == 4);
+    CHECK(cs.agree == 3);
+    CHECK(cs.uncompared == 0);
+    REQUIRE(cs.first_difference);
+    CHECK(cs.first_difference->step == 3);
+    CHECK(cs.first_difference->seen_allocated == 3 * MiB);
+    CHECK(cs.first_difference->allocated == 3 * MiB + 512);
+    CHECK(cs.first_difference->seen_reserved == 20 * MiB);
+    REQUIRE(cs.last);
+    CHECK(cs.last->seen_outside == 12 * MiB);
+    const std::vector<std::string> lines = counter_lines(a);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0] ==
+          "self-check: differs from the allocator at 1 of 4 steps; first at step 3: allocated "
+          "3.00 MiB by its count, 3.00 MiB by allocscope's (-512 B); reserved 20.0 MiB by its "
+          "count, 20.0 MiB by allocscope's (+0 B)");
+    CHECK(lines[1] ==
+          "device memory in use at step 3 (the driver's count): 100 MiB; the allocator's "
+          "segments 20.0 MiB; outside the allocator 80.0 MiB: 12.0 MiB in libraries' own "
+          "allocations allocscope saw (NCCL buffers, cuBLAS workspaces), 68.0 MiB it did not "
+          "see (the CUDA context, libraries' code and static buffers)");
+    const std::string text = render_text(report_of(trace));
+    CHECK(contains(text, "  self-check: differs from the allocator at 1 of 4 steps"));
+    const json::Value v = json::parse(render_json(report_of(trace)));
+    const json::Value& check = v.at("ranks").items[0].at("allocator_check");
+    CHECK(check.at("checks").as_u64() == 4);
+    CHECK(check.at("agree").as_u64() == 3);
+    CHECK(check.at("first_difference").at("step").as_u64() == 3);
+}
+
+TEST_CASE(
+    "the self-check says it agrees at every step where it does, and nothing where no "
+    "counters were passed") {
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 20 * MiB);
+    b.step(0);
+    b.block(0x10000000, 2 * MiB);
+    counters(b, 2 * MiB, 20 * MiB, 0);
+    b.step(1);
+    counters(b, 2 * MiB, 20 * MiB, 0);
+    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")));
+    CHECK(counter_lines(a) ==
+          std::vector<std::string>{
+              "self-check: agrees with the allocator at 2 of 2 steps (allocated and reserved)"});
+    TraceBuilder none;
+    none.segment(0x10000000, 20 * MiB);
+    none.block(0x10000000, 2 * MiB);
+    CHECK(counter_lines(analyze(load_trace(none.write(t / "none.trace")))).empty());
 }

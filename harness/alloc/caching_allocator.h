@@ -162,6 +162,7 @@ class CachingAllocator {
     void empty_cache();
 
     MemoryStats stats() const;
+    int device() const { return device_; }
     // torch.cuda.reset_peak_memory_stats(): every peak becomes the current
     // value.
     void reset_peak_stats();

@@ -251,6 +251,12 @@ class CudaCompute final : public trainer::Compute {
 
     void synchronize() override { ALLOCSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+    std::uint64_t device_memory_used() override {
+        std::size_t free = 0, total = 0;
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+        return total - free;
+    }
+
   private:
     static DeviceLayerWeights params(const trainer::LayerOperands& operands) {
         DeviceLayerWeights out{};

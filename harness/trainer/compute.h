@@ -142,6 +142,10 @@ class Compute {
 
     // Waits for queued work (step timing).
     virtual void synchronize() = 0;
+
+    // The device memory in use by the driver's count (cudaMemGetInfo:
+    // total - free), for the report's self-check; 0 where not known.
+    virtual std::uint64_t device_memory_used() { return 0; }
 };
 
 inline model::LayerConfig layer_config(const ModelShape& s) {

@@ -87,4 +87,10 @@ void tag_step(Tagging via, uint64_t step) {
     }
 }
 
+void tag_allocator_counters(Tagging via, int device, uint64_t allocated, uint64_t reserved,
+                            uint64_t device_used) {
+    if (via == Tagging::c_api)
+        allocscope_dl_allocator_counters(device, allocated, reserved, device_used);
+}
+
 }  // namespace allocscope::harness::trainer

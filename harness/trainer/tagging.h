@@ -31,6 +31,10 @@ class ScopedTag {
 };
 
 void tag_step(Tagging via, uint64_t step);
+// The allocator's own counters at a step boundary (allocscope's self-check);
+// through the C API only.
+void tag_allocator_counters(Tagging via, int device, uint64_t allocated, uint64_t reserved,
+                            uint64_t device_used);
 
 // Provenance (allocscope_derived): declares which parameter an allocation's
 // bytes were computed from. Inactive when switched off (--no-provenance) or

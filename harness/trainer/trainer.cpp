@@ -776,6 +776,10 @@ StepResult Trainer::step(int step) {
     State& s = *state_;
     auto t0 = std::chrono::steady_clock::now();
     tag_step(s.options.tagging, uint64_t(step));
+    const alloc::MemoryStats at_start = s.allocator.stats();
+    tag_allocator_counters(s.options.tagging, s.allocator.device(),
+                           at_start.allocated_bytes.current, at_start.reserved_bytes.current,
+                           s.compute.device_memory_used());
     StepResult result;
     s.forward(result.memory);
     result.memory.after_forward = s.allocated();

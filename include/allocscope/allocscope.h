@@ -158,6 +158,20 @@ void allocscope_block_free(void* ptr);
  * that ended in an error. */
 void allocscope_block_oom(size_t size, int device, void* stream, uint64_t device_free);
 
+/* The caching allocator's own counters, for the report's self-check: at a
+ * step boundary a bridge (the PyTorch shim, the harness) passes what its
+ * allocator counts for `device` (allocated: the blocks in use,
+ * torch.cuda.memory_allocated; reserved: the segments it holds,
+ * torch.cuda.memory_reserved) and the device memory in use by the
+ * driver's count (cudaMemGetInfo's total - free; 0 when not known).
+ * Recorded as a mark (ALLOCSCOPE_COUNTERS_MARK) whose address, size and
+ * stream hold allocated, reserved and device_used. The report sets its own
+ * live block and segment bytes against them at each such mark, and the
+ * driver's count against what the allocator and the hooks explain. */
+#define ALLOCSCOPE_COUNTERS_MARK "allocscope: allocator counters"
+void allocscope_allocator_counters(int device, uint64_t allocated, uint64_t reserved,
+                                   uint64_t device_used);
+
 /* Python frames for block allocations (a bridge into a Python program's
  * caching allocator, e.g. tools/torch_bridge). allocscope_python_frame
  * returns a pseudo-address naming the frame (0 when not recording): call it

@@ -40,6 +40,7 @@ typedef struct allocscope_dl_table {
     void (*block_oom)(size_t, int, void*, uint64_t);
     uint64_t (*check_begin)(const char*, const char*, char*, size_t);
     int (*check_end)(uint64_t, allocscope_check_visitor, void*, char*, size_t);
+    void (*allocator_counters)(int, uint64_t, uint64_t, uint64_t);
 } allocscope_dl_table;
 
 static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
@@ -54,6 +55,7 @@ static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
     *(void**)&t->block_oom = dlsym(RTLD_DEFAULT, "allocscope_block_oom");
     *(void**)&t->check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
     *(void**)&t->check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
+    *(void**)&t->allocator_counters = dlsym(RTLD_DEFAULT, "allocscope_allocator_counters");
 }
 
 /* The resolved table; members are NULL when the interposer is absent.
@@ -129,6 +131,11 @@ static inline void allocscope_dl_block_oom(size_t size, int device, void* stream
                                            uint64_t device_free) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->block_oom) t->block_oom(size, device, stream, device_free);
+}
+static inline void allocscope_dl_allocator_counters(int device, uint64_t allocated,
+                                                    uint64_t reserved, uint64_t device_used) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->allocator_counters) t->allocator_counters(device, allocated, reserved, device_used);
 }
 
 /* Checks: without the interposer, begin returns 0 and end -1, both saying

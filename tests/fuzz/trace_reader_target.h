@@ -26,7 +26,7 @@ namespace allocscope::fuzz {
 
 struct Outcome {
     int read = 0;      // inputs read to the end (complete or truncated)
-    int rejected = 0;  // inputs rejected with a TraceError
+    int rejected = 0;  // inputs rejected with a TraceError, or read up to a corrupt record
 };
 
 // The header's and every complete record's CRC-32C recomputed.
@@ -73,7 +73,11 @@ inline void read_one(const std::vector<uint8_t>& bytes, Outcome& outcome) {
         if (t.truncated == t.footer.has_value()) {
             throw std::logic_error("a trace must be either complete or truncated");
         }
-        ++outcome.read;
+        // A corrupt record ends the trace there: its prefix is kept, and the
+        // record is rejected as a TraceError would reject it.
+        if (t.corrupt && t.truncation_message.empty())
+            throw std::logic_error("a corrupt trace without a message");
+        ++(t.corrupt ? outcome.rejected : outcome.read);
     } catch (const TraceError& e) {
         if (std::string(e.what()).empty()) throw std::logic_error("TraceError without a message");
         ++outcome.rejected;

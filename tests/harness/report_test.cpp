@@ -385,6 +385,26 @@ TEST_CASE("the analysis agrees with the trace: peaks, live bytes at the peak and
     CHECK(optimizer);
 }
 
+TEST_CASE(
+    "the harness's allocator counters agree with allocscope at every step on every rank, "
+    "and the report says so once for the alike ranks") {
+    TempDir t;
+    run_harness(t.dir, "--recipe delayed --te seed");
+    for (const char* rank : {"rank0.trace", "rank1.trace"}) {
+        CAPTURE(rank);
+        const TraceAnalysis a = analyze(load_trace((t / rank).string()));
+        CHECK(a.owner == Pool::device_block);
+        CHECK(a.counters.checks == 3);  // one at the start of each of the 3 steps
+        CHECK(a.counters.agree == a.counters.checks);
+        CHECK_FALSE(a.counters.first_difference);
+    }
+    const std::string text = slurp(t / "report.txt");
+    CHECK(count_lines(text,
+                      "self-check: agrees with the allocator at 3 of 3 steps (allocated "
+                      "and reserved)") == 1);
+    CHECK_FALSE(contains(text, "self-check: differs"));
+}
+
 TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
     TempDir t;
     const std::string evil = "<script>document.title='owned'</script><img src=x onerror=alert(1)>";
@@ -481,6 +501,53 @@ TEST_CASE("report, export, replay and diff refuse to write over what they read")
     CHECK(sh(cli + " check " + run.string()) == 0);
     // Other names in the run's directory are the user's to choose.
     CHECK(sh(cli + " report " + run.string() + " -o " + (run / "again.txt").string()) == 0);
+}
+
+TEST_CASE(
+    "a corrupt record ends its rank's trace there: the other ranks and its prefix are "
+    "reported, with one warning") {
+    TempDir t;
+    run_harness(t / "run", "--recipe delayed --te seed");
+    const fs::path run = t / "run";
+    const std::string bad = (run / "rank1.trace").string();
+    const size_t whole = load_trace(bad).events.size();
+    std::string bytes = slurp(bad);
+    REQUIRE(bytes.size() > 4096);
+    bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+
+    const Trace cut = load_trace(bad);  // no exception: the prefix
+    CHECK(cut.corrupt);
+    CHECK(cut.truncated);
+    CHECK(cut.events.size() > 0);
+    CHECK(cut.events.size() < whole);
+    CHECK(contains(cut.truncation_message, bad));
+
+    std::string out, err;
+    CHECK(sh(env("E2E_CLI") + " report --full " + run.string(), &out, &err) == 0);
+    CAPTURE(out);
+    CHECK(count_lines(out, "warning: ") == 1);
+    CHECK(count_lines(out, "warning: " + bad + ": ") == 1);
+    CHECK(contains(out, "; reporting what precedes it"));
+    CHECK(contains(out, "== rank 0: " + (run / "rank0.trace").string()));
+    CHECK(contains(out, "== rank 1: " + bad));
+    // The concise report says it too, once.
+    CHECK(sh(env("E2E_CLI") + " report " + run.string(), &out) == 0);
+    CHECK(count_lines(out, "warning: " + bad + ": ") == 1);
+    // So do the other readers of traces.
+    CHECK(sh(env("E2E_CLI") + " export --format perfetto " + run.string() + " -o " +
+             (t / "p.json").string()) == 0);
+
+    // A header that cannot be read: the other ranks are reported with a
+    // note naming it; alone, it is the error.
+    bytes = slurp(bad);
+    bytes[20] = static_cast<char>(bytes[20] ^ 0x01);
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+    CHECK(sh(env("E2E_CLI") + " report " + run.string(), &out, &err) == 0);
+    CHECK(count_lines(out, "note: " + bad + ": ") == 1);
+    CHECK(contains(out, "this trace is not reported"));
+    CHECK(sh(env("E2E_CLI") + " report " + bad, &out, &err) == 2);
+    CHECK(count_lines(err, "allocscope:") == 1);
 }
 
 TEST_CASE("report refuses unreadable input and an unwritable output with exit 2") {

@@ -145,10 +145,19 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
             report.notes.push_back(w);
     };
     for (size_t i = 0; i < in.traces.size(); ++i) {
-        // --rank R: only R's trace is decoded, the others' headers read.
-        if (rank >= 0 && TraceReader(in.traces[i]).header().rank != rank) continue;
-        progress.show("reading " + in.traces[i], i, in.traces.size());
-        Trace t = load_trace(in.traces[i]);  // TraceError names file and offset
+        // A trace whose header cannot be read is one warning among several
+        // traces (the others are reported); alone, it is the error.
+        Trace t;
+        try {
+            // --rank R: only R's trace is decoded, the others' headers read.
+            if (rank >= 0 && TraceReader(in.traces[i]).header().rank != rank) continue;
+            progress.show("reading " + in.traces[i], i, in.traces.size());
+            t = load_trace(in.traces[i]);  // a corrupt record ends it, with a warning
+        } catch (const TraceError& e) {
+            if (in.traces.size() == 1) throw;
+            note(std::string(e.what()) + "; this trace is not reported");
+            continue;
+        }
         RankReport r;
         r.analysis = analyze(t, options);
         r.steps = step_memory(t);

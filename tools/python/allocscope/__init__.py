@@ -44,6 +44,7 @@ __all__ = [
     "block_alloc",
     "block_free",
     "block_oom",
+    "allocator_counters",
     "scope",
     "rank",
     "library_path",
@@ -82,6 +83,7 @@ _SIGNATURES = {
     ),
     "block_free": ([_ptr], None),
     "block_oom": ([ctypes.c_size_t, ctypes.c_int, _ptr, _u64], None),
+    "allocator_counters": ([ctypes.c_int, _u64, _u64, _u64], None),
     "check_begin": ([_str, _str, _str, ctypes.c_size_t], _u64),
     "check_end": ([_u64, _ptr, _ptr, _str, ctypes.c_size_t], ctypes.c_int),
 }
@@ -262,6 +264,16 @@ def block_oom(size, device=0, stream=None, device_free=0):
     api = _get()
     if api is not None:
         api.block_oom(int(size), int(device), stream, int(device_free))
+
+
+def allocator_counters(device, allocated, reserved, device_used=0):
+    """The caching allocator's own counters for `device` at a step boundary
+    (allocated and reserved bytes, and the device memory in use by the
+    driver's count, 0 when not known): the report sets allocscope's live
+    bytes against them (its self-check)."""
+    api = _get()
+    if api is not None:
+        api.allocator_counters(int(device), int(allocated), int(reserved), int(device_used))
 
 
 class scope:

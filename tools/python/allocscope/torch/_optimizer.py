@@ -44,9 +44,28 @@ def _optimizer_post(optimizer, args, kwargs):
                 steps = _steps
         if primary:
             _allocscope.step(steps)
+            _allocator_counters()
     except Exception as e:
         _say("optimizer", "optimizer hook failed (tags may be missing): %s" % e)
     return None
+
+
+def _allocator_counters():
+    """The caching allocator's counters at the step boundary, for the
+    report's self-check: memory_allocated and memory_reserved of the current
+    device, and the driver's count of the memory in use (mem_get_info)."""
+    cuda = torch.cuda
+    if not cuda.is_available() or not cuda.is_initialized():
+        return
+    device = cuda.current_device()
+    stats = cuda.memory_stats(device)
+    free, total = cuda.mem_get_info(device)
+    _allocscope.allocator_counters(
+        device,
+        stats.get("allocated_bytes.all.current", 0),
+        stats.get("reserved_bytes.all.current", 0),
+        total - free,
+    )
 
 
 def _optimizer_step_hooks(pre, post):
