@@ -460,7 +460,7 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     Replay replay;
     std::vector<Scope> scopes;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
-    std::vector<uint64_t> group_live, group_peak;
+    std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Per tag: bytes and count allocated per stack (TagStats::sites).
     std::vector<std::unordered_map<uint32_t, StackBytes>> tag_stacks;
     auto group_slot = [&](uint32_t g) {
@@ -569,6 +569,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             case EventKind::step:
                 if (e.step != last_step) {
                     a.timeline.steps.push_back({e.step, e.seq, e.t_ns});
+                    a.step_starts.push_back({e.step, replay.totals(a.owner).live_bytes});
+                    groups_at_step = group_live;
                     ++a.steps;
                     last_step = e.step;
                 }
@@ -635,6 +637,10 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         }
     }
     if (n > 0) close_band(t.events.back());
+    for (size_t g = 0; g < groups_at_step.size(); ++g) {
+        if (groups_at_step[g] > 0)
+            a.groups_at_last_step.push_back({tables.groups[g], groups_at_step[g]});
+    }
 
     // Totals and peaks.
     for (const auto& [key, count] : odd_frees)

@@ -405,6 +405,56 @@ TEST_CASE(
     CHECK_FALSE(contains(text, "self-check: differs"));
 }
 
+TEST_CASE(
+    "a rank that leaks alone stands out against the other ranks' median, naming what it "
+    "holds extra; ranks of a healthy run do not") {
+    const std::string shape = " --backend sim --ranks 4 --layers 2 --steps 10 --warmup 1";
+    TempDir leak;
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + leak.dir.string() + " -- " +
+               env("HARNESS") + shape + " --recipe bf16 --inject leak-rank:2") == 0);
+    const FindingsFile findings = read_findings_file((leak / "findings.json").string());
+    std::vector<Finding> cross;
+    for (const Finding& f : findings.findings)
+        if (f.plugin == "cross-rank-imbalance") cross.push_back(f);
+    REQUIRE(cross.size() >= 1);
+    for (const Finding& f : cross)
+        CHECK(f.rank == 2);
+    const auto warning = std::find_if(cross.begin(), cross.end(), [](const Finding& f) {
+        return f.severity == Severity::warning;
+    });
+    REQUIRE(warning != cross.end());
+    CHECK(warning->layer == "layers.0");
+    CHECK(warning->count == 3);
+    // One activation-sized block a step (32 KiB at this shape), kept: 9 of
+    // them when step 9 began.
+    CHECK(warning->bytes == 9 * 32 * 1024);
+    CAPTURE(warning->summary);
+    CHECK(contains(warning->summary, "rank 2 holds "));
+    CHECK(contains(warning->summary,
+                   " live when step 9 began, 288 KiB more than the median of "
+                   "the 3 other rank(s) "));
+    CHECK(contains(warning->summary, "; the extra: layers.0 +288 KiB"));
+    // The report and check show it as the run does.
+    CHECK(contains(slurp(leak / "report.txt"), "cross-rank-imbalance"));
+    std::string out;
+    sh(env("E2E_CLI") + " check --fail-on warning " + leak.dir.string(), &out);
+    CHECK(contains(out, "cross-rank-imbalance"));
+    // Made anew from the traces, never twice.
+    CHECK(sh(env("E2E_CLI") + " report --format json " + leak.dir.string() + " -o " +
+             (leak / "r.json").string()) == 0);
+    const json::Value v = json::parse(slurp(leak / "r.json"));
+    size_t in_json = 0;
+    for (const json::Value& f : v.at("findings").at("findings").items)
+        in_json += f.at("plugin").text == "cross-rank-imbalance";
+    CHECK(in_json == cross.size());
+
+    TempDir healthy;
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + healthy.dir.string() + " -- " +
+               env("HARNESS") + shape + " --recipe bf16") == 0);
+    for (const Finding& f : read_findings_file((healthy / "findings.json").string()).findings)
+        CHECK_MESSAGE(f.plugin != "cross-rank-imbalance", f.summary);
+}
+
 TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
     TempDir t;
     const std::string evil = "<script>document.title='owned'</script><img src=x onerror=alert(1)>";

@@ -15,6 +15,7 @@
 #include "analysis.h"
 #include "args.h"
 #include "cli.h"
+#include "imbalance.h"
 #include "output_file.h"
 #include "progress.h"
 #include "report.h"
@@ -203,6 +204,20 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
                      [](const RankReport& a, const RankReport& b) {
                          return a.analysis.header.rank < b.analysis.header.rank;
                      });
+    // Cross-rank findings come from the ranks' analyses side by side: made
+    // anew when several ranks are read (a findings file's, from the run's
+    // end, stand for one rank read alone).
+    if (report.ranks.size() >= 2) {
+        std::vector<const TraceAnalysis*> analyses;
+        for (const RankReport& r : report.ranks)
+            analyses.push_back(&r.analysis);
+        std::erase_if(report.findings.findings,
+                      [](const Finding& f) { return f.plugin == kImbalancePlugin; });
+        for (Finding& f : imbalance_findings(analyses)) {
+            report.findings.findings.push_back(std::move(f));
+            report.findings_found = true;
+        }
+    }
     return report;
 }
 
