@@ -1288,6 +1288,14 @@ struct Fold {
     }
 };
 
+// Where the Python frames of a stack of r.stacks begin: its size when it
+// has none.
+size_t python_frames_from(const RankReport& r, uint32_t stack) {
+    const size_t size = r.stacks.at(stack).size();
+    auto py = r.python_from.find(stack);
+    return py == r.python_from.end() ? size : std::min(py->second, size);
+}
+
 // Frames [from, to) as they are: the first `cap`, then a count of the rest.
 void plain_frames(std::vector<std::string>& lines, const std::vector<std::string>& frames,
                   size_t from, size_t to, size_t cap, const char* what) {
@@ -1306,14 +1314,8 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     auto it = r.stacks.find(stack);
     if (it == r.stacks.end()) return lines;
     const std::vector<std::string>& frames = it->second;
-    auto py = r.python_from.find(stack);
-    const size_t first_python =
-        py == r.python_from.end() ? frames.size() : std::min(py->second, frames.size());
-    std::vector<FrameKind> kinds;
-    for (size_t f = 0; f < frames.size(); ++f) {
-        kinds.push_back(f < first_python ? native_frame_kind(frames[f])
-                                         : python_frame_kind(frames[f]));
-    }
+    const size_t first_python = python_frames_from(r, stack);
+    const std::vector<FrameKind> kinds = frame_kinds(frames, first_python);
     auto has_user = [&](size_t from, size_t to) {
         return std::find(kinds.begin() + long(from), kinds.begin() + long(to), FrameKind::user) !=
                kinds.begin() + long(to);
@@ -1344,11 +1346,9 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     };
     if (!user_native && !user_python) {
         // Nothing is the program's: fold what leads into the allocator, keep one frame.
-        size_t lead = 0;
-        while (lead + 1 < first_python && above_the_request(kinds[lead])) {
-            fold.add(kinds[lead]);
-            ++lead;
-        }
+        const size_t lead = program_start(kinds, first_python);
+        for (size_t f = 0; f < lead; ++f)
+            fold.add(kinds[f]);
         fold.flush(lines);
         plain_frames(lines, frames, lead, first_python, native, "native");
         plain_frames(lines, frames, first_python, frames.size(), python, "Python");
@@ -1362,6 +1362,14 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
         plain_frames(lines, frames, first_python, frames.size(), python, "Python");
     }
     return lines;
+}
+
+std::string stack_start(const RankReport& r, uint32_t stack) {
+    auto it = r.stacks.find(stack);
+    if (it == r.stacks.end() || it->second.empty()) return {};
+    const size_t first_python = python_frames_from(r, stack);
+    return printable(
+        it->second[program_start(frame_kinds(it->second, first_python), first_python)]);
 }
 
 }  // namespace allocscope

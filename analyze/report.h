@@ -43,6 +43,10 @@ struct RankReport {
 // its leading allocscope and allocator frames and shows at least one frame.
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
                                      size_t python);
+// The frame stack_lines starts at (frames.h, program_start): the program's
+// first, never allocscope's or the allocator's; the HTML labels a stack with
+// it. "" for a stack not in r.stacks.
+std::string stack_start(const RankReport& r, uint32_t stack);
 // Every frame of a stack, innermost first (the full text report's).
 std::vector<std::string> all_stack_lines(const RankReport& r, uint32_t stack);
 

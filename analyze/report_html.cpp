@@ -173,15 +173,16 @@ std::string rank_title(const TraceAnalysis& a) {
                               : "pid " + std::to_string(a.header.pid);
 }
 
-// A stack, folded: the script fills in its frames (from the data's interned
-// stacks) when it is opened.
+// A stack, folded, labelled by the frame its text starts at (the
+// program's, report.h stack_start): the script fills in its frames (from
+// the data's interned stacks) when it is opened.
 std::string frames_block(const RankReport& r, size_t rank_index, uint32_t stack) {
     if (stack == 0) return "<span class=muted>no stack captured</span>";
     auto it = r.stacks.find(stack);
     if (it == r.stacks.end() || it->second.empty())
         return "<span class=muted>stack " + u(stack) + "</span>";
     return "<details class=stack data-r=" + u(rank_index) + " data-s=" + u(stack) +
-           "><summary>stack " + u(stack) + ": " + h(it->second.front()) + "</summary></details>";
+           "><summary>stack " + u(stack) + ": " + h(stack_start(r, stack)) + "</summary></details>";
 }
 
 // Where the script draws a rank's timeline (stacked areas per layer group,

@@ -1,10 +1,11 @@
 // The text report's lines (analyze/report.h): whose code a frame is
 // (core/frames.h), the stacks the concise report prints from the
 // program's code, all frames under --full, and findings of several ranks
-// shown once.
+// shown once; the HTML report's stack labels, which agree with the text.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -283,6 +284,69 @@ TEST_CASE("a stack with none of the program's frames shows its first frame past 
     const std::vector<std::string> want = {"... 2 allocator frames", kTorchNative[3]};
     CHECK(lines == want);
     CHECK(stack_lines(r, 8, 2, 4).empty());  // an unknown stack id
+}
+
+namespace {
+
+// The stacks above, as one rank's: 7 the sim harness's, 8 PyTorch's with
+// Python frames, 9 one with none of the program's frames, 10 the program's
+// C++ inside a PyTorch stack.
+RankReport every_kind_of_stack() {
+    RankReport r = with_stack(kHarnessStack, 0);
+    r.stacks[8] = torch_stack();
+    r.python_from[8] = kTorchNative.size();
+    r.stacks[9] = {kTorchNative[0], kTorchNative[1], kTorchNative[3]};
+    r.stacks[10] = {kTorchNative[0], kTorchNative[1],
+                    "transformer_engine::pytorch::cast_to_fp8(at::Tensor const&)",
+                    kTorchNative[14]};
+    r.stacks[10].insert(r.stacks[10].end(), kTorchPython.begin(), kTorchPython.end());
+    r.python_from[10] = 4;
+    return r;
+}
+
+// The frame each of them starts at.
+const std::map<uint32_t, std::string> kStackStarts = {
+    {7, kHarnessStack[1]},
+    {8, "Block.forward (/home/me/train.py:41)"},
+    {9, kTorchNative[3]},
+    {10, "transformer_engine::pytorch::cast_to_fp8(at::Tensor const&)"},
+};
+
+}  // namespace
+
+TEST_CASE("a stack starts at the frame its text lines show first, never the allocator's") {
+    const RankReport r = every_kind_of_stack();
+    for (const auto& [id, frame] : kStackStarts) {
+        CAPTURE(id);
+        CHECK(stack_start(r, id) == frame);
+        const std::vector<std::string> lines = stack_lines(r, id, 4, 4);
+        const auto shown = std::find_if(lines.begin(), lines.end(), [](const std::string& line) {
+            return !line.starts_with("... ");
+        });
+        REQUIRE(shown != lines.end());
+        CHECK(*shown == frame);
+    }
+    CHECK(stack_start(r, 11).empty());  // an unknown stack id
+}
+
+TEST_CASE("the HTML labels each stack with the frame its text starts at, the program's") {
+    Report report;
+    report.ranks.push_back(every_kind_of_stack());
+    report.ranks[0].analysis.header.rank = 0;
+    report.findings_found = true;
+    for (const auto& [id, frame] : kStackStarts) {
+        Finding f = finding(0, Severity::error, "copies #" + std::to_string(id), 1536);
+        f.evidence[0].stack_id = id;
+        report.findings.findings.push_back(f);
+    }
+    const std::string html = render_html(report);
+    for (const auto& [id, frame] : kStackStarts) {
+        CAPTURE(id);
+        CHECK(count(html, "<summary>stack " + std::to_string(id) + ": " + html_escape(frame) +
+                              "</summary>") == 1);
+    }
+    CHECK(count(html, "<summary>stack 7: allocscope::harness::alloc::") == 0);
+    CHECK(count(html, "<summary>stack 8: std::_Function_handler") == 0);
 }
 
 TEST_CASE("findings two ranks share are one group, shown once as ranks 0–1") {
