@@ -162,6 +162,13 @@ std::string h(std::string_view s) {
     return html_escape(s);
 }
 
+// A row about a layer: a click on its layer cell (tag_cell) selects the
+// row's layer group, the group marks the row.
+std::string layer_row(const std::string& layer) {
+    return "<tr data-g=\"" + h(layer_group(layer)) + "\">";
+}
+
+// A layer and phase as two cells of a layer_row.
 std::string tag_cell(const std::string& layer, const std::string& phase) {
     return "<td class=pick>" +
            (layer.empty() ? std::string("<span class=muted>(untagged)</span>") : h(layer)) +
@@ -241,8 +248,8 @@ std::string heat_map(const TraceAnalysis& a, size_t rank_index) {
         out += "<th>" + h(p) + "</th>";
     out += "</tr>";
     for (size_t i = 0; i < rows.size() && i < limit; ++i) {
-        out += "<tr data-g=\"" + h(layer_group(rows[i] == "(untagged)" ? "" : rows[i])) +
-               "\"><td class=pick>" + h(rows[i]) + "</td>";
+        out += layer_row(rows[i] == "(untagged)" ? "" : rows[i]) + "<td class=pick>" + h(rows[i]) +
+               "</td>";
         for (const std::string& p : phases) {
             auto it = cells[rows[i]].find(p);
             if (it == cells[rows[i]].end()) {
@@ -273,12 +280,11 @@ std::string tag_table(const std::vector<TagStats>& tags, size_t limit) {
     for (const TagStats& t : tags) {
         if (t.allocations == 0 && t.at_peak == 0) continue;
         if (shown++ == limit) break;
-        out += "<tr data-g=\"" + h(layer_group(t.layer)) + "\">" + tag_cell(t.layer, t.phase) +
-               "<td class=n>" + h(human_bytes(t.allocated_bytes)) + "</td><td class=n>" +
-               u(t.allocations) + "</td><td class=n>" +
-               (t.retained_max ? h(human_bytes(t.retained_max)) : "-") + "</td><td class=n>" +
-               (t.at_peak ? h(human_bytes(t.at_peak)) : "-") + "</td><td class=n>" +
-               (t.at_exit ? h(human_bytes(t.at_exit)) : "-") + "</td></tr>";
+        out += layer_row(t.layer) + tag_cell(t.layer, t.phase) + "<td class=n>" +
+               h(human_bytes(t.allocated_bytes)) + "</td><td class=n>" + u(t.allocations) +
+               "</td><td class=n>" + (t.retained_max ? h(human_bytes(t.retained_max)) : "-") +
+               "</td><td class=n>" + (t.at_peak ? h(human_bytes(t.at_peak)) : "-") +
+               "</td><td class=n>" + (t.at_exit ? h(human_bytes(t.at_exit)) : "-") + "</td></tr>";
     }
     return out + "</table>";
 }
@@ -290,10 +296,10 @@ std::string sites_table(const RankReport& r, size_t rank_index, const std::vecto
         "<th>mostly</th><th></th><th>stack</th></tr>";
     for (size_t k = 0; k < sites.size(); ++k) {
         const Site& s = sites[k];
-        out += "<tr data-g=\"" + h(layer_group(s.layer)) + "\"><td class=n>" + u(k + 1) +
-               "</td><td class=n>" + h(human_bytes(s.bytes)) + "</td><td class=n>" + u(s.count) +
-               "</td>" + tag_cell(s.layer, s.phase) + "<td>" +
-               frames_block(r, rank_index, s.stack) + "</td></tr>";
+        out += layer_row(s.layer) + "<td class=n>" + u(k + 1) + "</td><td class=n>" +
+               h(human_bytes(s.bytes)) + "</td><td class=n>" + u(s.count) + "</td>" +
+               tag_cell(s.layer, s.phase) + "<td>" + frames_block(r, rank_index, s.stack) +
+               "</td></tr>";
     }
     return out + "</table>";
 }
@@ -311,10 +317,11 @@ std::string finding_details(const Report& report, const Finding& f) {
         "<table><tr><th>size</th><th>layer</th><th>phase</th><th>step</th>"
         "<th>alloc seq</th><th>freed at</th><th>stack</th></tr>";
     for (const Evidence& e : f.evidence) {
-        out += "<tr><td class=n>" + h(human_bytes(e.size)) + "</td>" + tag_cell(e.layer, e.phase) +
-               "<td class=n>" + u(e.step) + "</td><td class=n>" + u(e.alloc_seq) +
-               "</td><td class=n>" + (e.free_seq ? u(e.free_seq) : std::string("alive")) +
-               "</td><td>" + (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
+        out += layer_row(e.layer) + "<td class=n>" + h(human_bytes(e.size)) + "</td>" +
+               tag_cell(e.layer, e.phase) + "<td class=n>" + u(e.step) + "</td><td class=n>" +
+               u(e.alloc_seq) + "</td><td class=n>" +
+               (e.free_seq ? u(e.free_seq) : std::string("alive")) + "</td><td>" +
+               (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
                (ri >= 0 ? frames_block(report.ranks[size_t(ri)], size_t(ri), e.stack_id)
                         : "stack " + u(e.stack_id)) +
                "</td></tr>";
@@ -374,8 +381,8 @@ std::string oom_panel(const Report& report) {
                 for (const OomShare& s : shares) {
                     const Finding& f = *s.finding;
                     if (f.severity == Severity::info && infos++ >= 5) continue;
-                    out += "<tr><td><span class=sev-" + h(to_string(f.severity)) + ">" +
-                           h(to_string(f.severity)) + "</span> " + h(f.plugin) + "</td>" +
+                    out += layer_row(f.layer) + "<td><span class=sev-" + h(to_string(f.severity)) +
+                           ">" + h(to_string(f.severity)) + "</span> " + h(f.plugin) + "</td>" +
                            tag_cell(f.layer, f.phase) + "<td class=n>" + h(human_bytes(s.bytes)) +
                            " of " + h(human_bytes(m.allocated)) + "</td><td class=n>" + u(s.count) +
                            "</td></tr>";
@@ -384,7 +391,7 @@ std::string oom_panel(const Report& report) {
             }
             out += "<table><tr><th>layer</th><th>phase</th><th>live</th><th>allocations</th></tr>";
             for (const TagLive& t2 : m.by_tag) {
-                out += "<tr>" + tag_cell(t2.layer, t2.phase) + "<td class=n>" +
+                out += layer_row(t2.layer) + tag_cell(t2.layer, t2.phase) + "<td class=n>" +
                        h(human_bytes(t2.bytes)) + "</td><td class=n>" + u(t2.count) + "</td></tr>";
             }
             out += "</table><h3>Live at that moment by site</h3>" + sites_table(r, ri, m.sites) +
