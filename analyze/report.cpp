@@ -515,6 +515,15 @@ std::string distinct_findings_text(const FindingsFile& file, const std::string& 
     return out;
 }
 
+std::string findings_count_line(const FindingsFile& file) {
+    std::vector<int32_t> ranks;
+    for (const Finding& f : file.findings) {
+        if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
+    }
+    return distinct_findings_text(file, ranks.empty() ? "" : " on " + ranks_text(ranks)) +
+           "; what several ranks found alike is one finding, shown once";
+}
+
 std::string provenance_steps_line(const FindingsFile& file) {
     constexpr std::string_view kIn = "on in steps ";
     // The texts of the streams whose provenance paused, each once, with
@@ -605,27 +614,39 @@ std::string ranks_text(std::vector<int32_t> ranks) {
     return text;
 }
 
-std::vector<std::string> group_lines(const FindingGroup& group) {
-    std::vector<std::string> lines;
-    if (group.members.empty()) return lines;
-    const Finding& first = *group.members[0];
+std::string group_ranks(const FindingGroup& group) {
+    const Finding& first = *group.members.at(0);
+    // A process without a rank is named by its pid (it is never merged).
+    if (group.members.size() == 1 && first.rank < 0) return process_label(first.rank, first.pid);
     std::vector<int32_t> ranks;
     for (const Finding* f : group.members)
         ranks.push_back(f->rank);
-    // A process without a rank is named by its pid (it is never merged).
-    lines.push_back(summary_line(first, group.members.size() == 1 && first.rank < 0
-                                            ? process_label(first.rank, first.pid)
-                                            : ranks_text(ranks)));
+    return ranks_text(ranks);
+}
+
+std::vector<std::string> group_differences(const FindingGroup& group) {
+    std::vector<std::string> lines;
+    if (group.members.empty()) return lines;
+    const Finding& first = *group.members[0];
     for (size_t k = 1; k < group.members.size(); ++k) {
         const Finding& f = *group.members[k];
         const std::string who = ranks_text({f.rank});
         if (f.bytes != first.bytes || f.count != first.count || f.summary != first.summary) {
-            lines.push_back("  " + who + ": " + human_bytes(f.bytes) + "  " + printable(f.summary));
+            lines.push_back(who + ": " + human_bytes(f.bytes) + "  " + printable(f.summary));
         } else if (!same_evidence(f, first)) {
-            lines.push_back("  " + who + ": evidence " + evidence_digest(f) + " (" +
+            lines.push_back(who + ": evidence " + evidence_digest(f) + " (" +
                             ranks_text({first.rank}) + ": " + evidence_digest(first) + ")");
         }
     }
+    return lines;
+}
+
+std::vector<std::string> group_lines(const FindingGroup& group) {
+    std::vector<std::string> lines;
+    if (group.members.empty()) return lines;
+    lines.push_back(summary_line(*group.members[0], group_ranks(group)));
+    for (const std::string& line : group_differences(group))
+        lines.push_back("  " + line);
     return lines;
 }
 
@@ -847,16 +868,10 @@ void concise_findings(std::string& out, const Report& report) {
         out += "none recorded (no findings file next to the traces)\n";
         return;
     }
-    const std::vector<Finding>& all = report.findings.findings;
-    size_t by[3] = {0, 0, 0};
-    std::vector<int32_t> ranks;
-    for (const Finding& f : all) {
-        ++by[static_cast<int>(f.severity)];
-        if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
-    }
-    out +=
-        distinct_findings_text(report.findings, ranks.empty() ? "" : " on " + ranks_text(ranks)) +
-        "; what several ranks found alike is one finding, shown once\n";
+    size_t infos_in_all = 0;
+    for (const Finding& f : report.findings.findings)
+        infos_in_all += f.severity == Severity::info;
+    out += findings_count_line(report.findings) + "\n";
     if (const std::string line = unproven_weights_line(report.findings); !line.empty())
         out += "  " + line + "\n";
     if (const std::string line = provenance_steps_line(report.findings); !line.empty())
@@ -929,8 +944,8 @@ void concise_findings(std::string& out, const Report& report) {
     std::string plugins;
     for (const auto& [plugin, n] : infos_by_plugin)
         plugins += (plugins.empty() ? "" : ", ") + printable(plugin) + " " + u(n);
-    out += "  info: " + u(by[0]) + " finding(s), " + u(infos.size()) + " distinct: " + plugins +
-           "; the largest:\n";
+    out += "  info: " + u(infos_in_all) + " finding(s), " + u(infos.size()) +
+           " distinct: " + plugins + "; the largest:\n";
     std::stable_sort(infos.begin(), infos.end(), [](const FindingGroup* a, const FindingGroup* b) {
         return a->members[0]->bytes > b->members[0]->bytes;
     });

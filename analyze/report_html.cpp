@@ -30,6 +30,7 @@ details{margin:2px 0} summary{cursor:pointer} pre{margin:4px 0 8px 16px;font-siz
 .legend span{display:inline-block;margin:2px 10px 2px 0;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:-1px}
 .heat td.c{text-align:right;font-size:12px;min-width:70px} svg{max-width:100%;height:auto}
 .oom{border-left:4px solid #b3261e;padding:2px 12px;margin:8px 0;background:#fdf3f2}
+.differs{display:block;margin-left:2em;color:#66707a}
 .pick{cursor:pointer} .dim{opacity:.25} tr.sel td{background:#fff1b8} .legend span.sel{font-weight:700;outline:1px solid #1d2329}
 polygon.sel{stroke:#1d2329;stroke-width:1} .fwd-legend span{margin-right:14px;font-size:12px}
 .tip{position:fixed;display:none;z-index:10;max-width:720px;background:#3a2257;color:#fff;font-size:12px;line-height:1.35;padding:6px 9px;border-radius:4px;pointer-events:none}
@@ -304,58 +305,70 @@ std::string sites_table(const RankReport& r, size_t rank_index, const std::vecto
     return out + "</table>";
 }
 
-std::string finding_details(const Report& report, const Finding& f) {
+// A finding as one or several ranks made it (collapse_findings): the line
+// naming its ranks, a line for each rank whose finding differs, and each
+// rank's evidence, expandable.
+std::string finding_details(const Report& report, const FindingGroup& g) {
+    const Finding& f = *g.members[0];
     const std::string sev(to_string(f.severity));
     std::string out = "<details class=finding><summary><span class=\"sev-" + sev + "\">" + h(sev) +
-                      "</span> <b>" + h(f.plugin) + "</b> " + process_label(f.rank, f.pid) + " " +
+                      "</span> <b>" + h(f.plugin) + "</b> " + h(group_ranks(g)) + " " +
                       h(f.layer.empty() ? "-" : f.layer) + " " + h(f.phase) + " &mdash; " +
                       h(human_bytes(f.bytes)) + ": " + h(f.summary) +
-                      (f.basis.empty() ? std::string() : " <i>(" + h(f.basis) + ")</i>") +
-                      "</summary>";
-    const int ri = rank_index(report, f.rank);
-    out +=
-        "<table><tr><th>size</th><th>layer</th><th>phase</th><th>step</th>"
-        "<th>alloc seq</th><th>freed at</th><th>stack</th></tr>";
-    for (const Evidence& e : f.evidence) {
-        out += layer_row(e.layer) + "<td class=n>" + h(human_bytes(e.size)) + "</td>" +
-               tag_cell(e.layer, e.phase) + "<td class=n>" + u(e.step) + "</td><td class=n>" +
-               u(e.alloc_seq) + "</td><td class=n>" +
-               (e.free_seq ? u(e.free_seq) : std::string("alive")) + "</td><td>" +
-               (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
-               (ri >= 0 ? frames_block(report.ranks[size_t(ri)], size_t(ri), e.stack_id)
-                        : "stack " + u(e.stack_id)) +
-               "</td></tr>";
+                      (f.basis.empty() ? std::string() : " <i>(" + h(f.basis) + ")</i>");
+    for (const std::string& line : group_differences(g))
+        out += "<span class=differs>" + h(line) + "</span>";
+    out += "</summary>";
+    const bool several = g.members.size() > 1;
+    out += std::string("<table><tr>") + (several ? "<th>rank</th>" : "") +
+           "<th>size</th><th>layer</th><th>phase</th><th>step</th>"
+           "<th>alloc seq</th><th>freed at</th><th>stack</th></tr>";
+    for (const Finding* m : g.members) {
+        const int ri = rank_index(report, m->rank);
+        for (const Evidence& e : m->evidence) {
+            out += layer_row(e.layer) +
+                   (several ? "<td class=n>" + std::to_string(m->rank) + "</td>" : "") +
+                   "<td class=n>" + h(human_bytes(e.size)) + "</td>" + tag_cell(e.layer, e.phase) +
+                   "<td class=n>" + u(e.step) + "</td><td class=n>" + u(e.alloc_seq) +
+                   "</td><td class=n>" + (e.free_seq ? u(e.free_seq) : std::string("alive")) +
+                   "</td><td>" + (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
+                   (ri >= 0 ? frames_block(report.ranks[size_t(ri)], size_t(ri), e.stack_id)
+                            : "stack " + u(e.stack_id)) +
+                   "</td></tr>";
+        }
     }
     return out + "</table></details>";
 }
 
-// Problems (errors, then warnings) first, each expandable to its evidence;
-// info findings (reports such as peak-owner's) folded under one line.
+// The findings merged over ranks as the text report merges them, counted
+// as it counts them: problems (errors, then warnings) first, each
+// expandable to its evidence; info findings (reports such as peak-owner's)
+// folded under one line.
 std::string findings_panel(const Report& report) {
     if (!report.findings_found)
         return "<p class=muted>No findings file next to the traces (run with plugins, or "
                "<code>allocscope replay</code>).</p>";
-    const auto& all = report.findings.findings;
-    size_t errors = 0, warnings = 0, infos = 0;
-    for (const Finding& f : all) {
-        errors += f.severity == Severity::error;
-        warnings += f.severity == Severity::warning;
-        infos += f.severity == Severity::info;
+    std::string out = "<p>" + h(findings_count_line(report.findings)) + "</p>";
+    for (const std::string& line :
+         {unproven_weights_line(report.findings), provenance_steps_line(report.findings)}) {
+        if (!line.empty()) out += "<div class=note>" + h(line) + "</div>";
     }
-    std::string out = "<p>" + std::string(errors ? "<span class=sev-error>" : "<span>") +
-                      u(errors) + " error(s)</span>, " +
-                      (warnings ? "<span class=sev-warning>" : "<span>") + u(warnings) +
-                      " warning(s)</span>, " + u(infos) + " info.</p><div class=findings>";
+    const std::vector<FindingGroup> groups = collapse_findings(report.findings);
+    out += "<div class=findings>";
     for (Severity level : {Severity::error, Severity::warning}) {
-        for (const Finding& f : all) {
-            if (f.severity == level) out += finding_details(report, f);
+        for (const FindingGroup& g : groups) {
+            if (g.members[0]->severity == level) out += finding_details(report, g);
         }
     }
+    const size_t infos =
+        size_t(std::count_if(groups.begin(), groups.end(), [](const FindingGroup& g) {
+            return g.members[0]->severity == Severity::info;
+        }));
     if (infos > 0) {
         out += "<details class=infos><summary>" + u(infos) +
                " info finding(s): who owns memory at the peak and other reports</summary>";
-        for (const Finding& f : all) {
-            if (f.severity == Severity::info) out += finding_details(report, f);
+        for (const FindingGroup& g : groups) {
+            if (g.members[0]->severity == Severity::info) out += finding_details(report, g);
         }
         out += "</details>";
     }
@@ -680,9 +693,7 @@ std::string render_html(const Report& report) {
         "<title>allocscope report</title><style>";
     out += kStyle;
     out += "</style></head><body>\n<h1>allocscope report</h1><p class=muted>" +
-           u(report.ranks.size()) + " trace(s)";
-    if (report.findings_found) out += ", " + u(report.findings.findings.size()) + " finding(s)";
-    out += "</p>\n";
+           u(report.ranks.size()) + " trace(s)</p>\n";
     for (const std::string& note : report.notes)
         out += "<div class=note>" + h(note) + "</div>";
 

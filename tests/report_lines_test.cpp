@@ -1,7 +1,8 @@
 // The text report's lines (analyze/report.h): whose code a frame is
 // (core/frames.h), the stacks the concise report prints from the
 // program's code, all frames under --full, and findings of several ranks
-// shown once; the HTML report's stack labels, which agree with the text.
+// shown once; the HTML report's stack labels and findings, which agree with
+// the text.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -413,7 +414,10 @@ TEST_CASE("rank lists read as ranges") {
     CHECK(ranks_text({-1}) == "no rank");
 }
 
-TEST_CASE("the concise text shows a finding of two ranks once, --full once per rank") {
+namespace {
+
+// Two ranks that found the same: one error, five infos each.
+Report two_ranks_alike() {
     Report report;
     for (int32_t rank : {0, 1}) {
         RankReport r;
@@ -431,6 +435,21 @@ TEST_CASE("the concise text shows a finding of two ranks once, --full once per r
             report.findings.findings.push_back(f);
         }
     }
+    return report;
+}
+
+// Text between `from` and the next `to` after it, "" when absent.
+std::string between(const std::string& text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    if (at == std::string::npos) return {};
+    const size_t begin = at + from.size();
+    return text.substr(begin, text.find(to, begin) - begin);
+}
+
+}  // namespace
+
+TEST_CASE("the concise text shows a finding of two ranks once, --full once per rank") {
+    const Report report = two_ranks_alike();
     const std::string concise = render_text(report);
     CHECK(count(concise, "weight-copy-accumulation") == 1);
     CHECK(count(concise, "ranks 0–1  layers.0/forward  1.50 KiB  copies (step 5)") == 1);
@@ -445,6 +464,45 @@ TEST_CASE("the concise text shows a finding of two ranks once, --full once per r
     CHECK(count(full, "weight-copy-accumulation  rank 0") == 1);
     CHECK(count(full, "weight-copy-accumulation  rank 1") == 1);
     CHECK(count(full, "info    peak-owner") == 10);
+}
+
+TEST_CASE("the HTML shows a finding of two ranks once, naming both, and counts as the text") {
+    const Report report = two_ranks_alike();
+    const std::string html = render_html(report);
+    // One row per finding the text counts: the error and the five infos.
+    CHECK(count(html, "<details class=finding>") == 6);
+    CHECK(count(html, "</b> ranks 0–1 layers.0 forward &mdash; ") == 6);
+    CHECK(count(html, "</b> rank 0 ") == 0);
+    CHECK(count(html, "</b> rank 1 ") == 0);
+    CHECK(count(html, "<details class=infos><summary>5 info finding(s)") == 1);
+    // The text's count line, word for word.
+    const std::string counted = between(render_text(report), "\nfindings: ", "\n");
+    REQUIRE_FALSE(counted.empty());
+    CHECK(count(html, "<p>" + html_escape(counted) + "</p>") == 1);
+    // Each rank's evidence is there, marked with its rank.
+    CHECK(count(html, "<th>rank</th>") == 6);
+    CHECK(count(html, "<td class=n>0</td><td class=n>1.50 KiB</td>") == 1);
+    CHECK(count(html, "<td class=n>1</td><td class=n>1.50 KiB</td>") == 1);
+}
+
+TEST_CASE("in the HTML a rank whose finding differs gets its own line under the shared one") {
+    Report report;
+    report.findings_found = true;
+    report.findings.findings.push_back(
+        finding(0, Severity::error, "copies outlive forward (step 5)", 1536));
+    report.findings.findings.push_back(
+        finding(1, Severity::error, "copies outlive forward (step 4)", 2048));
+    Finding other = finding(1, Severity::error, "copies outlive forward (step 5)", 1536);
+    other.plugin = "transpose-cache-retention";  // another detector: never grouped
+    report.findings.findings.push_back(other);
+    const std::string html = render_html(report);
+    CHECK(count(html, "<details class=finding>") == collapse_findings(report.findings).size());
+    CHECK(count(html, "<details class=finding>") == 2);
+    CHECK(count(html, "<b>weight-copy-accumulation</b> ranks 0–1 ") == 1);
+    CHECK(count(html,
+                "<span class=differs>rank 1: 2.00 KiB  copies outlive forward (step "
+                "4)</span></summary>") == 1);
+    CHECK(count(html, "<b>transpose-cache-retention</b> rank 1 ") == 1);
 }
 
 TEST_CASE("every detector's problems show a stack, however many another detector has") {
