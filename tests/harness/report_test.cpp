@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "analysis.h"
@@ -38,6 +40,18 @@ const char* const kShape = " --ranks 2 --layers 2 --steps 3 --warmup 1";
 void run_harness(const fs::path& dir, const std::string& args) {
     REQUIRE(sh(env("E2E_CLI") + " run --force --out " + dir.string() + " -- " + env("HARNESS") +
                " --backend sim" + kShape + " " + args) == 0);
+}
+
+// The layer cells of an HTML report (styled as clickable, class=pick) whose
+// row names no layer group for the script to select (no data-g).
+size_t layer_cells_selecting_nothing(const std::string& html) {
+    size_t n = 0;
+    for (size_t at = html.find("<td class=pick>"); at != std::string::npos;
+         at = html.find("<td class=pick>", at + 1)) {
+        const size_t row = html.rfind("<tr", at);
+        n += row == std::string::npos || html.compare(row, 12, "<tr data-g=\"") != 0;
+    }
+    return n;
 }
 
 }  // namespace
@@ -70,7 +84,10 @@ TEST_CASE(
         const size_t section = text.find("== out of memory ==");
         REQUIRE(section != std::string::npos);
         CHECK(section < text.find("== run =="));
-        CHECK(contains(slurp(t / "report.html"), "<h2 id=oom>Out of memory</h2>"));
+        const std::string html = slurp(t / "report.html");
+        CHECK(contains(html, "<h2 id=oom>Out of memory</h2>"));
+        // The moment's rows of findings and layers select their layer.
+        CHECK(layer_cells_selecting_nothing(html) == 0);
 
         size_t moments = 0;
         std::vector<uint64_t> live_at_moment;
@@ -174,7 +191,83 @@ std::string first_shown_frame(const std::vector<std::string>& lines, size_t at,
     return {};
 }
 
+// How often `part` occurs in `text`.
+size_t occurrences(const std::string& text, const std::string& part) {
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1))
+        ++n;
+    return n;
+}
+
+// HTML element text as it reads: html_escape's five escapes undone.
+std::string unescaped(std::string text) {
+    for (const auto& [from, to] :
+         {std::pair{"&lt;", "<"}, std::pair{"&gt;", ">"}, std::pair{"&quot;", "\""},
+          std::pair{"&#39;", "'"}, std::pair{"&amp;", "&"}}) {
+        for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + 1))
+            text.replace(at, std::string_view(from).size(), to);
+    }
+    return text;
+}
+
 }  // namespace
+
+TEST_CASE(
+    "the HTML report of a 2-rank run agrees with the text: a row per finding it counts, stacks "
+    "labelled by the program's frame, every layer cell selecting its layer") {
+    TempDir t;
+    run_harness(t.dir, "--recipe delayed --te seed");
+    const std::string text = slurp(t / "report.txt");
+    const std::string html = slurp(t / "report.html");
+    // The text's count of findings is the HTML's, word for word, and the
+    // HTML has a row for each finding counted: what both ranks found alike
+    // once, naming them.
+    const std::string opening = "\nfindings: ";
+    const size_t at = text.find(opening);
+    REQUIRE(at != std::string::npos);
+    const size_t from = at + opening.size();
+    const std::string counted = text.substr(from, text.find('\n', from) - from);
+    CAPTURE(counted);
+    CHECK(contains(html, "<p>" + html_escape(counted) + "</p>"));
+    std::istringstream words(counted);
+    size_t errors = 0, warnings = 0, infos = 0;
+    std::string word;
+    words >> errors >> word >> warnings >> word >> infos;
+    const FindingsFile findings = read_findings_file((t / "findings.json").string());
+    const size_t rows = occurrences(html, "<details class=finding>");
+    MESSAGE("findings over both ranks " << findings.findings.size() << "; the text counts "
+                                        << errors + warnings + infos << "; the HTML's rows "
+                                        << rows);
+    REQUIRE(errors > 0);
+    CHECK(errors + warnings + infos < findings.findings.size());
+    CHECK(rows == errors + warnings + infos);
+    size_t of_both = 0;
+    for (const FindingGroup& g : collapse_findings(findings))
+        of_both += g.members.size() == 2;
+    CHECK(of_both > 0);
+    CHECK(occurrences(html, "</b> ranks 0–1 ") == of_both);
+    // Every stack is labelled by the program's frame, the one the text's
+    // stacks start at, never the harness's caching allocator's.
+    size_t labels = 0;
+    std::vector<std::string> others;
+    const std::string label = "<summary>stack ";
+    for (size_t p = html.find(label); p != std::string::npos; p = html.find(label, p + 1)) {
+        const size_t begin = html.find(": ", p) + 2;
+        const std::string frame = unescaped(html.substr(begin, html.find("</summary>", p) - begin));
+        if (native_frame_kind(frame) != FrameKind::user ||
+            !frame.starts_with("allocscope::harness::trainer::"))
+            others.push_back(frame);
+        ++labels;
+    }
+    MESSAGE("stack labels: " << labels << ", of them not the program's frame: " << others.size());
+    INFO("the first labelled otherwise: " << (others.empty() ? "" : others[0]));
+    CHECK(others.empty());
+    CHECK(labels >= rows);  // each finding has evidence with a stack
+    // Every layer styled as clickable is in a row that names its layer
+    // group: the tables', the heat map's and the findings' evidence.
+    CHECK(occurrences(html, "<td class=pick>") > rows);
+    CHECK(layer_cells_selecting_nothing(html) == 0);
+}
 
 TEST_CASE(
     "the concise report of a 6-step 2-rank run: at most 200 lines, each finding once with "
