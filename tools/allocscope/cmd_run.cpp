@@ -99,7 +99,7 @@ options:
                      transpose, a scale) is declared, so that the weight
                      detectors report proven copies, not size matches;
                      without it they can only match sizes, never an error,
-                     and the summary says which layers matched (README.md,
+                     and the summary says which layers matched (docs/USAGE.md,
                      "PyTorch, unchanged"). --provenance sets
                      ALLOCSCOPE_PROVENANCE=1 (the default)
   --provenance-steps SPEC
