@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 namespace allocscope {
 
@@ -254,13 +255,14 @@ Trace load_trace(const std::string& path) {
     TraceRecord r;
     // A corrupt record (a flipped byte, a torn write) ends the trace there,
     // as a cut does: what came before it is kept, and truncation_message
-    // says where and what.
+    // says where and what. Before any event there is nothing to keep: the
+    // trace is unreadable, and the error is thrown.
+    std::optional<TraceError> corrupt;
     auto next = [&]() {
         try {
             return reader.next(r);
         } catch (const TraceError& e) {
-            trace.corrupt = true;
-            trace.truncation_message = e.what();
+            corrupt = e;
             return false;
         }
     };
@@ -287,6 +289,11 @@ Trace load_trace(const std::string& path) {
                 trace.footer = r.footer;
                 break;
         }
+    }
+    if (corrupt) {
+        if (trace.events.empty()) throw *corrupt;
+        trace.corrupt = true;
+        trace.truncation_message = corrupt->what();
     }
     trace.truncated = trace.corrupt || reader.truncated();
     if (!trace.corrupt) trace.truncation_message = reader.truncation_message();

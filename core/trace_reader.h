@@ -105,8 +105,9 @@ struct Trace {
     const std::string& str(uint32_t id) const { return strings.at(id); }
 };
 
-// Throws TraceError when the file or its header cannot be read; a corrupt
-// record after the header ends the trace there (truncated and corrupt set).
+// Throws TraceError when the file or its header cannot be read, or its
+// first event cannot; a later corrupt record ends the trace there
+// (truncated and corrupt set, the events before it kept).
 Trace load_trace(const std::string& path);
 
 // Whether the file at `path` ends in a footer record whose checksum holds:
