@@ -746,16 +746,25 @@ void text_oom_section(std::string& out, const Report& report, TextDetail detail)
 }
 
 // Every rank's sections, every finding with its first evidence and every frame.
+std::string hosts_text(const std::vector<const TraceAnalysis*>& traces);
+
 std::string full_text(const Report& report) {
     std::string out = "allocscope report: " + std::to_string(report.ranks.size()) + " trace(s)\n";
+    {
+        std::vector<const TraceAnalysis*> traces;
+        for (const RankReport& r : report.ranks)
+            traces.push_back(&r.analysis);
+        if (const std::string hosts = hosts_text(traces); !hosts.empty()) out += hosts + "\n";
+    }
     for (const std::string& note : report.notes)
         out += "note: " + printable(note) + "\n";
     text_oom_section(out, report, TextDetail::full);
     for (const RankReport& r : report.ranks) {
         const TraceAnalysis& a = r.analysis;
         out += "\n== " + rank_name(a) + ": " + printable(a.path) + " (pid " +
-               std::to_string(a.header.pid) + ", allocscope " + printable(a.header.tool_version) +
-               ") ==\n";
+               std::to_string(a.header.pid) +
+               (a.header.host.empty() ? "" : ", host " + printable(a.header.host)) +
+               ", allocscope " + printable(a.header.tool_version) + ") ==\n";
         if (a.truncated)
             out += "warning: " + printable(a.truncation_message) + "; reporting what precedes it\n";
         out += std::to_string(a.events) + " events over " + seconds(a.span_ns) + ", " +
@@ -854,6 +863,47 @@ std::string traces_text(const std::vector<const TraceAnalysis*>& traces) {
         names += (names.empty() ? "" : ", ") + rank_name(*a);
     }
     return rankless ? names : ranks_text(ranks);
+}
+
+// "hosts: 2 (a: ranks 0–3; b: ranks 4–7)" where the traces come from
+// several machines (their host records), else "". Many hosts are summed up:
+// the first two, the last, and how many ranks each has where all have as many.
+std::string hosts_text(const std::vector<const TraceAnalysis*>& traces) {
+    std::map<std::string, std::vector<const TraceAnalysis*>> by_host;
+    for (const TraceAnalysis* a : traces)
+        by_host[a->header.host].push_back(a);
+    if (by_host.size() < 2) return {};
+    std::vector<std::pair<std::string, std::string>> rows;  // host, its ranks
+    std::set<size_t> sizes;
+    for (const auto& [host, members] : by_host) {
+        rows.push_back(
+            {host.empty() ? "(no host recorded)" : printable(host), traces_text(members)});
+        sizes.insert(members.size());
+    }
+    // Hosts in the order of their first rank.
+    std::vector<size_t> order(rows.size());
+    std::vector<int32_t> first;
+    for (const auto& [host, members] : by_host) {
+        int32_t low = INT32_MAX;
+        for (const TraceAnalysis* a : members)
+            low = std::min(low, a->header.rank < 0 ? INT32_MAX : a->header.rank);
+        first.push_back(low);
+    }
+    for (size_t i = 0; i < order.size(); ++i)
+        order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&first](size_t x, size_t y) { return first[x] < first[y]; });
+    std::string out = "hosts: " + u(rows.size());
+    if (sizes.size() == 1 && *sizes.begin() > 1) out += ", " + u(*sizes.begin()) + " traces each";
+    auto row = [&rows](size_t i) { return rows[i].first + ": " + rows[i].second; };
+    out += " (";
+    if (order.size() <= 4) {
+        for (size_t k = 0; k < order.size(); ++k)
+            out += (k ? "; " : "") + row(order[k]);
+    } else {
+        out += row(order[0]) + "; " + row(order[1]) + "; …; " + row(order.back());
+    }
+    return out + ")";
 }
 
 // The (layer, phase) rows worth a line: the top of each column.
@@ -1182,6 +1232,7 @@ std::string concise_text(const Report& report) {
         traces.push_back(&r.analysis);
     std::string out =
         "allocscope report: " + u(report.ranks.size()) + " trace(s), " + traces_text(traces) + "\n";
+    if (const std::string hosts = hosts_text(traces); !hosts.empty()) out += hosts + "\n";
     for (const std::string& note : report.notes)
         out += "note: " + printable(note) + "\n";
     text_oom_section(out, report, TextDetail::concise);
@@ -1242,8 +1293,8 @@ std::string render_json(const Report& report) {
         out += i ? ",\n" : "\n";
         out += "    {\"trace\": " + json_quote(a.path) +
                ", \"rank\": " + std::to_string(a.header.rank) + ", \"pid\": " + u(a.header.pid) +
-               ", \"events\": " + u(a.events) + ", \"span_ns\": " + u(a.span_ns) +
-               ", \"steps\": " + u(a.steps) +
+               ", \"host\": " + json_quote(a.header.host) + ", \"events\": " + u(a.events) +
+               ", \"span_ns\": " + u(a.span_ns) + ", \"steps\": " + u(a.steps) +
                ", \"truncated\": " + (a.truncated ? "true" : "false") +
                ", \"oom_events\": " + u(a.oom_events) +
                ", \"oom_moments\": " + u(a.oom_moments_total) +

@@ -1,7 +1,11 @@
 #include "config.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <string_view>
+
+#include "trace_format.h"
 
 namespace allocscope {
 
@@ -138,7 +142,18 @@ Config parse_config(const EnvLookup& env) {
     c.rank = first_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, c.warnings);
     c.world_size =
         first_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, c.warnings);
+    if (const char* v = env("ALLOCSCOPE_HOST"); v && *v) {
+        c.host = std::string(v).substr(0, kMaxHostBytes);
+    } else {
+        c.host = host_name();
+    }
     return c;
+}
+
+std::string host_name() {
+    char name[kMaxHostBytes + 1] = {};
+    if (gethostname(name, sizeof name - 1) != 0) return {};
+    return name;
 }
 
 bool parse_plugin_options(std::string_view text, PluginOptions& options, std::string& problem) {

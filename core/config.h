@@ -37,6 +37,7 @@ struct Config {
     bool sigterm = true;       // ALLOCSCOPE_SIGTERM: finish the trace on SIGTERM
     int32_t rank = -1;         // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
     int32_t world_size = -1;   // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
+    std::string host;          // ALLOCSCOPE_HOST, else the machine's name (host_name())
 
     std::vector<std::string> warnings;  // one line each, "allocscope: ..." prefixed
 };
@@ -65,6 +66,10 @@ bool parse_plugin_option(std::string_view entry, std::string& key, std::string& 
 // (ALLOCSCOPE_PLUGIN_OPTIONS, a check's options); "" is no option. On
 // failure returns false with `problem` naming the bad entry.
 bool parse_plugin_options(std::string_view text, PluginOptions& options, std::string& problem);
+
+// The machine's name (gethostname), at most kMaxHostBytes; "" where it
+// cannot be had.
+std::string host_name();
 
 // The extension of every trace file name.
 inline constexpr std::string_view kTraceExtension = ".trace";

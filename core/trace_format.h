@@ -1,7 +1,8 @@
 // The binary trace format: one file per traced process.
 //
-//   file    := header record*
+//   file    := header [host] record*
 //   header  := 72 bytes, see TraceHeader; ends with a CRC-32C of bytes [0, 68)
+//   host    := (version 4) a `host` record, the recording machine's name
 //   record  := u16 type, u16 zero, u32 length, u32 crc32c(payload), payload
 //
 // All integers are little-endian. Invariants the writer keeps and the reader
@@ -47,7 +48,9 @@
 // A version 1 trace holds one `event` record per event instead (84 bytes, see
 // encode_event); the reader reads both versions. Version 3 is version 2 with
 // one more event kind, `derived` (event.h), which a version 1 or 2 trace
-// never holds.
+// never holds. Version 4 is version 3 whose header may be followed by one
+// `host` record (the machine's name, at most kMaxHostBytes): only there,
+// never later.
 #pragma once
 
 #include <cstddef>
@@ -63,7 +66,7 @@
 namespace allocscope {
 
 inline constexpr char kTraceMagic[8] = {'A', 'L', 'S', 'C', 'T', 'R', 'C', '\n'};
-inline constexpr uint32_t kTraceFormatVersion = 3;        // the version the writer writes
+inline constexpr uint32_t kTraceFormatVersion = 4;        // the version the writer writes
 inline constexpr uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr size_t kTraceHeaderSize = 72;
 inline constexpr size_t kRecordHeaderSize = 12;
@@ -73,6 +76,7 @@ inline constexpr size_t kEventPayloadSize = 84;  // a version 1 event record
 inline constexpr uint32_t kMaxRecordPayload = 1u << 20;
 inline constexpr uint32_t kMaxStringBytes = 1u << 16;
 inline constexpr uint32_t kMaxStackDepth = 256;
+inline constexpr uint32_t kMaxHostBytes = 255;
 // An event block holds at most this many events; the writer closes a block
 // once it holds that many or its payload reaches kBlockTargetPayload bytes.
 inline constexpr uint32_t kMaxBlockEvents = 4096;
@@ -88,7 +92,8 @@ enum class RecordType : uint16_t {
     module = 4,
     param = 5,
     footer = 6,
-    event_block = 7,  // events, delta-coded (version 2 only)
+    event_block = 7,  // events, delta-coded (version 2 and later)
+    host = 8,         // the machine's name, right after the header (version 4 and later)
 };
 
 struct TraceHeader {
@@ -100,6 +105,9 @@ struct TraceHeader {
     uint32_t stack_depth = 0;    // configured capture depth, 0 = stacks off
     uint64_t start_wall_ns = 0;  // CLOCK_REALTIME at trace start
     uint64_t start_mono_ns = 0;  // CLOCK_MONOTONIC at trace start (Event::t_ns origin)
+    // The recording machine (gethostname): a `host` record after the 72
+    // bytes (version 4), written where not empty; "" in older traces.
+    std::string host;
 };
 
 struct ModuleRecord {

@@ -56,6 +56,53 @@ TraceReader::TraceReader(const std::string& path) : path_(path) {
     header_.start_wall_ns = get_u64(raw + 48);
     header_.start_mono_ns = get_u64(raw + 56);
     offset_ = kTraceHeaderSize;
+    if (version >= 4) read_host();
+}
+
+void TraceReader::read_host() {
+    // A host record, if the trace has one, comes first; anything else is
+    // left for next(): the file goes back to the end of the header.
+    uint8_t head[kRecordHeaderSize];
+    std::string name;
+    bool found = false;
+    if (std::fread(head, 1, sizeof head, file_) == sizeof head &&
+        get_u16(head) == static_cast<uint16_t>(RecordType::host) && get_u16(head + 2) == 0) {
+        const uint32_t length = get_u32(head + 4);
+        if (length > kMaxHostBytes) {
+            std::fclose(file_);
+            file_ = nullptr;
+            fail(kTraceHeaderSize, "host record length " + std::to_string(length) +
+                                       " exceeds the limit of " + std::to_string(kMaxHostBytes));
+        }
+        name.resize(length);
+        if (std::fread(name.data(), 1, length, file_) == length) {
+            if (crc32c({reinterpret_cast<const uint8_t*>(name.data()), length}) !=
+                get_u32(head + 8)) {
+                std::fclose(file_);
+                file_ = nullptr;
+                fail(kTraceHeaderSize, "corrupt host record (checksum mismatch)");
+            }
+            found = true;
+        } else {  // cut inside the host record: nothing follows
+            mid_record_ = true;
+            truncated_ = true;
+            truncation_offset_ = kTraceHeaderSize;
+            return;
+        }
+    }
+    if (found) {
+        header_.host = std::move(name);
+        offset_ = kTraceHeaderSize + kRecordHeaderSize + header_.host.size();
+        return;
+    }
+    // No host record (or one cut short, which next() then reports as a cut).
+    std::clearerr(file_);
+    if (std::fseek(file_, static_cast<long>(kTraceHeaderSize), SEEK_SET) != 0) {
+        const int saved = errno;
+        std::fclose(file_);
+        file_ = nullptr;
+        fail(kTraceHeaderSize, std::string("cannot seek: ") + std::strerror(saved));
+    }
 }
 
 TraceReader::~TraceReader() {
@@ -219,6 +266,8 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
             r.footer.end_mono_ns = get_u64(p + 40);
             break;
         }
+        case RecordType::host:  // never reaches decode: read_host reads it
+            break;
     }
 }
 
@@ -272,6 +321,7 @@ Trace load_trace(const std::string& path) {
                 trace.events.push_back(r.event);
                 break;
             case RecordType::event_block:  // next() reports its events one by one
+            case RecordType::host:         // read with the header (header().host)
                 break;
             case RecordType::string:
                 trace.strings.push_back(std::move(r.text));

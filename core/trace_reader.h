@@ -62,6 +62,7 @@ class TraceReader {
     std::string truncation_message() const;
 
   private:
+    void read_host();  // version 4: the host record after the header, if any
     [[noreturn]] void fail(uint64_t offset, const std::string& problem) const;
     bool read_exact(void* dst, size_t n);
     void decode(TraceRecord& record, const std::string& payload);

@@ -31,6 +31,10 @@ bool TraceWriter::open(const std::string& path, const TraceHeader& header, std::
     }
     buffer_.reserve(kFlushThreshold + 4096);
     buffer_ = encode_header(header);
+    if (header.format_version >= 4 && !header.host.empty()) {
+        append_record(buffer_, RecordType::host,
+                      std::string_view(header.host).substr(0, kMaxHostBytes));
+    }
     flush();
     if (failed_) {
         ::close(fd_);

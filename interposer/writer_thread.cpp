@@ -254,6 +254,7 @@ bool open_trace(std::string& error) {
     header.stack_depth = c.stack_depth;
     header.start_wall_ns = wall_ns();
     header.start_mono_ns = g->start_mono_ns;
+    header.host = c.host;
     // The first name is rank<R>.trace / pid<PID>.trace. It can exist already:
     // a launcher that execs keeps its pid, and several processes may share a
     // rank. Then the pid and a counter make the name unique.

@@ -1453,7 +1453,7 @@ TEST_CASE("a trace of format version 0 or above the current one is rejected") {
         write_bytes(path, bytes);
         check_error_at(path, 8, "unsupported trace format version " + std::to_string(version));
     }
-    CHECK(kTraceFormatVersion == 3);
+    CHECK(kTraceFormatVersion == 4);
 }
 
 TEST_CASE("a version 2 trace still reads, and a derived event in one is rejected") {
@@ -1676,4 +1676,57 @@ TEST_CASE("ends_with_footer tells a closed trace from one cut short, reading onl
     // A trace cut one byte short of its end.
     write_bytes(dir.file("cut.trace"), bytes.substr(0, bytes.size() - 1));
     CHECK_FALSE(ends_with_footer(dir.file("cut.trace")));
+}
+
+TEST_CASE("the recording host's name follows the header; traces without one read as before") {
+    TempDir dir;
+    const std::string path = dir.file("t.trace");
+    TraceHeader h = sample_header();
+    h.host = "node-17.cluster";
+    std::vector<Event> events = sample_events();
+    {
+        TraceWriter w;
+        open_or_fail(w, path, h);
+        write_sample_definitions(w);
+        for (const Event& e : events)
+            w.event(e);
+        w.close(sample_footer());
+    }
+    Trace t = load_trace(path);
+    CHECK(t.header.host == "node-17.cluster");
+    CHECK_FALSE(t.truncated);
+    check_same_events(t.events, events);
+    // The record sits right after the 72 bytes: a flipped byte in its name
+    // makes the header unreadable, at the record's offset.
+    std::string bytes = read_bytes(path);
+    REQUIRE(bytes.compare(kTraceHeaderSize + kRecordHeaderSize, 7, "node-17") == 0);
+    bytes[kTraceHeaderSize + kRecordHeaderSize] ^= 1;
+    write_bytes(path, bytes);
+    check_error_at(path, kTraceHeaderSize, "corrupt host record");
+
+    // No host (an empty name is not written): the events follow the header.
+    h.host.clear();
+    const std::string bare = dir.file("bare.trace");
+    {
+        TraceWriter w;
+        open_or_fail(w, bare, h);
+        write_sample_definitions(w);
+        for (const Event& e : events)
+            w.event(e);
+        w.close(sample_footer());
+    }
+    Trace b = load_trace(bare);
+    CHECK(b.header.host.empty());
+    check_same_events(b.events, events);
+    // A trace cut right after its header, or inside the host record, reads
+    // as an empty trace cut short.
+    bytes = read_bytes(path);
+    for (size_t cut : {kTraceHeaderSize, kTraceHeaderSize + 5, kTraceHeaderSize + 14}) {
+        CAPTURE(cut);
+        write_bytes(bare, bytes.substr(0, cut));
+        Trace c = load_trace(bare);
+        CHECK(c.truncated);
+        CHECK(c.events.empty());
+        CHECK(c.header.host.empty());
+    }
 }

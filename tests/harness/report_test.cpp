@@ -1021,3 +1021,65 @@ TEST_CASE("diff on real PyTorch FSDP2 runs measures both halves of the reference
     CHECK_FALSE(contains(fixed_json, "\"backward_excess\": null"));
     CHECK_FALSE(contains(fixed_json, "\"forward_excess\": null"));
 }
+
+TEST_CASE("two hosts of one job share a run directory: each writes its own, report merges both") {
+    // Two `allocscope run`s at once into one --out, as srun starts one per
+    // node: SLURM_JOB_NUM_NODES=2 gives each its host's directory, and the
+    // four ranks of one job (two launched under each) train together.
+    TempDir t;
+    const std::string dir = (t / "run").string();
+    const std::string job = "job-" + std::to_string(getpid());  // one rendezvous for the job
+    auto host = [&](const std::string& name, int first) {
+        std::string ranks;
+        for (int r = first; r < first + 2; ++r) {
+            // LOCAL_RANK as the rank: the sim's communicator is one shared
+            // memory segment, which all four join on this one machine.
+            ranks += "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) + " " +
+                     env("HARNESS") + " --backend sim --layers 2 --steps 2 --warmup 1 & ";
+        }
+        return "ALLOCSCOPE_HOST=" + name +
+               " SLURM_JOB_NUM_NODES=2 WORLD_SIZE=4 MASTER_ADDR=" + job + " MASTER_PORT=1 " +
+               env("E2E_CLI") + " run --out " + dir + " -- sh -c '" + ranks + "wait'";
+    };
+    std::string err_b;
+    REQUIRE(sh("{ (" + host("node-a", 0) + ") >" + (t / "a.log").string() + " 2>&1 & " +
+                   host("node-b", 2) + "; st=$?; wait; exit $st; }",
+               nullptr, &err_b) == 0);
+    const std::string out_b = err_b;
+    CAPTURE(out_b);
+    CHECK(out_b.find("one host of several (SLURM_JOB_NUM_NODES=2)") != std::string::npos);
+    for (const char* h : {"host-node-a", "host-node-b"}) {
+        CAPTURE(h);
+        CHECK(fs::exists(t / "run" / h / "findings.json"));
+        CHECK(fs::exists(t / "run" / h / "report.txt"));
+    }
+    CHECK(fs::exists(t / "run" / "host-node-a" / "rank0.trace"));
+    CHECK(fs::exists(t / "run" / "host-node-a" / "rank1.trace"));
+    CHECK(fs::exists(t / "run" / "host-node-b" / "rank2.trace"));
+    CHECK(fs::exists(t / "run" / "host-node-b" / "rank3.trace"));
+    CHECK_FALSE(fs::exists(t / "run" / "rank0.trace"));
+    CHECK(load_trace((t / "run" / "host-node-b" / "rank2.trace").string()).header.host == "node-b");
+
+    std::string out;
+    REQUIRE(sh(env("E2E_CLI") + " report " + dir, &out) == 0);
+    CAPTURE(out);
+    CHECK(out.find("allocscope report: 4 trace(s), ranks 0–3\n") == 0);
+    CHECK(out.find("\nhosts: 2, 2 traces each (node-a: ranks 0–1; node-b: ranks 2–3)\n") !=
+          std::string::npos);
+    REQUIRE(sh(env("E2E_CLI") + " report --full " + dir, &out) == 0);
+    CHECK(out.find(", host node-b, allocscope ") != std::string::npos);
+    // A torchrun of several nodes is one host of several too; one node is not.
+    std::string err;
+    REQUIRE(sh(env("E2E_CLI") + " run --out " + (t / "tr").string() +
+                   " -- echo torchrun --nnodes=1:4 --nproc_per_node 8 train.py",
+               nullptr, &err) == 0);
+    CHECK(err.find("one host of several (torchrun --nnodes 1:4)") != std::string::npos);
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + (t / "tr").string() +
+                   " -- echo torchrun --nnodes 1 train.py",
+               nullptr, &err) == 0);
+    CHECK(err.find("one host of several") == std::string::npos);
+    // check merges both hosts' findings: the same errors on all four ranks.
+    REQUIRE(sh("(" + env("E2E_CLI") + " check " + dir + ") 2>&1", &out) == 3);
+    CHECK(out.find("ranks 0–3") != std::string::npos);
+    CHECK(out.find("ranks 0–1 ") == std::string::npos);
+}

@@ -108,7 +108,13 @@ int fail(const std::string& message);
 // "1.5 MiB" style sizes for humans.
 std::string format_bytes(uint64_t bytes);
 
-// The *.trace files directly in `dir`, sorted; empty if it cannot be read.
+// The directories of `dir` that hold its traces: `dir` itself when it has
+// *.trace files, else its host-<name> subdirectories (allocscope run
+// --per-host: one per host of a multi-node job), sorted.
+std::vector<std::string> trace_dirs_in(const std::string& dir);
+
+// The *.trace files of trace_dirs_in(dir), sorted; empty if it cannot be
+// read.
 std::vector<std::string> trace_files_in(const std::string& dir);
 
 }  // namespace allocscope::cli

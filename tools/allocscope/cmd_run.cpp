@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +45,8 @@ constexpr const char* kRunHelp =
     R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
                      [--check] [--fail-on info|warning|error] [--nvtx] [--no-provenance]
-                     [--provenance-steps all|first=N[,every=N[,window=N]]] -- CMD [ARGS...]
+                     [--provenance-steps all|first=N[,every=N[,window=N]]]
+                     [--per-host] -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
@@ -112,6 +114,14 @@ options:
                      (docs/PERFORMANCE.md), the weight detectors match no
                      sizes, and the summary names the steps observed.
                      every=0: none after the first
+  --per-host         write this host's traces, findings and reports into
+                     DIR/host-<name> (the name: $ALLOCSCOPE_HOST, else the
+                     machine's), so that the hosts of one job share DIR
+                     without touching each other's files; allocscope report
+                     DIR then merges every host. On by default in a
+                     multi-node job: SLURM_JOB_NUM_NODES or SLURM_NNODES
+                     above 1, PET_NNODES above 1, or CMD a torchrun (or
+                     python -m torch.distributed.run) with --nnodes above 1
 
 environment:
   ALLOCSCOPE_LIB     path of liballocscope.so to preload instead of the bundled one
@@ -452,6 +462,48 @@ std::vector<std::string> plugin_problems(const std::string& lib) {
     return problems;
 }
 
+// Why this host is one of several in the job, or "" when nothing says so:
+// the environment of a SLURM allocation or of torchelastic, or a torchrun
+// command line with --nnodes above 1 (N, or MIN:MAX with MAX above 1).
+std::string multi_node_reason(const std::vector<std::string>& command) {
+    for (const char* name : {"SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES"}) {
+        const char* v = std::getenv(name);
+        if (!v || !*v) continue;
+        std::string_view text(v);
+        if (const size_t colon = text.find(':'); colon != std::string_view::npos)
+            text.remove_prefix(colon + 1);
+        if (std::atol(std::string(text).c_str()) > 1) return std::string(name) + "=" + v;
+    }
+    bool launcher = false;
+    for (size_t i = 0; i < command.size(); ++i) {
+        const std::string& w = command[i];
+        const std::string base = fs::path(w).filename().string();
+        if (base == "torchrun" || w == "torch.distributed.run" || w == "torch.distributed.launch")
+            launcher = true;
+        if (!launcher) continue;
+        std::string value;
+        if (w == "--nnodes" && i + 1 < command.size()) value = command[i + 1];
+        if (w.rfind("--nnodes=", 0) == 0) value = w.substr(9);
+        if (value.empty()) continue;
+        const size_t colon = value.find(':');
+        const std::string most = colon == std::string::npos ? value : value.substr(colon + 1);
+        if (std::atol(most.c_str()) > 1) return "torchrun --nnodes " + value;
+    }
+    return {};
+}
+
+// The host's directory name: "host-" and its name, with every character
+// outside [A-Za-z0-9._-] made '_'.
+std::string host_dir_name(const std::string& host) {
+    std::string out = "host-";
+    for (char c : host.empty() ? std::string("unknown") : host) {
+        const bool plain =
+            std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+        out += plain ? c : '_';
+    }
+    return out;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& args) {
@@ -466,6 +518,7 @@ int run_command(const std::vector<std::string>& args) {
     bool python = true;
     bool provenance = false;
     bool no_provenance = false;
+    bool per_host = false;
     std::string provenance_steps;
     Severity threshold = Severity::error;
     Args parser("run", kRunHelp);
@@ -491,6 +544,7 @@ int run_command(const std::vector<std::string>& args) {
         .flag({"--no-python"}, python, false)
         .flag({"--provenance"}, provenance)
         .flag({"--no-provenance"}, no_provenance)
+        .flag({"--per-host"}, per_host)
         .value({"--provenance-steps"},
                [&provenance_steps](const std::string& v) {
                    if (const std::string problem = provenance_steps_problem(v); !problem.empty())
@@ -537,7 +591,18 @@ int run_command(const std::vector<std::string>& args) {
         const char* env = std::getenv("ALLOCSCOPE_OUT");
         out = env && *env ? env : "allocscope-out";
     }
-    const fs::path out_dir = fs::absolute(out).lexically_normal();
+    fs::path out_dir = fs::absolute(out).lexically_normal();
+    std::string per_host_reason = per_host ? "--per-host" : multi_node_reason(command);
+    if (!per_host_reason.empty()) {
+        const char* env = std::getenv("ALLOCSCOPE_HOST");
+        const std::string host = env && *env ? std::string(env) : host_name();
+        const fs::path shared = out_dir;
+        out_dir /= host_dir_name(host);
+        std::fprintf(stderr,
+                     "allocscope: one host of several (%s): this host's traces go to %s; "
+                     "allocscope report %s merges every host\n",
+                     per_host_reason.c_str(), out_dir.c_str(), shared.c_str());
+    }
     const std::string lib = find_interposer();
     if (nvtx) {
         // NVTX loads one injection library per process: never replace another

@@ -67,12 +67,14 @@ TraceInputs expand_trace_paths(const std::vector<std::string>& paths) {
             const std::vector<std::string> found = trace_files_in(p);
             if (found.empty()) throw std::runtime_error(p + ": no .trace files in this directory");
             in.traces.insert(in.traces.end(), found.begin(), found.end());
-            const fs::path merged = fs::path(p) / "findings.json";
-            if (fs::exists(merged, ec)) {
-                findings.insert(merged.string());
-            } else {
-                for (const std::string& f : rank_findings_files_in(p))
-                    findings.insert(f);
+            for (const std::string& dir : trace_dirs_in(p)) {  // each host's, per-host
+                const fs::path merged = fs::path(dir) / "findings.json";
+                if (fs::exists(merged, ec)) {
+                    findings.insert(merged.string());
+                } else {
+                    for (const std::string& f : rank_findings_files_in(dir))
+                        findings.insert(f);
+                }
             }
         } else if (fs::exists(p, ec)) {
             in.traces.push_back(p);

@@ -21,7 +21,7 @@ commands:
   run [--out DIR] [--force] [--stack-depth N] [--plugins LIST] [--plugin-dir DIR]
       [--plugin-option NAME.KEY=VALUE] [--check] [--fail-on SEV] [--nvtx]
       [--no-python] [--no-provenance]
-      [--provenance-steps SPEC] -- CMD [ARGS...]
+      [--provenance-steps SPEC] [--per-host] -- CMD [ARGS...]
                     run CMD with the interposer preloaded, recording one trace
                     per process into DIR (default ./allocscope-out); detection
                     plugins run live and their findings go to DIR/findings.json;
@@ -75,11 +75,29 @@ std::string format_bytes(uint64_t bytes) {
     return human_bytes(bytes);
 }
 
+std::vector<std::string> trace_dirs_in(const std::string& dir) {
+    std::vector<std::string> dirs;
+    std::error_code ec;
+    bool own = false;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        if (entry.path().extension() == ".trace") own = true;
+        if (entry.path().filename().string().rfind("host-", 0) == 0 && entry.is_directory(ec) &&
+            !entry.is_symlink(ec)) {
+            dirs.push_back(entry.path().string());
+        }
+    }
+    if (own) return {dir};
+    std::sort(dirs.begin(), dirs.end());
+    return dirs;
+}
+
 std::vector<std::string> trace_files_in(const std::string& dir) {
     std::vector<std::string> files;
     std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        if (entry.path().extension() == ".trace") files.push_back(entry.path().string());
+    for (const std::string& d : trace_dirs_in(dir)) {
+        for (const auto& entry : std::filesystem::directory_iterator(d, ec)) {
+            if (entry.path().extension() == ".trace") files.push_back(entry.path().string());
+        }
     }
     std::sort(files.begin(), files.end());
     return files;

@@ -90,8 +90,9 @@ Recovered recover_findings(const std::string& dir, const PluginChoice& choice,
     if (choice.off) return out;
     for (const std::string& path : trace_files_in(dir)) {
         const std::string name = file_name(path);
+        // Beside its trace: in `dir`, or in a host's directory of it.
         const fs::path findings =
-            fs::path(dir) / ("findings." + std::string(trace_stem(name)) + ".json");
+            fs::path(path).parent_path() / ("findings." + std::string(trace_stem(name)) + ".json");
         std::string why;
         std::error_code ec;
         if (!ends_with_footer(path)) {
@@ -118,7 +119,7 @@ Recovered recover_findings(const std::string& dir, const PluginChoice& choice,
             warn(std::string("allocscope: ") + e.what() +
                  " (the replayed findings are used as they are)");
         }
-        out.replayed[findings.filename().string()] = std::move(file);
+        out.replayed[findings.string()] = std::move(file);
         out.lines.push_back(who + " (" + name + "): " + why);
     }
     return out;
@@ -128,9 +129,10 @@ FindingsFile merge_run_findings(const std::string& dir, const Recovered& recover
     std::vector<FindingsFile> files;
     for (const auto& [path, file] : recovered.replayed)
         files.push_back(file);
-    for (const std::string& path : rank_findings_files_in(dir)) {
-        if (recovered.replayed.count(file_name(path)) == 0)
-            files.push_back(read_findings_file(path));
+    for (const std::string& d : trace_dirs_in(dir)) {
+        for (const std::string& path : rank_findings_files_in(d)) {
+            if (recovered.replayed.count(path) == 0) files.push_back(read_findings_file(path));
+        }
     }
     return merge_findings(std::move(files));
 }

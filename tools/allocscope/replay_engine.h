@@ -53,7 +53,7 @@ FindingsFile replay_trace(const TraceRef& run, const TraceRef* baseline, const P
 // written loses nothing).
 struct Recovered {
     std::vector<std::string> lines;  // "rank 1 (rank1.trace): the trace ends without a footer"
-    std::map<std::string, FindingsFile> replayed;  // "findings.<stem>.json" -> its findings
+    std::map<std::string, FindingsFile> replayed;  // findings.<stem>.json's path -> its findings
     size_t failed = 0;                             // traces that could not be replayed
 };
 
