@@ -100,6 +100,8 @@ struct TraceHeader {
     uint32_t stack_depth = 0;    // configured capture depth, 0 = stacks off
     uint64_t start_wall_ns = 0;  // CLOCK_REALTIME at trace start
     uint64_t start_mono_ns = 0;  // CLOCK_MONOTONIC at trace start (Event::t_ns origin)
+
+    bool operator==(const TraceHeader&) const = default;
 };
 
 struct ModuleRecord {
