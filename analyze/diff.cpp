@@ -64,6 +64,12 @@ std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShap
         if (it != steps.end() && it->second.after_forward && !it->second.after_backward)
             it->second.after_backward = live();
     };
+    // The base phase of an event's phase: a view of the trace's string (a
+    // conditional between it and "" would be a temporary copy).
+    auto phase_of = [&t](const Event& e) {
+        return base_phase(e.phase < t.strings.size() ? std::string_view(t.str(e.phase))
+                                                     : std::string_view());
+    };
     stream.for_each([&](const Event& e) {
         if (any_event && e.step != current_step) end_step(current_step);
         current_step = e.step;
@@ -73,8 +79,7 @@ std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShap
             // Forward ends where backward begins and backward where the
             // optimizer does, on whichever thread: PyTorch runs backward on
             // autograd's threads, whose tags the training thread never sees.
-            const std::string_view phase =
-                base_phase(e.phase < t.strings.size() ? t.str(e.phase) : "");
+            const std::string_view phase = phase_of(e);
             StepMemory& s = steps[e.step];
             if (phase == "backward" && !s.after_forward) s.after_forward = live();
             if (phase == "optimizer" && s.after_forward && !s.after_backward)
@@ -82,8 +87,7 @@ std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShap
         }
         if (e.tid != main_tid) return;
         if (e.kind == EventKind::tag_push) {
-            const std::string_view phase =
-                base_phase(e.phase < t.strings.size() ? t.str(e.phase) : "");
+            const std::string_view phase = phase_of(e);
             const bool backward = phase == "backward";
             stack.push_back({e.layer, e.phase, backward});
             open_backward += backward;
