@@ -516,7 +516,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         if (l.scope == kNone) return;
         if (Scope* scope = scopes.find(l.scope)) scope->live -= l.size;
     };
-    std::vector<uint64_t> group_live, group_peak;
+    std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Per tag: bytes and count allocated per stack (TagStats::sites).
     std::vector<std::unordered_map<uint32_t, StackBytes>> tag_stacks;
     auto group_slot = [&](uint32_t g) {
@@ -628,6 +628,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
             case EventKind::step:
                 if (e.step != last_step) {
                     a.timeline.steps.push_back({e.step, e.seq, e.t_ns});
+                    a.step_starts.push_back({e.step, replay.totals(a.owner).live_bytes});
+                    groups_at_step = group_live;
                     ++a.steps;
                     last_step = e.step;
                 }
@@ -698,6 +700,10 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         ++i;
     });
     if (n > 0) close_band(last_seq, last_t_ns);
+    for (size_t g = 0; g < groups_at_step.size(); ++g) {
+        if (groups_at_step[g] > 0)
+            a.groups_at_last_step.push_back({tables.groups[g], groups_at_step[g]});
+    }
 
     // Totals and peaks.
     for (const auto& [key, count] : odd_frees)

@@ -298,6 +298,12 @@ struct TraceAnalysis {
     uint64_t oom_moments_total = 0;
     uint64_t recovered_failures = 0;
     CounterSummary counters;  // the self-check against the allocator's counters
+    // The owner pool's live bytes when each step began (its first step
+    // event), in order; and by layer group ("layers.3", layer_group) when
+    // the trace's last step began. What ranks are compared at
+    // (imbalance_findings).
+    std::vector<std::pair<uint64_t, uint64_t>> step_starts;  // step, live bytes
+    std::vector<std::pair<std::string, uint64_t>> groups_at_last_step;
 
     const PoolSummary* pool(Pool p) const;
 

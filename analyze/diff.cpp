@@ -65,7 +65,8 @@ std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShap
             it->second.after_backward = live();
     };
     // The base phase of an event's phase: a view of the trace's string (a
-    // conditional between it and "" would be a temporary copy).
+    // conditional between it and "" would make a temporary copy, and the
+    // view would outlive it).
     auto phase_of = [&t](const Event& e) {
         return base_phase(e.phase < t.strings.size() ? std::string_view(t.str(e.phase))
                                                      : std::string_view());

@@ -643,6 +643,15 @@ std::string distinct_findings_text(const FindingsFile& file, const std::string& 
     return out;
 }
 
+std::string findings_count_line(const FindingsFile& file) {
+    std::vector<int32_t> ranks;
+    for (const Finding& f : file.findings) {
+        if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
+    }
+    return distinct_findings_text(file, ranks.empty() ? "" : " on " + ranks_text(ranks)) +
+           "; what several ranks found alike is one finding, shown once";
+}
+
 std::string provenance_steps_line(const FindingsFile& file) {
     constexpr std::string_view kIn = "on in steps ";
     // The texts of the streams whose provenance paused, each once, with
@@ -733,27 +742,39 @@ std::string ranks_text(std::vector<int32_t> ranks) {
     return text;
 }
 
-std::vector<std::string> group_lines(const FindingGroup& group) {
-    std::vector<std::string> lines;
-    if (group.members.empty()) return lines;
-    const Finding& first = *group.members[0];
+std::string group_ranks(const FindingGroup& group) {
+    const Finding& first = *group.members.at(0);
+    // A process without a rank is named by its pid (it is never merged).
+    if (group.members.size() == 1 && first.rank < 0) return process_label(first.rank, first.pid);
     std::vector<int32_t> ranks;
     for (const Finding* f : group.members)
         ranks.push_back(f->rank);
-    // A process without a rank is named by its pid (it is never merged).
-    lines.push_back(summary_line(first, group.members.size() == 1 && first.rank < 0
-                                            ? process_label(first.rank, first.pid)
-                                            : ranks_text(ranks)));
+    return ranks_text(ranks);
+}
+
+std::vector<std::string> group_differences(const FindingGroup& group) {
+    std::vector<std::string> lines;
+    if (group.members.empty()) return lines;
+    const Finding& first = *group.members[0];
     for (size_t k = 1; k < group.members.size(); ++k) {
         const Finding& f = *group.members[k];
         const std::string who = ranks_text({f.rank});
         if (f.bytes != first.bytes || f.count != first.count || f.summary != first.summary) {
-            lines.push_back("  " + who + ": " + human_bytes(f.bytes) + "  " + printable(f.summary));
+            lines.push_back(who + ": " + human_bytes(f.bytes) + "  " + printable(f.summary));
         } else if (!same_evidence(f, first)) {
-            lines.push_back("  " + who + ": evidence " + evidence_digest(f) + " (" +
+            lines.push_back(who + ": evidence " + evidence_digest(f) + " (" +
                             ranks_text({first.rank}) + ": " + evidence_digest(first) + ")");
         }
     }
+    return lines;
+}
+
+std::vector<std::string> group_lines(const FindingGroup& group) {
+    std::vector<std::string> lines;
+    if (group.members.empty()) return lines;
+    lines.push_back(summary_line(*group.members[0], group_ranks(group)));
+    for (const std::string& line : group_differences(group))
+        lines.push_back("  " + line);
     return lines;
 }
 
@@ -977,16 +998,10 @@ void concise_findings(std::string& out, const Report& report) {
         out += "none recorded (no findings file next to the traces)\n";
         return;
     }
-    const std::vector<Finding>& all = report.findings.findings;
-    size_t by[3] = {0, 0, 0};
-    std::vector<int32_t> ranks;
-    for (const Finding& f : all) {
-        ++by[static_cast<int>(f.severity)];
-        if (std::find(ranks.begin(), ranks.end(), f.rank) == ranks.end()) ranks.push_back(f.rank);
-    }
-    out +=
-        distinct_findings_text(report.findings, ranks.empty() ? "" : " on " + ranks_text(ranks)) +
-        "; what several ranks found alike is one finding, shown once\n";
+    size_t infos_in_all = 0;
+    for (const Finding& f : report.findings.findings)
+        infos_in_all += f.severity == Severity::info;
+    out += findings_count_line(report.findings) + "\n";
     if (const std::string line = unproven_weights_line(report.findings); !line.empty())
         out += "  " + line + "\n";
     if (const std::string line = provenance_steps_line(report.findings); !line.empty())
@@ -1059,8 +1074,8 @@ void concise_findings(std::string& out, const Report& report) {
     std::string plugins;
     for (const auto& [plugin, n] : infos_by_plugin)
         plugins += (plugins.empty() ? "" : ", ") + printable(plugin) + " " + u(n);
-    out += "  info: " + u(by[0]) + " finding(s), " + u(infos.size()) + " distinct: " + plugins +
-           "; the largest:\n";
+    out += "  info: " + u(infos_in_all) + " finding(s), " + u(infos.size()) +
+           " distinct: " + plugins + "; the largest:\n";
     std::stable_sort(infos.begin(), infos.end(), [](const FindingGroup* a, const FindingGroup* b) {
         return a->members[0]->bytes > b->members[0]->bytes;
     });
@@ -1424,6 +1439,14 @@ struct Fold {
     }
 };
 
+// Where the Python frames of a stack of r.stacks begin: its size when it
+// has none.
+size_t python_frames_from(const RankReport& r, uint32_t stack) {
+    const size_t size = r.stacks.at(stack).size();
+    auto py = r.python_from.find(stack);
+    return py == r.python_from.end() ? size : std::min(py->second, size);
+}
+
 // Frames [from, to) as they are: the first `cap`, then a count of the rest.
 void plain_frames(std::vector<std::string>& lines, const std::vector<std::string>& frames,
                   size_t from, size_t to, size_t cap, const char* what) {
@@ -1442,14 +1465,8 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     auto it = r.stacks.find(stack);
     if (it == r.stacks.end()) return lines;
     const std::vector<std::string>& frames = it->second;
-    auto py = r.python_from.find(stack);
-    const size_t first_python =
-        py == r.python_from.end() ? frames.size() : std::min(py->second, frames.size());
-    std::vector<FrameKind> kinds;
-    for (size_t f = 0; f < frames.size(); ++f) {
-        kinds.push_back(f < first_python ? native_frame_kind(frames[f])
-                                         : python_frame_kind(frames[f]));
-    }
+    const size_t first_python = python_frames_from(r, stack);
+    const std::vector<FrameKind> kinds = frame_kinds(frames, first_python);
     auto has_user = [&](size_t from, size_t to) {
         return std::find(kinds.begin() + long(from), kinds.begin() + long(to), FrameKind::user) !=
                kinds.begin() + long(to);
@@ -1480,11 +1497,9 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
     };
     if (!user_native && !user_python) {
         // Nothing is the program's: fold what leads into the allocator, keep one frame.
-        size_t lead = 0;
-        while (lead + 1 < first_python && above_the_request(kinds[lead])) {
-            fold.add(kinds[lead]);
-            ++lead;
-        }
+        const size_t lead = program_start(kinds, first_python);
+        for (size_t f = 0; f < lead; ++f)
+            fold.add(kinds[f]);
         fold.flush(lines);
         plain_frames(lines, frames, lead, first_python, native, "native");
         plain_frames(lines, frames, first_python, frames.size(), python, "Python");
@@ -1498,6 +1513,14 @@ std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t
         plain_frames(lines, frames, first_python, frames.size(), python, "Python");
     }
     return lines;
+}
+
+std::string stack_start(const RankReport& r, uint32_t stack) {
+    auto it = r.stacks.find(stack);
+    if (it == r.stacks.end() || it->second.empty()) return {};
+    const size_t first_python = python_frames_from(r, stack);
+    return printable(
+        it->second[program_start(frame_kinds(it->second, first_python), first_python)]);
 }
 
 }  // namespace allocscope

@@ -43,6 +43,10 @@ struct RankReport {
 // its leading allocscope and allocator frames and shows at least one frame.
 std::vector<std::string> stack_lines(const RankReport& r, uint32_t stack, size_t native,
                                      size_t python);
+// The frame stack_lines starts at (frames.h, program_start): the program's
+// first, never allocscope's or the allocator's; the HTML labels a stack with
+// it. "" for a stack not in r.stacks.
+std::string stack_start(const RankReport& r, uint32_t stack);
 // Every frame of a stack, innermost first (the full text report's).
 std::vector<std::string> all_stack_lines(const RankReport& r, uint32_t stack);
 
@@ -135,9 +139,19 @@ std::string provenance_steps_line(const FindingsFile& file);
 // rank's)": findings that several ranks found alike (collapse_findings)
 // counted once; the count over the ranks follows where it differs.
 std::string distinct_findings_text(const FindingsFile& file, const std::string& where = "");
-// A group's summary line (summary_line with its ranks) and, for each rank
-// whose finding differs from the first's (bytes, count, summary or
-// evidence: how many, their bytes and steps), a line "  rank R: ..." saying how.
+// How many findings a report has, the line the text and HTML reports open
+// their findings with: distinct_findings_text on the ranks that found any,
+// and that what several ranks found alike is shown once.
+std::string findings_count_line(const FindingsFile& file);
+// Whose a group's finding is: "ranks 0–1", or the process ("pid 42") of a
+// finding without a rank.
+std::string group_ranks(const FindingGroup& group);
+// For each rank whose finding differs from the group's first (bytes, count,
+// summary or evidence: how many, their bytes and steps), a line
+// "rank R: ..." saying how.
+std::vector<std::string> group_differences(const FindingGroup& group);
+// A group's summary line (summary_line with group_ranks), then its
+// differences, each indented by two spaces.
 std::vector<std::string> group_lines(const FindingGroup& group);
 
 // The text report. Concise (the default): the run's summary, the

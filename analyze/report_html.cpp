@@ -30,6 +30,7 @@ details{margin:2px 0} summary{cursor:pointer} pre{margin:4px 0 8px 16px;font-siz
 .legend span{display:inline-block;margin:2px 10px 2px 0;font-size:12px} .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:-1px}
 .heat td.c{text-align:right;font-size:12px;min-width:70px} svg{max-width:100%;height:auto}
 .oom{border-left:4px solid #b3261e;padding:2px 12px;margin:8px 0;background:#fdf3f2}
+.differs{display:block;margin-left:2em;color:#66707a}
 .pick{cursor:pointer} .dim{opacity:.25} tr.sel td{background:#fff1b8} .legend span.sel{font-weight:700;outline:1px solid #1d2329}
 polygon.sel{stroke:#1d2329;stroke-width:1} .fwd-legend span{margin-right:14px;font-size:12px}
 .tip{position:fixed;display:none;z-index:10;max-width:720px;background:#3a2257;color:#fff;font-size:12px;line-height:1.35;padding:6px 9px;border-radius:4px;pointer-events:none}
@@ -162,6 +163,13 @@ std::string h(std::string_view s) {
     return html_escape(s);
 }
 
+// A row about a layer: a click on its layer cell (tag_cell) selects the
+// row's layer group, the group marks the row.
+std::string layer_row(const std::string& layer) {
+    return "<tr data-g=\"" + h(layer_group(layer)) + "\">";
+}
+
+// A layer and phase as two cells of a layer_row.
 std::string tag_cell(const std::string& layer, const std::string& phase) {
     return "<td class=pick>" +
            (layer.empty() ? std::string("<span class=muted>(untagged)</span>") : h(layer)) +
@@ -173,15 +181,16 @@ std::string rank_title(const TraceAnalysis& a) {
                               : "pid " + std::to_string(a.header.pid);
 }
 
-// A stack, folded: the script fills in its frames (from the data's interned
-// stacks) when it is opened.
+// A stack, folded, labelled by the frame its text starts at (the
+// program's, report.h stack_start): the script fills in its frames (from
+// the data's interned stacks) when it is opened.
 std::string frames_block(const RankReport& r, size_t rank_index, uint32_t stack) {
     if (stack == 0) return "<span class=muted>no stack captured</span>";
     auto it = r.stacks.find(stack);
     if (it == r.stacks.end() || it->second.empty())
         return "<span class=muted>stack " + u(stack) + "</span>";
     return "<details class=stack data-r=" + u(rank_index) + " data-s=" + u(stack) +
-           "><summary>stack " + u(stack) + ": " + h(it->second.front()) + "</summary></details>";
+           "><summary>stack " + u(stack) + ": " + h(stack_start(r, stack)) + "</summary></details>";
 }
 
 // Where the script draws a rank's timeline (stacked areas per layer group,
@@ -240,8 +249,8 @@ std::string heat_map(const TraceAnalysis& a, size_t rank_index) {
         out += "<th>" + h(p) + "</th>";
     out += "</tr>";
     for (size_t i = 0; i < rows.size() && i < limit; ++i) {
-        out += "<tr data-g=\"" + h(layer_group(rows[i] == "(untagged)" ? "" : rows[i])) +
-               "\"><td class=pick>" + h(rows[i]) + "</td>";
+        out += layer_row(rows[i] == "(untagged)" ? "" : rows[i]) + "<td class=pick>" + h(rows[i]) +
+               "</td>";
         for (const std::string& p : phases) {
             auto it = cells[rows[i]].find(p);
             if (it == cells[rows[i]].end()) {
@@ -272,12 +281,11 @@ std::string tag_table(const std::vector<TagStats>& tags, size_t limit) {
     for (const TagStats& t : tags) {
         if (t.allocations == 0 && t.at_peak == 0) continue;
         if (shown++ == limit) break;
-        out += "<tr data-g=\"" + h(layer_group(t.layer)) + "\">" + tag_cell(t.layer, t.phase) +
-               "<td class=n>" + h(human_bytes(t.allocated_bytes)) + "</td><td class=n>" +
-               u(t.allocations) + "</td><td class=n>" +
-               (t.retained_max ? h(human_bytes(t.retained_max)) : "-") + "</td><td class=n>" +
-               (t.at_peak ? h(human_bytes(t.at_peak)) : "-") + "</td><td class=n>" +
-               (t.at_exit ? h(human_bytes(t.at_exit)) : "-") + "</td></tr>";
+        out += layer_row(t.layer) + tag_cell(t.layer, t.phase) + "<td class=n>" +
+               h(human_bytes(t.allocated_bytes)) + "</td><td class=n>" + u(t.allocations) +
+               "</td><td class=n>" + (t.retained_max ? h(human_bytes(t.retained_max)) : "-") +
+               "</td><td class=n>" + (t.at_peak ? h(human_bytes(t.at_peak)) : "-") +
+               "</td><td class=n>" + (t.at_exit ? h(human_bytes(t.at_exit)) : "-") + "</td></tr>";
     }
     return out + "</table>";
 }
@@ -289,65 +297,78 @@ std::string sites_table(const RankReport& r, size_t rank_index, const std::vecto
         "<th>mostly</th><th></th><th>stack</th></tr>";
     for (size_t k = 0; k < sites.size(); ++k) {
         const Site& s = sites[k];
-        out += "<tr data-g=\"" + h(layer_group(s.layer)) + "\"><td class=n>" + u(k + 1) +
-               "</td><td class=n>" + h(human_bytes(s.bytes)) + "</td><td class=n>" + u(s.count) +
-               "</td>" + tag_cell(s.layer, s.phase) + "<td>" +
-               frames_block(r, rank_index, s.stack) + "</td></tr>";
+        out += layer_row(s.layer) + "<td class=n>" + u(k + 1) + "</td><td class=n>" +
+               h(human_bytes(s.bytes)) + "</td><td class=n>" + u(s.count) + "</td>" +
+               tag_cell(s.layer, s.phase) + "<td>" + frames_block(r, rank_index, s.stack) +
+               "</td></tr>";
     }
     return out + "</table>";
 }
 
-std::string finding_details(const Report& report, const Finding& f) {
+// A finding as one or several ranks made it (collapse_findings): the line
+// naming its ranks, a line for each rank whose finding differs, and each
+// rank's evidence, expandable.
+std::string finding_details(const Report& report, const FindingGroup& g) {
+    const Finding& f = *g.members[0];
     const std::string sev(to_string(f.severity));
     std::string out = "<details class=finding><summary><span class=\"sev-" + sev + "\">" + h(sev) +
-                      "</span> <b>" + h(f.plugin) + "</b> " + process_label(f.rank, f.pid) + " " +
+                      "</span> <b>" + h(f.plugin) + "</b> " + h(group_ranks(g)) + " " +
                       h(f.layer.empty() ? "-" : f.layer) + " " + h(f.phase) + " &mdash; " +
                       h(human_bytes(f.bytes)) + ": " + h(f.summary) +
-                      (f.basis.empty() ? std::string() : " <i>(" + h(f.basis) + ")</i>") +
-                      "</summary>";
-    const int ri = rank_index(report, f.rank);
-    out +=
-        "<table><tr><th>size</th><th>layer</th><th>phase</th><th>step</th>"
-        "<th>alloc seq</th><th>freed at</th><th>stack</th></tr>";
-    for (const Evidence& e : f.evidence) {
-        out += "<tr><td class=n>" + h(human_bytes(e.size)) + "</td>" + tag_cell(e.layer, e.phase) +
-               "<td class=n>" + u(e.step) + "</td><td class=n>" + u(e.alloc_seq) +
-               "</td><td class=n>" + (e.free_seq ? u(e.free_seq) : std::string("alive")) +
-               "</td><td>" + (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
-               (ri >= 0 ? frames_block(report.ranks[size_t(ri)], size_t(ri), e.stack_id)
-                        : "stack " + u(e.stack_id)) +
-               "</td></tr>";
+                      (f.basis.empty() ? std::string() : " <i>(" + h(f.basis) + ")</i>");
+    for (const std::string& line : group_differences(g))
+        out += "<span class=differs>" + h(line) + "</span>";
+    out += "</summary>";
+    const bool several = g.members.size() > 1;
+    out += std::string("<table><tr>") + (several ? "<th>rank</th>" : "") +
+           "<th>size</th><th>layer</th><th>phase</th><th>step</th>"
+           "<th>alloc seq</th><th>freed at</th><th>stack</th></tr>";
+    for (const Finding* m : g.members) {
+        const int ri = rank_index(report, m->rank);
+        for (const Evidence& e : m->evidence) {
+            out += layer_row(e.layer) +
+                   (several ? "<td class=n>" + std::to_string(m->rank) + "</td>" : "") +
+                   "<td class=n>" + h(human_bytes(e.size)) + "</td>" + tag_cell(e.layer, e.phase) +
+                   "<td class=n>" + u(e.step) + "</td><td class=n>" + u(e.alloc_seq) +
+                   "</td><td class=n>" + (e.free_seq ? u(e.free_seq) : std::string("alive")) +
+                   "</td><td>" + (e.note.empty() ? std::string() : "<div>" + h(e.note) + "</div>") +
+                   (ri >= 0 ? frames_block(report.ranks[size_t(ri)], size_t(ri), e.stack_id)
+                            : "stack " + u(e.stack_id)) +
+                   "</td></tr>";
+        }
     }
     return out + "</table></details>";
 }
 
-// Problems (errors, then warnings) first, each expandable to its evidence;
-// info findings (reports such as peak-owner's) folded under one line.
+// The findings merged over ranks as the text report merges them, counted
+// as it counts them: problems (errors, then warnings) first, each
+// expandable to its evidence; info findings (reports such as peak-owner's)
+// folded under one line.
 std::string findings_panel(const Report& report) {
     if (!report.findings_found)
         return "<p class=muted>No findings file next to the traces (run with plugins, or "
                "<code>allocscope replay</code>).</p>";
-    const auto& all = report.findings.findings;
-    size_t errors = 0, warnings = 0, infos = 0;
-    for (const Finding& f : all) {
-        errors += f.severity == Severity::error;
-        warnings += f.severity == Severity::warning;
-        infos += f.severity == Severity::info;
+    std::string out = "<p>" + h(findings_count_line(report.findings)) + "</p>";
+    for (const std::string& line :
+         {unproven_weights_line(report.findings), provenance_steps_line(report.findings)}) {
+        if (!line.empty()) out += "<div class=note>" + h(line) + "</div>";
     }
-    std::string out = "<p>" + std::string(errors ? "<span class=sev-error>" : "<span>") +
-                      u(errors) + " error(s)</span>, " +
-                      (warnings ? "<span class=sev-warning>" : "<span>") + u(warnings) +
-                      " warning(s)</span>, " + u(infos) + " info.</p><div class=findings>";
+    const std::vector<FindingGroup> groups = collapse_findings(report.findings);
+    out += "<div class=findings>";
     for (Severity level : {Severity::error, Severity::warning}) {
-        for (const Finding& f : all) {
-            if (f.severity == level) out += finding_details(report, f);
+        for (const FindingGroup& g : groups) {
+            if (g.members[0]->severity == level) out += finding_details(report, g);
         }
     }
+    const size_t infos =
+        size_t(std::count_if(groups.begin(), groups.end(), [](const FindingGroup& g) {
+            return g.members[0]->severity == Severity::info;
+        }));
     if (infos > 0) {
         out += "<details class=infos><summary>" + u(infos) +
                " info finding(s): who owns memory at the peak and other reports</summary>";
-        for (const Finding& f : all) {
-            if (f.severity == Severity::info) out += finding_details(report, f);
+        for (const FindingGroup& g : groups) {
+            if (g.members[0]->severity == Severity::info) out += finding_details(report, g);
         }
         out += "</details>";
     }
@@ -373,8 +394,8 @@ std::string oom_panel(const Report& report) {
                 for (const OomShare& s : shares) {
                     const Finding& f = *s.finding;
                     if (f.severity == Severity::info && infos++ >= 5) continue;
-                    out += "<tr><td><span class=sev-" + h(to_string(f.severity)) + ">" +
-                           h(to_string(f.severity)) + "</span> " + h(f.plugin) + "</td>" +
+                    out += layer_row(f.layer) + "<td><span class=sev-" + h(to_string(f.severity)) +
+                           ">" + h(to_string(f.severity)) + "</span> " + h(f.plugin) + "</td>" +
                            tag_cell(f.layer, f.phase) + "<td class=n>" + h(human_bytes(s.bytes)) +
                            " of " + h(human_bytes(m.allocated)) + "</td><td class=n>" + u(s.count) +
                            "</td></tr>";
@@ -383,7 +404,7 @@ std::string oom_panel(const Report& report) {
             }
             out += "<table><tr><th>layer</th><th>phase</th><th>live</th><th>allocations</th></tr>";
             for (const TagLive& t2 : m.by_tag) {
-                out += "<tr>" + tag_cell(t2.layer, t2.phase) + "<td class=n>" +
+                out += layer_row(t2.layer) + tag_cell(t2.layer, t2.phase) + "<td class=n>" +
                        h(human_bytes(t2.bytes)) + "</td><td class=n>" + u(t2.count) + "</td></tr>";
             }
             out += "</table><h3>Live at that moment by site</h3>" + sites_table(r, ri, m.sites) +
@@ -644,9 +665,7 @@ std::string render_html(const Report& report) {
         "<title>allocscope report</title><style>";
     out += kStyle;
     out += "</style></head><body>\n<h1>allocscope report</h1><p class=muted>" +
-           u(report.ranks.size()) + " trace(s)";
-    if (report.findings_found) out += ", " + u(report.findings.findings.size()) + " finding(s)";
-    out += "</p>\n";
+           u(report.ranks.size()) + " trace(s)</p>\n";
     for (const std::string& note : report.notes)
         out += "<div class=note>" + h(note) + "</div>";
 

@@ -1,5 +1,6 @@
 #include "frames.h"
 
+#include <algorithm>
 #include <array>
 
 namespace allocscope {
@@ -265,6 +266,25 @@ FrameKind python_frame_kind(std::string_view frame) noexcept {
     Parts p;
     p.file = split_file(frame, true);
     return first_match(kPythonRules, p);
+}
+
+std::vector<FrameKind> frame_kinds(const std::vector<std::string>& frames, size_t first_python) {
+    std::vector<FrameKind> kinds;
+    kinds.reserve(frames.size());
+    for (size_t f = 0; f < frames.size(); ++f) {
+        kinds.push_back(f < first_python ? native_frame_kind(frames[f])
+                                         : python_frame_kind(frames[f]));
+    }
+    return kinds;
+}
+
+size_t program_start(const std::vector<FrameKind>& kinds, size_t first_python) noexcept {
+    const auto user = std::find(kinds.begin(), kinds.end(), FrameKind::user);
+    if (user != kinds.end()) return size_t(user - kinds.begin());
+    size_t lead = 0;
+    while (lead + 1 < std::min(first_python, kinds.size()) && above_the_request(kinds[lead]))
+        ++lead;
+    return lead;
 }
 
 }  // namespace allocscope

@@ -24,7 +24,9 @@
 // (its template arguments), else it is user code.
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace allocscope {
 
@@ -44,5 +46,16 @@ constexpr bool above_the_request(FrameKind kind) noexcept {
 FrameKind native_frame_kind(std::string_view frame) noexcept;
 // A Python frame's text: "qualname (file.py:line)".
 FrameKind python_frame_kind(std::string_view frame) noexcept;
+
+// The kind of each frame of a stack: native_frame_kind for the frames
+// before `first_python`, python_frame_kind for the Python frames from there.
+std::vector<FrameKind> frame_kinds(const std::vector<std::string>& frames, size_t first_python);
+
+// The frame a stack starts at for its reader, as an index into `kinds`:
+// the first of the program's frames (native ones before Python ones); in a
+// stack with none, the first frame below those above the request, and no
+// further than the last native frame. The concise text report's stacks
+// start there (report.h, stack_lines); the HTML labels a stack with it.
+size_t program_start(const std::vector<FrameKind>& kinds, size_t first_python) noexcept;
 
 }  // namespace allocscope

@@ -299,7 +299,21 @@ void PluginHost::reject_unread_options(Instance& in) {
         disable(in, "option '" + one_line(key) + "' is not one it reads (" +
                         (known.empty() ? std::string("it reads none") : "its options: " + known) +
                         ")");
+        release(in);
         return;
+    }
+}
+
+// A plugin disabled before its stream began: finish lets it free what its
+// init made (a plugin's state lives until finish, plugin_v1.h). What it
+// reports then is dropped (it is no longer enabled), and how it fails does
+// not matter: it is disabled already.
+void PluginHost::release(Instance& in) {
+    if (in.finished || !in.plugin || !in.plugin->finish) return;
+    in.finished = true;
+    try {
+        (void)in.plugin->finish(in.state);
+    } catch (...) {
     }
 }
 

@@ -154,6 +154,7 @@ class PluginHost {
     void install(Instance& in, const allocscope_plugin_v1* plugin);
     void disable(Instance& in, const std::string& reason);
     void reject_unread_options(Instance& in);
+    void release(Instance& in);
     template <typename Call>
     void invoke(Instance& in, const char* what, Call&& call);
     void start_stream(uint32_t source);

@@ -294,11 +294,17 @@ const Event* TraceStream::next() {
     for (;;) {
         // A corrupt record (a flipped byte, a torn write) ends the trace
         // there, as a cut does: what came before it is kept, and
-        // truncation_message says where and what.
+        // truncation_message says where and what. Before any event there is
+        // nothing to keep: the trace is unreadable, and the error is thrown
+        // (a later pass starts afresh, this one having never ended).
         bool more = false;
         try {
             more = reader_->next(record_);
         } catch (const TraceError& e) {
+            if (count_ == 0) {
+                reader_.reset();
+                throw;
+            }
             tables_.corrupt = true;
             tables_.truncation_message = e.what();
         }

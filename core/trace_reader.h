@@ -114,7 +114,8 @@ struct Trace : TraceTables {
 // A trace's events, in order, pass after pass, never all held: a Trace's
 // in memory, or a file's read again for each pass (memory: the tables and
 // one event block). A file's first pass also reads its tables and counts its
-// events; a corrupt record ends the trace there, as in load_trace. Later
+// events; a corrupt record ends the trace there, as in load_trace, and one
+// before any event throws its TraceError (the trace is unreadable). Later
 // passes give the same events: those the first one counted, even where the
 // file has grown since. tables() is complete once a pass has ended; during
 // the first it holds what the events so far refer to.
@@ -134,8 +135,9 @@ class TraceStream {
     uint64_t size() const noexcept { return memory_ ? memory_->events.size() : count_; }
     bool counted() const noexcept { return memory_ != nullptr || counted_; }
 
-    // Calls f(const Event&) for each event. A later pass throws TraceError
-    // where the file no longer holds what the first one read.
+    // Calls f(const Event&) for each event. The first pass throws TraceError
+    // where a corrupt record comes before any event; a later pass where the
+    // file no longer holds what the first one read.
     template <class F>
     void for_each(F&& f) {
         if (memory_) {
@@ -164,8 +166,9 @@ class TraceStream {
     uint64_t given_ = 0;  // events given in this pass
 };
 
-// Throws TraceError when the file or its header cannot be read; a corrupt
-// record after the header ends the trace there (truncated and corrupt set).
+// Throws TraceError when the file or its header cannot be read, or its
+// first event cannot; a later corrupt record ends the trace there
+// (truncated and corrupt set, the events before it kept).
 Trace load_trace(const std::string& path);
 
 // Whether the file at `path` ends in a footer record whose checksum holds:

@@ -1,10 +1,12 @@
 // The text report's lines (analyze/report.h): whose code a frame is
 // (core/frames.h), the stacks the concise report prints from the
 // program's code, all frames under --full, and findings of several ranks
-// shown once; the JSON report's timeline at the HTML one's detail.
+// shown once; the HTML report's stack labels and findings, which agree with
+// the text; the JSON report's timeline at the HTML one's detail.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -286,6 +288,69 @@ TEST_CASE("a stack with none of the program's frames shows its first frame past 
     CHECK(stack_lines(r, 8, 2, 4).empty());  // an unknown stack id
 }
 
+namespace {
+
+// The stacks above, as one rank's: 7 the sim harness's, 8 PyTorch's with
+// Python frames, 9 one with none of the program's frames, 10 the program's
+// C++ inside a PyTorch stack.
+RankReport every_kind_of_stack() {
+    RankReport r = with_stack(kHarnessStack, 0);
+    r.stacks[8] = torch_stack();
+    r.python_from[8] = kTorchNative.size();
+    r.stacks[9] = {kTorchNative[0], kTorchNative[1], kTorchNative[3]};
+    r.stacks[10] = {kTorchNative[0], kTorchNative[1],
+                    "transformer_engine::pytorch::cast_to_fp8(at::Tensor const&)",
+                    kTorchNative[14]};
+    r.stacks[10].insert(r.stacks[10].end(), kTorchPython.begin(), kTorchPython.end());
+    r.python_from[10] = 4;
+    return r;
+}
+
+// The frame each of them starts at.
+const std::map<uint32_t, std::string> kStackStarts = {
+    {7, kHarnessStack[1]},
+    {8, "Block.forward (/home/me/train.py:41)"},
+    {9, kTorchNative[3]},
+    {10, "transformer_engine::pytorch::cast_to_fp8(at::Tensor const&)"},
+};
+
+}  // namespace
+
+TEST_CASE("a stack starts at the frame its text lines show first, never the allocator's") {
+    const RankReport r = every_kind_of_stack();
+    for (const auto& [id, frame] : kStackStarts) {
+        CAPTURE(id);
+        CHECK(stack_start(r, id) == frame);
+        const std::vector<std::string> lines = stack_lines(r, id, 4, 4);
+        const auto shown = std::find_if(lines.begin(), lines.end(), [](const std::string& line) {
+            return !line.starts_with("... ");
+        });
+        REQUIRE(shown != lines.end());
+        CHECK(*shown == frame);
+    }
+    CHECK(stack_start(r, 11).empty());  // an unknown stack id
+}
+
+TEST_CASE("the HTML labels each stack with the frame its text starts at, the program's") {
+    Report report;
+    report.ranks.push_back(every_kind_of_stack());
+    report.ranks[0].analysis.header.rank = 0;
+    report.findings_found = true;
+    for (const auto& [id, frame] : kStackStarts) {
+        Finding f = finding(0, Severity::error, "copies #" + std::to_string(id), 1536);
+        f.evidence[0].stack_id = id;
+        report.findings.findings.push_back(f);
+    }
+    const std::string html = render_html(report);
+    for (const auto& [id, frame] : kStackStarts) {
+        CAPTURE(id);
+        CHECK(count(html, "<summary>stack " + std::to_string(id) + ": " + html_escape(frame) +
+                              "</summary>") == 1);
+    }
+    CHECK(count(html, "<summary>stack 7: allocscope::harness::alloc::") == 0);
+    CHECK(count(html, "<summary>stack 8: std::_Function_handler") == 0);
+}
+
 TEST_CASE("findings two ranks share are one group, shown once as ranks 0–1") {
     FindingsFile file;
     file.findings.push_back(finding(0, Severity::error, "copies outlive forward (step 5)", 1536));
@@ -350,7 +415,10 @@ TEST_CASE("rank lists read as ranges") {
     CHECK(ranks_text({-1}) == "no rank");
 }
 
-TEST_CASE("the concise text shows a finding of two ranks once, --full once per rank") {
+namespace {
+
+// Two ranks that found the same: one error, five infos each.
+Report two_ranks_alike() {
     Report report;
     for (int32_t rank : {0, 1}) {
         RankReport r;
@@ -368,6 +436,21 @@ TEST_CASE("the concise text shows a finding of two ranks once, --full once per r
             report.findings.findings.push_back(f);
         }
     }
+    return report;
+}
+
+// Text between `from` and the next `to` after it, "" when absent.
+std::string between(const std::string& text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    if (at == std::string::npos) return {};
+    const size_t begin = at + from.size();
+    return text.substr(begin, text.find(to, begin) - begin);
+}
+
+}  // namespace
+
+TEST_CASE("the concise text shows a finding of two ranks once, --full once per rank") {
+    const Report report = two_ranks_alike();
     const std::string concise = render_text(report);
     CHECK(count(concise, "weight-copy-accumulation") == 1);
     CHECK(count(concise, "ranks 0–1  layers.0/forward  1.50 KiB  copies (step 5)") == 1);
@@ -382,6 +465,45 @@ TEST_CASE("the concise text shows a finding of two ranks once, --full once per r
     CHECK(count(full, "weight-copy-accumulation  rank 0") == 1);
     CHECK(count(full, "weight-copy-accumulation  rank 1") == 1);
     CHECK(count(full, "info    peak-owner") == 10);
+}
+
+TEST_CASE("the HTML shows a finding of two ranks once, naming both, and counts as the text") {
+    const Report report = two_ranks_alike();
+    const std::string html = render_html(report);
+    // One row per finding the text counts: the error and the five infos.
+    CHECK(count(html, "<details class=finding>") == 6);
+    CHECK(count(html, "</b> ranks 0–1 layers.0 forward &mdash; ") == 6);
+    CHECK(count(html, "</b> rank 0 ") == 0);
+    CHECK(count(html, "</b> rank 1 ") == 0);
+    CHECK(count(html, "<details class=infos><summary>5 info finding(s)") == 1);
+    // The text's count line, word for word.
+    const std::string counted = between(render_text(report), "\nfindings: ", "\n");
+    REQUIRE_FALSE(counted.empty());
+    CHECK(count(html, "<p>" + html_escape(counted) + "</p>") == 1);
+    // Each rank's evidence is there, marked with its rank.
+    CHECK(count(html, "<th>rank</th>") == 6);
+    CHECK(count(html, "<td class=n>0</td><td class=n>1.50 KiB</td>") == 1);
+    CHECK(count(html, "<td class=n>1</td><td class=n>1.50 KiB</td>") == 1);
+}
+
+TEST_CASE("in the HTML a rank whose finding differs gets its own line under the shared one") {
+    Report report;
+    report.findings_found = true;
+    report.findings.findings.push_back(
+        finding(0, Severity::error, "copies outlive forward (step 5)", 1536));
+    report.findings.findings.push_back(
+        finding(1, Severity::error, "copies outlive forward (step 4)", 2048));
+    Finding other = finding(1, Severity::error, "copies outlive forward (step 5)", 1536);
+    other.plugin = "transpose-cache-retention";  // another detector: never grouped
+    report.findings.findings.push_back(other);
+    const std::string html = render_html(report);
+    CHECK(count(html, "<details class=finding>") == collapse_findings(report.findings).size());
+    CHECK(count(html, "<details class=finding>") == 2);
+    CHECK(count(html, "<b>weight-copy-accumulation</b> ranks 0–1 ") == 1);
+    CHECK(count(html,
+                "<span class=differs>rank 1: 2.00 KiB  copies outlive forward (step "
+                "4)</span></summary>") == 1);
+    CHECK(count(html, "<b>transpose-cache-retention</b> rank 1 ") == 1);
 }
 
 TEST_CASE("every detector's problems show a stack, however many another detector has") {

@@ -2,7 +2,8 @@
 // TraceStream: the events read again pass after pass, never all held) is
 // the analysis of the loaded trace, field by field: on every recorded trace
 // of the corpus, with the default and with small timelines, and on traces
-// cut short, corrupt, or grown between passes.
+// cut short, corrupt (unreadable where that is before any event), or grown
+// between passes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -90,6 +91,31 @@ TEST_CASE("a trace cut short or corrupt streams its prefix, with the loaded trac
     const TraceAnalysis a = analyzed(corrupt_trace);
     CHECK(a.truncated);
     CHECK(a.truncation_message == corrupt_trace.truncation_message);
+}
+
+TEST_CASE("a corrupt record before any event makes the trace unreadable, streamed as loaded") {
+    TempDir t;
+    const fs::path whole = corpus_traces().front();
+    const fs::path path = t.dir / "unreadable.trace";
+    fs::copy_file(whole, path);
+    {
+        // The first record's first payload byte: its checksum fails.
+        const auto at = std::streamoff(kTraceHeaderSize + kRecordHeaderSize);
+        std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+        char c = 0;
+        f.seekg(at);
+        f.get(c);
+        f.seekp(at);
+        f.put(char(~c));
+    }
+    CHECK_THROWS_AS(load_trace(path.string()), TraceError);
+    TraceStream stream(path.string());  // the header reads
+    CHECK_THROWS_AS(analyze(stream), TraceError);
+    CHECK_FALSE(stream.counted());
+    // A pass after it starts afresh and throws the same.
+    CHECK_THROWS_AS(trace_shape(stream), TraceError);
+    CHECK_THROWS_AS(step_memory(stream), TraceError);
+    CHECK_FALSE(stream.counted());
 }
 
 TEST_CASE("later passes give the events the first pass counted, though the file has grown") {

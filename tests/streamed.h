@@ -43,6 +43,8 @@ inline void check_same_analysis(const TraceAnalysis& streamed, const TraceAnalys
     CHECK(streamed.oom_moments_total == loaded.oom_moments_total);
     CHECK(streamed.recovered_failures == loaded.recovered_failures);
     CHECK(streamed.counters == loaded.counters);
+    CHECK(streamed.step_starts == loaded.step_starts);
+    CHECK(streamed.groups_at_last_step == loaded.groups_at_last_step);
     CHECK(streamed == loaded);  // and whatever field comes next
 }
 

@@ -50,10 +50,12 @@ bool gpu_present() {
     return present;
 }
 
-// The cuda executable must bind the real libcudart.so.13. This
-// executable's directory holds the simulated one, and test runners put it
-// on LD_LIBRARY_PATH, which the loader searches before the real runtime's
-// location: drop that directory before exec.
+// The cuda executable must bind the real libcudart.so.13. In the build tree
+// this executable's directory holds the simulated one, and test runners put
+// it on LD_LIBRARY_PATH, which the loader searches before the real runtime's
+// location: drop that directory before exec. (Installed, the simulated one
+// lies in <libdir>/allocscope/sim, named only by this executable's runpath,
+// which the exec does not pass on.)
 void drop_own_directory_from_library_path(const std::string& cuda_executable) {
     const char* path = std::getenv("LD_LIBRARY_PATH");
     if (!path) return;

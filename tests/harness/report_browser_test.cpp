@@ -2,8 +2,9 @@
 // report.html loads, the timeline's layer areas and the findings panel are
 // drawn (pixels of their colours in a screenshot, elements in the DOM);
 // hovering the timeline and the heat map shows the allocations and their
-// stacks, clicking a layer selects it across the page, the per-layer
-// forward chart has a series per rank and per baseline rank (a probe script
+// stacks, clicking a layer selects it across the page, every element
+// styled as clickable does something when clicked, the per-layer forward
+// chart has a series per rank and per baseline rank (a probe script
 // appended to a copy of the report dispatches real mouse and key events and
 // writes what it saw into the DOM); and a trace whose strings carry markup
 // cannot run script or add elements, hovered or not.
@@ -122,7 +123,8 @@ print(' '.join('%s=%d' % kv for kv in counts.items()))
 // moves the mouse over the first rank's timeline (at a point where
 // elementFromPoint finds the bottom layer's area) and over a heat-map cell,
 // clicks a layer's legend entry twice, clicks a table's layer cell and
-// presses Escape, and writes what it saw as "key=value" lines into
+// presses Escape, then clicks every element styled as clickable, and
+// writes what it saw as "key=value" lines into
 // <pre id=observed>. With "#shot" in the URL it only hovers the timeline
 // and leaves the tooltip up (for a screenshot); with "#none" it does
 // nothing.
@@ -175,6 +177,37 @@ window.addEventListener('load', () => {
   put('after_row_click', state());
   document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape', bubbles: true}));
   put('after_escape', state());
+  // Every element styled as clickable (the one that sets the pointer, not
+  // what it holds), every <details> open: a summary opens or closes its
+  // details, anything else is a layer name whose click marks its layer.
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const pointer = e => getComputedStyle(e).cursor === 'pointer';
+  const click = e => e.dispatchEvent(new MouseEvent('click', {bubbles: true, cancelable: true}));
+  const marks = () => document.querySelectorAll('.sel').length + ' ' + document.querySelectorAll('.dim').length;
+  const dead = [];
+  let names = 0, summaries = 0, stuck = 0;
+  for (const e of Array.from(document.querySelectorAll('body *'))) {
+    if (!pointer(e) || (e.parentElement && pointer(e.parentElement))) continue;
+    if (e.tagName === 'SUMMARY') {
+      ++summaries;
+      const d = e.parentElement, was = d.open;
+      click(e);
+      if (d.open === was) ++stuck;
+      d.open = true;
+      continue;
+    }
+    ++names;
+    const before = marks(), row = e.closest('[data-g]');
+    click(e);
+    if (marks() === before || !row || !row.classList.contains('sel'))
+      dead.push(e.tagName.toLowerCase() + ' "' + e.textContent + '" in ' + e.parentElement.tagName.toLowerCase());
+    document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape', bubbles: true}));
+  }
+  put('layer_names', names);
+  put('dead_layer_names', dead.length);
+  put('dead_examples', dead.slice(0, 5).join('; '));
+  put('summaries', summaries);
+  put('stuck_summaries', stuck);
   for (const p of document.querySelectorAll('svg.fwd polyline.series'))
     put('series', p.getAttribute('class') + ' ' + p.getAttribute('data-rank') +
         (p.hasAttribute('stroke-dasharray') ? ' dashed' : ''));
@@ -255,7 +288,7 @@ TEST_CASE("a run's HTML report renders its timeline and findings in a browser") 
 
 TEST_CASE(
     "hovering the timeline and the heat map shows allocations and stacks; clicking a layer "
-    "selects it across the page") {
+    "selects it across the page, and every layer name that looks clickable does so") {
     TempDir t;
     const std::string harness = env("HARNESS") +
                                 " --backend sim --ranks 2 --layers 2 --steps 6 --warmup 1 "
@@ -321,6 +354,20 @@ TEST_CASE(
     CHECK_FALSE(row.starts_with("sel 0 "));
     CHECK(contains(row, "polygon layer dim"));
     CHECK(observed(dom, "after_escape").starts_with("sel 0 dim 0 "));
+    // Whatever is styled as clickable does something: every layer name
+    // (legend entries, the cells of tables, the heat maps and the findings'
+    // evidence, the forward chart's labels) marks its layer, and every
+    // summary opens or closes its details.
+    const std::string names = observed(dom, "layer_names");
+    MESSAGE("pointer-styled layer names: " << names << ", of them doing nothing when clicked: "
+                                           << observed(dom, "dead_layer_names")
+                                           << "; summaries: " << observed(dom, "summaries"));
+    INFO("layer names doing nothing, the first: " << observed(dom, "dead_examples"));
+    REQUIRE_FALSE(names.empty());
+    CHECK(std::stol(names) > 20);
+    CHECK(observed(dom, "dead_layer_names") == "0");
+    CHECK(std::stol(observed(dom, "summaries")) > 20);
+    CHECK(observed(dom, "stuck_summaries") == "0");
     // The per-layer forward chart: one series per rank, one per baseline
     // rank (dashed).
     const std::vector<std::string> series = observed_all(dom, "series");

@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "analysis.h"
@@ -38,6 +40,18 @@ const char* const kShape = " --ranks 2 --layers 2 --steps 3 --warmup 1";
 void run_harness(const fs::path& dir, const std::string& args) {
     REQUIRE(sh(env("E2E_CLI") + " run --force --out " + dir.string() + " -- " + env("HARNESS") +
                " --backend sim" + kShape + " " + args) == 0);
+}
+
+// The layer cells of an HTML report (styled as clickable, class=pick) whose
+// row names no layer group for the script to select (no data-g).
+size_t layer_cells_selecting_nothing(const std::string& html) {
+    size_t n = 0;
+    for (size_t at = html.find("<td class=pick>"); at != std::string::npos;
+         at = html.find("<td class=pick>", at + 1)) {
+        const size_t row = html.rfind("<tr", at);
+        n += row == std::string::npos || html.compare(row, 12, "<tr data-g=\"") != 0;
+    }
+    return n;
 }
 
 }  // namespace
@@ -70,7 +84,10 @@ TEST_CASE(
         const size_t section = text.find("== out of memory ==");
         REQUIRE(section != std::string::npos);
         CHECK(section < text.find("== run =="));
-        CHECK(contains(slurp(t / "report.html"), "<h2 id=oom>Out of memory</h2>"));
+        const std::string html = slurp(t / "report.html");
+        CHECK(contains(html, "<h2 id=oom>Out of memory</h2>"));
+        // The moment's rows of findings and layers select their layer.
+        CHECK(layer_cells_selecting_nothing(html) == 0);
 
         size_t moments = 0;
         std::vector<uint64_t> live_at_moment;
@@ -174,7 +191,83 @@ std::string first_shown_frame(const std::vector<std::string>& lines, size_t at,
     return {};
 }
 
+// How often `part` occurs in `text`.
+size_t occurrences(const std::string& text, const std::string& part) {
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1))
+        ++n;
+    return n;
+}
+
+// HTML element text as it reads: html_escape's five escapes undone.
+std::string unescaped(std::string text) {
+    for (const auto& [from, to] :
+         {std::pair{"&lt;", "<"}, std::pair{"&gt;", ">"}, std::pair{"&quot;", "\""},
+          std::pair{"&#39;", "'"}, std::pair{"&amp;", "&"}}) {
+        for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + 1))
+            text.replace(at, std::string_view(from).size(), to);
+    }
+    return text;
+}
+
 }  // namespace
+
+TEST_CASE(
+    "the HTML report of a 2-rank run agrees with the text: a row per finding it counts, stacks "
+    "labelled by the program's frame, every layer cell selecting its layer") {
+    TempDir t;
+    run_harness(t.dir, "--recipe delayed --te seed");
+    const std::string text = slurp(t / "report.txt");
+    const std::string html = slurp(t / "report.html");
+    // The text's count of findings is the HTML's, word for word, and the
+    // HTML has a row for each finding counted: what both ranks found alike
+    // once, naming them.
+    const std::string opening = "\nfindings: ";
+    const size_t at = text.find(opening);
+    REQUIRE(at != std::string::npos);
+    const size_t from = at + opening.size();
+    const std::string counted = text.substr(from, text.find('\n', from) - from);
+    CAPTURE(counted);
+    CHECK(contains(html, "<p>" + html_escape(counted) + "</p>"));
+    std::istringstream words(counted);
+    size_t errors = 0, warnings = 0, infos = 0;
+    std::string word;
+    words >> errors >> word >> warnings >> word >> infos;
+    const FindingsFile findings = read_findings_file((t / "findings.json").string());
+    const size_t rows = occurrences(html, "<details class=finding>");
+    MESSAGE("findings over both ranks " << findings.findings.size() << "; the text counts "
+                                        << errors + warnings + infos << "; the HTML's rows "
+                                        << rows);
+    REQUIRE(errors > 0);
+    CHECK(errors + warnings + infos < findings.findings.size());
+    CHECK(rows == errors + warnings + infos);
+    size_t of_both = 0;
+    for (const FindingGroup& g : collapse_findings(findings))
+        of_both += g.members.size() == 2;
+    CHECK(of_both > 0);
+    CHECK(occurrences(html, "</b> ranks 0–1 ") == of_both);
+    // Every stack is labelled by the program's frame, the one the text's
+    // stacks start at, never the harness's caching allocator's.
+    size_t labels = 0;
+    std::vector<std::string> others;
+    const std::string label = "<summary>stack ";
+    for (size_t p = html.find(label); p != std::string::npos; p = html.find(label, p + 1)) {
+        const size_t begin = html.find(": ", p) + 2;
+        const std::string frame = unescaped(html.substr(begin, html.find("</summary>", p) - begin));
+        if (native_frame_kind(frame) != FrameKind::user ||
+            !frame.starts_with("allocscope::harness::trainer::"))
+            others.push_back(frame);
+        ++labels;
+    }
+    MESSAGE("stack labels: " << labels << ", of them not the program's frame: " << others.size());
+    INFO("the first labelled otherwise: " << (others.empty() ? "" : others[0]));
+    CHECK(others.empty());
+    CHECK(labels >= rows);  // each finding has evidence with a stack
+    // Every layer styled as clickable is in a row that names its layer
+    // group: the tables', the heat map's and the findings' evidence.
+    CHECK(occurrences(html, "<td class=pick>") > rows);
+    CHECK(layer_cells_selecting_nothing(html) == 0);
+}
 
 TEST_CASE(
     "the concise report of a 6-step 2-rank run: at most 200 lines, each finding once with "
@@ -405,6 +498,56 @@ TEST_CASE(
     CHECK_FALSE(contains(text, "self-check: differs"));
 }
 
+TEST_CASE(
+    "a rank that leaks alone stands out against the other ranks' median, naming what it "
+    "holds extra; ranks of a healthy run do not") {
+    const std::string shape = " --backend sim --ranks 4 --layers 2 --steps 10 --warmup 1";
+    TempDir leak;
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + leak.dir.string() + " -- " +
+               env("HARNESS") + shape + " --recipe bf16 --inject leak-rank:2") == 0);
+    const FindingsFile findings = read_findings_file((leak / "findings.json").string());
+    std::vector<Finding> cross;
+    for (const Finding& f : findings.findings)
+        if (f.plugin == "cross-rank-imbalance") cross.push_back(f);
+    REQUIRE(cross.size() >= 1);
+    for (const Finding& f : cross)
+        CHECK(f.rank == 2);
+    const auto warning = std::find_if(cross.begin(), cross.end(), [](const Finding& f) {
+        return f.severity == Severity::warning;
+    });
+    REQUIRE(warning != cross.end());
+    CHECK(warning->layer == "layers.0");
+    CHECK(warning->count == 3);
+    // One activation-sized block a step (32 KiB at this shape), kept: 9 of
+    // them when step 9 began.
+    CHECK(warning->bytes == 9 * 32 * 1024);
+    CAPTURE(warning->summary);
+    CHECK(contains(warning->summary, "rank 2 holds "));
+    CHECK(contains(warning->summary,
+                   " live when step 9 began, 288 KiB more than the median of "
+                   "the 3 other rank(s) "));
+    CHECK(contains(warning->summary, "; the extra: layers.0 +288 KiB"));
+    // The report and check show it as the run does.
+    CHECK(contains(slurp(leak / "report.txt"), "cross-rank-imbalance"));
+    std::string out;
+    sh(env("E2E_CLI") + " check --fail-on warning " + leak.dir.string(), &out);
+    CHECK(contains(out, "cross-rank-imbalance"));
+    // Made anew from the traces, never twice.
+    CHECK(sh(env("E2E_CLI") + " report --format json " + leak.dir.string() + " -o " +
+             (leak / "r.json").string()) == 0);
+    const json::Value v = json::parse(slurp(leak / "r.json"));
+    size_t in_json = 0;
+    for (const json::Value& f : v.at("findings").at("findings").items)
+        in_json += f.at("plugin").text == "cross-rank-imbalance";
+    CHECK(in_json == cross.size());
+
+    TempDir healthy;
+    REQUIRE(sh(env("E2E_CLI") + " run --force --out " + healthy.dir.string() + " -- " +
+               env("HARNESS") + shape + " --recipe bf16") == 0);
+    for (const Finding& f : read_findings_file((healthy / "findings.json").string()).findings)
+        CHECK_MESSAGE(f.plugin != "cross-rank-imbalance", f.summary);
+}
+
 TEST_CASE("strings from a trace cannot inject markup into the HTML report") {
     TempDir t;
     const std::string evil = "<script>document.title='owned'</script><img src=x onerror=alert(1)>";
@@ -548,6 +691,20 @@ TEST_CASE(
     CHECK(contains(out, "this trace is not reported"));
     CHECK(sh(env("E2E_CLI") + " report " + bad, &out, &err) == 2);
     CHECK(count_lines(err, "allocscope:") == 1);
+
+    // A readable header, then a corrupt record before the first event: as
+    // unreadable (the streamed analysis's first pass throws, as load_trace).
+    bytes[20] = static_cast<char>(bytes[20] ^ 0x01);
+    bytes[kTraceHeaderSize + kRecordHeaderSize] =
+        static_cast<char>(~bytes[kTraceHeaderSize + kRecordHeaderSize]);
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+    CHECK_THROWS_AS(load_trace(bad), TraceError);
+    CHECK(sh(env("E2E_CLI") + " report " + run.string(), &out, &err) == 0);
+    CHECK(count_lines(out, "note: " + bad + ": ") == 1);
+    CHECK(contains(out, "this trace is not reported"));
+    CHECK(contains(out, "allocscope report: 1 trace(s), rank 0\n"));
+    CHECK(sh(env("E2E_CLI") + " report " + bad, &out, &err) == 2);
+    CHECK(count_lines(err, "allocscope: " + bad + ": ") == 1);
 }
 
 TEST_CASE("report refuses unreadable input and an unwritable output with exit 2") {

@@ -12,6 +12,12 @@ build directory into a temporary directory, then, from that tree alone:
   and pytest loads the plugin from it (no -p), also next to an explicit
   -p allocscope.pytest.
 
+* the installed bin/allocscope-harness runs on the sim backend with the
+  host-memory CUDA runtime installed for it alone (under
+  <libdir>/allocscope/sim, found through the harness's relative runpath,
+  with the driver it opens next to it), and the installed allocscope run
+  records its two ranks and reports their layers and findings.
+
 A destdir is not on the interpreter's path by itself: an install into
 /usr/local would be (Debian's python3 reads /usr/local/lib/python3/
 dist-packages), a staged one is not, so the entry point checks add it
@@ -35,12 +41,23 @@ SOURCE_PYTHON_DIR = os.path.realpath(os.environ["SOURCE_PYTHON_DIR"])
 PY = sys.executable
 
 
+def inside(path, directory):
+    return os.path.realpath(path).startswith(os.path.realpath(directory) + os.sep)
+
+
 def clean_env(**extra):
     env = dict(os.environ)
     for var in list(env):
         if var.startswith(("ALLOCSCOPE_", "PYTEST_")) or var in ("PYTHONPATH", "LD_PRELOAD",
                                                                  "PYTHONSTARTUP"):
             env.pop(var)
+    # meson test puts the build tree's library directories on
+    # LD_LIBRARY_PATH, ahead of any runpath: the installed tree must do
+    # without them.
+    kept = [d for d in env.pop("LD_LIBRARY_PATH", "").split(":")
+            if d and not inside(d, BUILD_ROOT)]
+    if kept:
+        env["LD_LIBRARY_PATH"] = ":".join(kept)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
     return env
@@ -64,6 +81,10 @@ class Staged:
         assert len(infos) == 1, "want one allocscope dist-info: %r" % infos
         self.site_packages = os.path.dirname(infos[0])
         self.dist_info = infos[0]
+        harness = glob.glob(os.path.join(root, "**", "bin", "allocscope-harness"),
+                            recursive=True)
+        assert len(harness) == 1, "bin/allocscope-harness installed %d times" % len(harness)
+        self.harness = harness[0]
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +99,6 @@ def staged():
         yield Staged(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def inside(path, directory):
-    return os.path.realpath(path).startswith(os.path.realpath(directory) + os.sep)
 
 
 # Under `allocscope run`: where the shim, the interposer and each module of
@@ -198,3 +215,46 @@ def test_pytest_loads_the_installed_plugin_from_its_entry_point(staged, explicit
     assert p.returncode == 1, "want the marked test to fail:\n" + p.stdout + p.stderr
     assert "1 failed" in p.stdout, p.stdout
     assert "weight-copy-accumulation [error] layers.0 (forward)" in p.stdout, p.stdout
+
+
+def test_the_simulated_cuda_runtime_is_installed_for_the_harness_alone(staged):
+    # A libcudart.so.13 anywhere on the loader's search path would shadow
+    # the real CUDA runtime for every other program.
+    runtimes = glob.glob(os.path.join(staged.root, "**", "libcudart.so*"), recursive=True)
+    assert runtimes, "no simulated libcudart installed"
+    for runtime in runtimes:
+        assert os.path.basename(os.path.dirname(runtime)) == "sim" and \
+            os.path.basename(os.path.dirname(os.path.dirname(runtime))) == "allocscope", (
+                "%s is outside <libdir>/allocscope/sim" % runtime)
+    # The loader resolves the harness's libcudart.so.13 to the staged one,
+    # not to a real runtime the system has, and the driver it opens from its
+    # own directory lies next to it (without ldd, not glibc, the run of the
+    # next test is the only proof).
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return
+    p = run([ldd, staged.harness], staged.root)
+    assert p.returncode == 0, p.stdout + p.stderr
+    resolved = [l.split("=>", 1)[1].split("(", 1)[0].strip()
+                for l in p.stdout.splitlines() if l.strip().startswith("libcudart.so.13 =>")]
+    assert len(resolved) == 1 and inside(resolved[0], staged.root), p.stdout
+    assert os.path.exists(os.path.join(os.path.dirname(resolved[0]), "libsimcuda.so"))
+
+
+def test_the_installed_harness_runs_under_the_installed_allocscope_run(staged):
+    harness = [staged.harness, "--backend", "sim", "--recipe", "delayed", "--te", "seed",
+               "--layers", "2", "--steps", "2", "--warmup", "1"]
+    alone = run(harness + ["--ranks", "1"], staged.root)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+
+    out = os.path.join(staged.root, "harness-out")
+    p = run([staged.cli, "run", "--out", out, "--"] + harness + ["--ranks", "2"], staged.root)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert {"rank0.trace", "rank1.trace"} <= set(os.listdir(out)), os.listdir(out)
+    assert "on 2 ranks" in p.stderr and "report: " in p.stderr, p.stderr
+    with open(os.path.join(out, "report.txt")) as f:
+        report = f.read()
+    for layer in ("layers.0", "layers.1"):
+        assert layer in report, report
+    # The installed plugins judged what the installed interposer recorded.
+    assert "weight-copy-accumulation" in report, report

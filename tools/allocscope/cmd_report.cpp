@@ -16,6 +16,7 @@
 #include "analysis.h"
 #include "args.h"
 #include "cli.h"
+#include "imbalance.h"
 #include "output_file.h"
 #include "parallel.h"
 #include "progress.h"
@@ -130,21 +131,33 @@ struct ReportInputs {
 
 TraceReport report_trace(const std::string& path, const ReportInputs& in) {
     TraceReport out;
-    // A trace whose header cannot be read is one note among several
-    // traces (the others are reported); alone, it is the error.
+    // An unreadable trace (its header, or a corrupt record before its first
+    // event) is one note among several traces (the others are reported);
+    // alone, it is the error.
+    auto unreadable = [&](const TraceError& e) {
+        if (in.only) return false;
+        out.notes.push_back(std::string(e.what()) + "; this trace is not reported");
+        return true;
+    };
     std::optional<TraceStream> stream;
     try {
         stream.emplace(path);
     } catch (const TraceError& e) {
-        if (in.only) throw;
-        out.notes.push_back(std::string(e.what()) + "; this trace is not reported");
+        if (!unreadable(e)) throw;
         return out;
     }
     // --rank R: only R's trace is read, the others' headers.
     if (in.rank >= 0 && stream->header().rank != in.rank) return out;
     RankReport r;
-    // A corrupt record ends the trace, with a warning.
-    r.analysis = analyze(*stream, in.options);
+    // A corrupt record ends the trace, with a warning. The first pass
+    // throws where it comes before any event; a later pass, where the file
+    // no longer holds what the first read (an error, as alone).
+    try {
+        r.analysis = analyze(*stream, in.options);
+    } catch (const TraceError& e) {
+        if (stream->counted() || !unreadable(e)) throw;
+        return out;
+    }
     r.steps = step_memory(*stream, TraceShape{r.analysis.owner, r.analysis.main_tid});
     const TraceTables& t = stream->tables();
     // One trace each: paired whatever their ranks (as diff pairs them).
@@ -241,6 +254,20 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
                      [](const RankReport& a, const RankReport& b) {
                          return a.analysis.header.rank < b.analysis.header.rank;
                      });
+    // Cross-rank findings come from the ranks' analyses side by side: made
+    // anew when several ranks are read (a findings file's, from the run's
+    // end, stand for one rank read alone).
+    if (report.ranks.size() >= 2) {
+        std::vector<const TraceAnalysis*> analyses;
+        for (const RankReport& r : report.ranks)
+            analyses.push_back(&r.analysis);
+        std::erase_if(report.findings.findings,
+                      [](const Finding& f) { return f.plugin == kImbalancePlugin; });
+        for (Finding& f : imbalance_findings(analyses)) {
+            report.findings.findings.push_back(std::move(f));
+            report.findings_found = true;
+        }
+    }
     return report;
 }
 

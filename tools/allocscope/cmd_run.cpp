@@ -19,6 +19,7 @@
 #include "args.h"
 #include "cli.h"
 #include "config.h"
+#include "imbalance.h"
 #include "output_file.h"
 #include "plugin_host.h"
 #include "replay_engine.h"
@@ -98,7 +99,7 @@ options:
                      transpose, a scale) is declared, so that the weight
                      detectors report proven copies, not size matches;
                      without it they can only match sizes, never an error,
-                     and the summary says which layers matched (README.md,
+                     and the summary says which layers matched (docs/USAGE.md,
                      "PyTorch, unchanged"). --provenance sets
                      ALLOCSCOPE_PROVENANCE=1 (the default)
   --provenance-steps SPEC
@@ -366,6 +367,23 @@ int collect_findings(const fs::path& out_dir, bool check, const Recovered& recov
     return 0;
 }
 
+// The report's cross-rank findings (imbalance_findings) into the merged
+// findings and DIR/findings.json, so that the run's summary, --check and a
+// later `allocscope check` count them as the report shows them.
+void add_cross_rank_findings(const fs::path& out_dir, const Report& report, FindingsFile& merged) {
+    std::vector<Finding> cross;
+    for (const Finding& f : report.findings.findings)
+        if (f.plugin == kImbalancePlugin) cross.push_back(f);
+    if (cross.empty()) return;
+    std::erase_if(merged.findings, [](const Finding& f) { return f.plugin == kImbalancePlugin; });
+    merged.findings.insert(merged.findings.end(), cross.begin(), cross.end());
+    try {
+        write_findings_file((out_dir / "findings.json").string(), merged);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "allocscope: %s\n", e.what());
+    }
+}
+
 }  // namespace
 
 namespace {
@@ -596,6 +614,7 @@ int run_command(const std::vector<std::string>& args) {
     int checked = collect_findings(out_dir, check, recovered, merged);
     std::optional<Report> report;
     if (!trace_files_in(out_dir).empty()) report = write_run_reports(out_dir.string());
+    if (report && merged) add_cross_rank_findings(out_dir, *report, *merged);
     // The terminal gets the problems and one line; report.txt has the rest.
     const std::string where = report ? "report: " + (out_dir / "report.txt").string()
                                      : "findings: " + (out_dir / "findings.json").string();

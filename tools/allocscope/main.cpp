@@ -35,7 +35,7 @@ commands:
                     concise text unless --full, HTML with hovers and the
                     per-layer forward chart (--baseline overlays a run)
   diff BASE CAND [--forward-threshold B] [--backward-threshold B]
-       [--format text|json] [-o FILE]
+       [--rank R] [--format text|json] [-o FILE]
                     the reference test's comparison of two runs: per-layer
                     forward increments, post-backward deltas; exit 3 when a
                     threshold is exceeded

@@ -15,6 +15,10 @@ from ._oom import record_ooms
 _bridge_state = None  # None: not tried; True: attached or not needed; False: failed
 _sees_ooms = False  # the bridge is attached to the native allocator's trace
 _tensors_visible = False  # each tensor is an allocation of its own (bridge.cpp)
+# Called after each attach_bridge: what depends on the bridge's outcome
+# (provenance needs _tensors_visible) registers here, so that this module,
+# which finds and attaches the bridge, imports none of it.
+_after_attach = []
 
 
 def _bridge_candidates():
@@ -118,13 +122,8 @@ def attach_bridge():
         record_ooms(_sees_ooms)
     except Exception as e:
         _say("oom", "out-of-memory errors are not recorded: %s" % e)
-    from . import _provenance
-
-    if _provenance._provenance_param is not None and not _tensors_visible:
-        _provenance._off(
-            "the caching allocator's tensors are not visible as allocations "
-            "(the bridge is not attached to it), and a declaration would name a whole segment"
-        )
+    for hook in _after_attach:
+        hook()
     return _bridge_state
 
 

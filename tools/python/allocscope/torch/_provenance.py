@@ -11,6 +11,7 @@ import os
 
 import allocscope as _allocscope
 
+from . import _bridge
 from ._bridge import _bridge_candidates, _bridge_path
 from ._common import _BACKWARD, _FORWARD, _say
 
@@ -135,8 +136,6 @@ def _install_provenance():
         return _off("it needs the module hooks (ALLOCSCOPE_PYTHON_MODULES=0)")
     path = _bridge_path()
     if path is None:
-        from . import _bridge
-
         if _bridge._refused is not None:
             return _off(_bridge._refused)
         return _off(
@@ -166,3 +165,16 @@ def _install_provenance():
     if os.environ.get("ALLOCSCOPE_LOG") == "debug":
         _say("provenance on", "provenance: the op observer of %s is installed" % path)
     return True
+
+
+def _check_tensors_visible():
+    """After the bridge is attached: a declaration names an allocation, so
+    provenance is off where tensors are not allocations of their own."""
+    if _provenance_param is not None and not _bridge._tensors_visible:
+        _off(
+            "the caching allocator's tensors are not visible as allocations "
+            "(the bridge is not attached to it), and a declaration would name a whole segment"
+        )
+
+
+_bridge._after_attach.append(_check_tensors_visible)
