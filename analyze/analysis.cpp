@@ -34,7 +34,7 @@ struct Scope {
 // allocations; both passes share it.
 class Tables {
   public:
-    explicit Tables(const Trace& t) : trace_(t), group_of_layer_(t.strings.size(), kNone) {}
+    explicit Tables(const TraceTables& t) : trace_(t), group_of_layer_(t.strings.size(), kNone) {}
 
     uint32_t tag(uint32_t layer, uint32_t phase) {
         uint32_t& index = tag_ids_[uint64_t(layer) << 32 | phase];
@@ -75,7 +75,7 @@ class Tables {
         if (added) groups.push_back(name);
         return it->second;
     }
-    const Trace& trace_;
+    const TraceTables& trace_;
     FlatMap<uint64_t, uint32_t> tag_ids_;
     std::vector<uint32_t> group_of_layer_;
     std::unordered_map<std::string, uint32_t> group_ids_;
@@ -117,7 +117,7 @@ class OwnerLive {
     FlatMap<uint64_t, Live> map_;
 };
 
-std::vector<Site> top_sites(const Trace& t, const Tables& tables, const OwnerLive& live,
+std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const OwnerLive& live,
                             size_t top) {
     struct Acc {
         uint64_t bytes = 0, count = 0;
@@ -168,7 +168,37 @@ struct OomSeeds {
 
 constexpr int32_t kOutOfMemoryCode = 2;
 
-OomSeeds find_oom_moments(const Trace& t) {
+// Finds the episodes event by event (`index`: the event's, in the trace).
+class OomEpisodes {
+  public:
+    void add(const Event& e, size_t index) {
+        // Out of memory: cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
+        // (both 2); a call refused for another reason (an invalid value) is
+        // no shortage of memory.
+        if (e.kind == EventKind::oom && e.result == kOutOfMemoryCode) {
+            Episode& ep = open_[e.tid];
+            ep.open = true;
+            ep.last = index;
+            if (e.level == Level::block) {
+                ep.verdict = index;
+                ep.has_verdict = true;
+            } else {
+                ++ep.calls;
+            }
+        } else if (e.kind == EventKind::alloc) {
+            if (auto it = open_.find(e.tid); it != open_.end()) close(it->second, true);
+        }
+    }
+    // The moments in trace order, once every event has been added.
+    OomSeeds finish() {
+        for (auto& [tid, ep] : open_)
+            close(ep, false);
+        std::sort(out_.moments.begin(), out_.moments.end(),
+                  [](const OomSeed& a, const OomSeed& b) { return a.index < b.index; });
+        return std::move(out_);
+    }
+
+  private:
     struct Episode {
         bool open = false;
         size_t last = 0;     // the last failed request
@@ -176,44 +206,40 @@ OomSeeds find_oom_moments(const Trace& t) {
         bool has_verdict = false;
         uint64_t calls = 0;  // failed runtime/driver calls
     };
-    OomSeeds out;
-    std::unordered_map<uint32_t, Episode> open;
-    auto close = [&](Episode& ep, bool continued) {
+    void close(Episode& ep, bool continued) {
         if (!ep.open) return;
         if (ep.has_verdict) {
-            out.moments.push_back({ep.verdict, true, continued, ep.calls});
+            out_.moments.push_back({ep.verdict, true, continued, ep.calls});
         } else if (continued) {
-            out.recovered_failures += ep.calls;
+            out_.recovered_failures += ep.calls;
         } else {
-            out.moments.push_back({ep.last, false, false, ep.calls});
+            out_.moments.push_back({ep.last, false, false, ep.calls});
         }
         ep = Episode{};
-    };
-    for (size_t i = 0; i < t.events.size(); ++i) {
-        const Event& e = t.events[i];
-        // Out of memory: cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
-        // (both 2); a call refused for another reason (an invalid value) is
-        // no shortage of memory.
-        if (e.kind == EventKind::oom && e.result == kOutOfMemoryCode) {
-            Episode& ep = open[e.tid];
-            ep.open = true;
-            ep.last = i;
-            if (e.level == Level::block) {
-                ep.verdict = i;
-                ep.has_verdict = true;
-            } else {
-                ++ep.calls;
-            }
-        } else if (e.kind == EventKind::alloc) {
-            if (auto it = open.find(e.tid); it != open.end()) close(it->second, true);
-        }
     }
-    for (auto& [tid, ep] : open)
-        close(ep, false);
-    std::sort(out.moments.begin(), out.moments.end(),
-              [](const OomSeed& a, const OomSeed& b) { return a.index < b.index; });
-    return out;
-}
+    OomSeeds out_;
+    std::unordered_map<uint32_t, Episode> open_;
+};
+
+// The layer of the last event with one in the stretch of events of the
+// current step (OomMoment::last_layer), kept event by event.
+class LastLayer {
+  public:
+    // Before add(e): the layer an event of step `step` would name, 0: none.
+    uint32_t layer(uint64_t step) const { return step == step_ && any_ ? layer_ : 0; }
+    uint32_t phase() const { return phase_; }
+    void add(const Event& e, size_t strings) {
+        if (!any_ || e.step != step_) layer_ = 0, phase_ = 0;
+        any_ = true;
+        step_ = e.step;
+        if (e.layer != 0 && e.layer < strings) layer_ = e.layer, phase_ = e.phase;
+    }
+
+  private:
+    bool any_ = false;
+    uint64_t step_ = 0;
+    uint32_t layer_ = 0, phase_ = 0;
+};
 
 // The moment of `seed`, with the live set `live` and the pools' totals
 // `replay` hold at its event.
@@ -306,11 +332,11 @@ AllocatorView allocator_view(const Replay& replay, const SegmentOwners& owners, 
     return v;
 }
 
-OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const OwnerLive& live,
+OomMoment oom_moment(const TraceTables& t, const Event& e, const OomSeed& seed,
+                     const LastLayer& last, Tables& tables, const OwnerLive& live,
                      const Replay& replay, const SegmentOwners& owners, Pool owner,
                      uint64_t direct_driver_live, uint64_t direct_driver_count,
                      const AnalysisOptions& options) {
-    const Event& e = t.events[seed.index];
     OomMoment m;
     m.seq = e.seq;
     m.t_ns = e.t_ns;
@@ -318,13 +344,9 @@ OomMoment oom_moment(const Trace& t, const OomSeed& seed, Tables& tables, const 
     m.tid = e.tid;
     m.layer = e.layer < t.strings.size() ? t.str(e.layer) : "";
     m.phase = e.phase < t.strings.size() ? t.str(e.phase) : "";
-    for (size_t j = seed.index; m.layer.empty() && j-- > 0;) {
-        const Event& p = t.events[j];
-        if (p.step != e.step) break;
-        if (p.layer == 0 || p.layer >= t.strings.size()) continue;
-        m.last_layer = t.str(p.layer);
-        m.last_phase = p.phase < t.strings.size() ? t.str(p.phase) : "";
-        break;
+    if (m.layer.empty() && last.layer(e.step) != 0) {
+        m.last_layer = t.str(last.layer(e.step));
+        m.last_phase = last.phase() < t.strings.size() ? t.str(last.phase()) : "";
     }
     m.stack = e.stack < t.stacks.size() ? e.stack : 0;
     m.requested = e.size;
@@ -381,32 +403,41 @@ std::string layer_group(const std::string& layer) {
     return layer;
 }
 
-TraceShape trace_shape(const Trace& t) {
-    bool any_block = false;
-    // Per thread: (forward-phase pushes, all pushes). The training thread
-    // is the one that runs forward: PyTorch runs backward on autograd's
-    // threads, which may push as many tags as the forward did.
-    std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> pushes;
-    std::vector<int8_t> forward_phase(t.strings.size(), -1);  // by string id, -1: not known yet
-    for (const Event& e : t.events) {
-        any_block |= e.kind == EventKind::alloc && e.level == Level::block;
-        if (e.kind != EventKind::tag_push) continue;
-        auto& [forward, all] = pushes[e.tid];
-        ++all;
-        if (e.phase < forward_phase.size()) {
-            int8_t& f = forward_phase[e.phase];
-            if (f < 0) f = base_phase(t.str(e.phase)) == "forward";
-            forward += uint64_t(f);
-        }
+void ShapeCounter::add(const Event& e, const TraceTables& t) {
+    if (!any_event_) first_tid_ = e.tid, any_event_ = true;
+    any_block_ |= e.kind == EventKind::alloc && e.level == Level::block;
+    if (e.kind != EventKind::tag_push) return;
+    auto& [forward, all] = pushes_[e.tid];
+    ++all;
+    if (e.phase >= forward_phase_.size() && e.phase < t.strings.size())
+        forward_phase_.resize(t.strings.size(), -1);
+    if (e.phase < forward_phase_.size()) {
+        int8_t& f = forward_phase_[e.phase];
+        if (f < 0) f = base_phase(t.str(e.phase)) == "forward";
+        forward += uint64_t(f);
     }
+}
+
+TraceShape ShapeCounter::shape() const {
     TraceShape s;
-    s.owner = any_block ? Pool::device_block : Pool::device_segment;
+    s.owner = any_block_ ? Pool::device_block : Pool::device_segment;
     std::pair<uint64_t, uint64_t> most{0, 0};
-    for (const auto& [tid, n] : pushes) {
+    for (const auto& [tid, n] : pushes_) {
         if (n > most || (n == most && tid < s.main_tid)) s.main_tid = tid, most = n;
     }
-    if (pushes.empty() && !t.events.empty()) s.main_tid = t.events.front().tid;
+    if (pushes_.empty() && any_event_) s.main_tid = first_tid_;
     return s;
+}
+
+TraceShape trace_shape(TraceStream& trace) {
+    ShapeCounter counter;
+    trace.for_each([&](const Event& e) { counter.add(e, trace.tables()); });
+    return counter.shape();
+}
+
+TraceShape trace_shape(const Trace& trace) {
+    TraceStream stream(trace);
+    return trace_shape(stream);
 }
 
 const PoolSummary* TraceAnalysis::pool(Pool p) const {
@@ -416,37 +447,55 @@ const PoolSummary* TraceAnalysis::pool(Pool p) const {
     return nullptr;
 }
 
-TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
+TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options) {
+    TraceStream stream(trace);
+    return analyze(stream, options);
+}
+
+TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
+    // Pass 0 (a file's first: its tables too): the owner pool, the training
+    // thread, counts, the out-of-memory episodes.
+    ShapeCounter shape_counter;
+    OomEpisodes oom_episodes;
+    // Counts by kind and level, and by api, in flat arrays: every event
+    // passes here.
+    std::vector<uint64_t> by_kind(size_t(256) * 256, 0);
+    std::vector<uint64_t> by_api(256, 0);
+    size_t index = 0;
     TraceAnalysis a;
+    stream.for_each([&](const Event& e) {
+        shape_counter.add(e, stream.tables());
+        oom_episodes.add(e, index++);
+        ++by_kind[size_t(e.kind) << 8 | size_t(e.level)];
+        if (e.kind == EventKind::alloc || e.kind == EventKind::oom) ++by_api[size_t(e.api)];
+        a.span_ns = e.t_ns;
+    });
+    const TraceTables& t = stream.tables();
     a.path = t.path;
     a.header = t.header;
     a.truncated = t.truncated;
     a.truncation_message = t.truncation_message;
-    a.events = t.events.size();
-    a.span_ns = t.events.empty() ? 0 : t.events.back().t_ns;
-
-    // Pass 0: the owner pool, the training thread, counts.
-    const TraceShape shape = trace_shape(t);
+    a.events = stream.size();
+    const TraceShape shape = shape_counter.shape();
     a.owner = shape.owner;
+    a.main_tid = shape.main_tid;
     const uint32_t main_tid = shape.main_tid;
-    std::map<std::pair<EventKind, Level>, uint64_t> by_kind;
-    std::map<Api, uint64_t> by_api;
-    for (const Event& e : t.events) {
-        ++by_kind[{e.kind, e.level}];
-        if (e.kind == EventKind::alloc || e.kind == EventKind::oom) ++by_api[e.api];
+    for (size_t key = 0; key < by_kind.size(); ++key) {
+        if (by_kind[key] == 0) continue;
+        std::string what(to_string(EventKind(key >> 8)));
+        const Level level = Level(key & 0xff);
+        if (level != Level::none) what += " " + std::string(to_string(level));
+        a.events_by_kind.push_back({what, by_kind[key]});
     }
-    for (const auto& [key, count] : by_kind) {
-        std::string what(to_string(key.first));
-        if (key.second != Level::none) what += " " + std::string(to_string(key.second));
-        a.events_by_kind.push_back({what, count});
+    for (size_t api = 0; api < by_api.size(); ++api) {
+        if (by_api[api] > 0)
+            a.calls_by_api.push_back({std::string(to_string(Api(api))), by_api[api]});
     }
-    for (const auto& [api, count] : by_api)
-        a.calls_by_api.push_back({std::string(to_string(api)), count});
 
     std::map<std::pair<const char*, Api>, uint64_t> odd_frees;
 
     // The out-of-memory moments to keep in full: the last ones.
-    OomSeeds oom = find_oom_moments(t);
+    OomSeeds oom = oom_episodes.finish();
     a.oom_moments_total = oom.moments.size();
     a.recovered_failures = oom.recovered_failures;
     if (oom.moments.size() > options.oom_moments)
@@ -458,8 +507,15 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     Tables tables(t);
     OwnerLive live(a.owner);
     Replay replay;
-    std::vector<Scope> scopes;
+    // The scopes open, by id (the count of pushes before theirs): an
+    // allocation names the scope it was made in, which may have ended.
+    FlatMap<uint32_t, Scope> scopes;
+    uint32_t scopes_pushed = 0;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
+    auto scope_left = [&](const Live& l) {
+        if (l.scope == kNone) return;
+        if (Scope* scope = scopes.find(l.scope)) scope->live -= l.size;
+    };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Per tag: bytes and count allocated per stack (TagStats::sites).
     std::vector<std::unordered_map<uint32_t, StackBytes>> tag_stacks;
@@ -469,7 +525,7 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             group_peak.resize(g + 1, 0);
         }
     };
-    const size_t n = t.events.size();
+    const size_t n = stream.size();
     const size_t bucket = std::max<size_t>(
         1, (n + options.timeline_points - 1) / std::max<size_t>(1, options.timeline_points));
     std::vector<size_t> sample_index;
@@ -478,14 +534,14 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
     std::string band_phase;
     uint64_t last_step = std::numeric_limits<uint64_t>::max();
 
-    auto close_band = [&](const Event& e) {
+    auto close_band = [&](uint64_t seq, uint64_t t_ns) {
         if (!band_phase.empty() && !a.timeline.bands.empty())
-            a.timeline.bands.back().seq_end = e.seq, a.timeline.bands.back().t_end_ns = e.t_ns;
+            a.timeline.bands.back().seq_end = seq, a.timeline.bands.back().t_end_ns = t_ns;
     };
     auto main_thread_phase = [&]() -> std::string {
         const std::vector<uint32_t>* s = thread_scopes.find(main_tid);
         if (!s || s->empty()) return {};
-        return std::string(base_phase(tables.tags[scopes[s->back()].tag].phase));
+        return std::string(base_phase(tables.tags[scopes.find(s->back())->tag].phase));
     };
 
     // Plain driver allocations live (is_direct_driver_allocation): device
@@ -500,8 +556,10 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         counters_text == t.strings.end() ? kNone : uint32_t(counters_text - t.strings.begin());
     uint64_t devices_seen = 0;
     SegmentOwners segment_owners;
-    for (size_t i = 0; i < n; ++i) {
-        const Event& e = t.events[i];
+    LastLayer last_layer;
+    uint64_t last_seq = 0, last_t_ns = 0;
+    size_t i = 0;
+    stream.for_each([&](const Event& e) {
         const FreeOutcome outcome = replay.apply(e);
         segment_owners.apply(e);
         if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
@@ -550,14 +608,15 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             case EventKind::tag_push: {
                 const uint32_t tag = tables.tag(e.layer, e.phase);
                 ++tables.tags[tag].scopes;
-                scopes.push_back({tag, 0});
-                thread_scopes[e.tid].push_back(uint32_t(scopes.size() - 1));
+                scopes[scopes_pushed] = {tag, 0};
+                thread_scopes[e.tid].push_back(scopes_pushed++);
                 break;
             }
             case EventKind::tag_pop: {
                 std::vector<uint32_t>* s = thread_scopes.find(e.tid);
                 if (!s || s->empty()) break;
-                const Scope& scope = scopes[s->back()];
+                const Scope scope = *scopes.find(s->back());
+                scopes.erase(s->back());
                 s->pop_back();
                 if (scope.live > 0) {
                     TagStats& ts = tables.tags[scope.tag];
@@ -581,7 +640,7 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         if (e.tid == main_tid && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
             std::string phase = main_thread_phase();
             if (phase != band_phase) {
-                close_band(e);
+                close_band(e.seq, e.t_ns);
                 band_phase = std::move(phase);
                 if (!band_phase.empty())
                     a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
@@ -599,26 +658,27 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             sb.stack = l.stack;
             sb.bytes += e.size;
             ++sb.count;
-            if (l.scope != kNone) scopes[l.scope].live += e.size;
+            if (l.scope != kNone) scopes.find(l.scope)->live += e.size;
             group_slot(l.group);
             group_live[l.group] += e.size;
             group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
             const Live old = live.insert(e.address, l);
             if (old.tag != kNone) {  // its free was never recorded
-                if (old.scope != kNone) scopes[old.scope].live -= old.size;
+                scope_left(old);
                 group_live[old.group] -= old.size;
             }
         } else if (live.is_owner_free(e)) {
             Live l;
             if (live.remove(e.address, &l)) {
-                if (l.scope != kNone) scopes[l.scope].live -= l.size;
+                scope_left(l);
                 group_live[l.group] -= l.size;
             }
         }
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
-            a.ooms.push_back(oom_moment(t, oom.moments[next_oom++], tables, live, replay,
-                                        segment_owners, a.owner, direct_driver_live,
+            a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
+                                        replay, segment_owners, a.owner, direct_driver_live,
                                         direct_driver.size(), options));
+        last_layer.add(e, t.strings.size());
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (i % bucket == 0 || owner_now > bucket_best) {
@@ -635,8 +695,11 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             p.segment_bytes = replay.totals(Pool::device_segment).live_bytes;
             p.block_bytes = replay.totals(Pool::device_block).live_bytes;
         }
-    }
-    if (n > 0) close_band(t.events.back());
+        last_seq = e.seq;
+        last_t_ns = e.t_ns;
+        ++i;
+    });
+    if (n > 0) close_band(last_seq, last_t_ns);
     for (size_t g = 0; g < groups_at_step.size(); ++g) {
         if (groups_at_step[g] > 0)
             a.groups_at_last_step.push_back({tables.groups[g], groups_at_step[g]});
@@ -736,8 +799,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
         group_live[l.group] -= l.size;
         if (keep > 0) by_size[column[l.group]].erase({l.size, l.seq});
     };
-    for (size_t i = 0; i < n; ++i) {
-        const Event& e = t.events[i];
+    i = 0;
+    stream.for_each([&](const Event& e) {
         if (again.is_owner_alloc(e)) {
             const Live l = tables.live_of(e);
             group_live[l.group] += e.size;
@@ -768,7 +831,8 @@ TraceAnalysis analyze(const Trace& t, const AnalysisOptions& options) {
             });
             a.sites_at_peak = top_sites(t, tables, again, options.top_sites);
         }
-    }
+        ++i;
+    });
     a.timeline.points = std::move(samples);
 
     a.tags = std::move(tables.tags);

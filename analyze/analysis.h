@@ -1,5 +1,5 @@
-// What a report says about one trace, computed in one pass over its events
-// (plus a short second one up to the peak): per (layer, phase) accounting,
+// What a report says about one trace, computed in three passes over its
+// events, streamed (TraceStream), never all held: per (layer, phase) accounting,
 // the memory timeline with phase bands and step markers, the pools' peaks,
 // and the allocation sites that hold memory at the peak and at exit. The
 // renderers (analyze/report.h) turn it into text, JSON and HTML; the CLI's
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct StackBytes {
     uint32_t stack = 0;  // 0: no stack captured
     uint64_t bytes = 0;
     uint64_t count = 0;
+
+    bool operator==(const StackBytes&) const = default;
 };
 
 // One (layer, phase) tag, by the text of its layer and phase.
@@ -48,6 +51,8 @@ struct TagStats {
     // Where its bytes were allocated: the stacks with the most, largest
     // first (AnalysisOptions::tag_sites of them).
     std::vector<StackBytes> sites;
+
+    bool operator==(const TagStats&) const = default;
 };
 
 struct PoolSummary {
@@ -62,6 +67,8 @@ struct PoolSummary {
     std::string peak_phase;
     uint64_t live_bytes_at_exit = 0;
     uint64_t live_count_at_exit = 0;
+
+    bool operator==(const PoolSummary&) const = default;
 };
 
 // A base phase ("forward", "backward", "optimizer", ...) on the training
@@ -70,12 +77,16 @@ struct PhaseBand {
     std::string phase;
     uint64_t seq_start = 0, seq_end = 0;
     uint64_t t_start_ns = 0, t_end_ns = 0;
+
+    bool operator==(const PhaseBand&) const = default;
 };
 
 struct StepMark {
     uint64_t step = 0;
     uint64_t seq = 0;
     uint64_t t_ns = 0;
+
+    bool operator==(const StepMark&) const = default;
 };
 
 struct TimelinePoint {
@@ -87,6 +98,8 @@ struct TimelinePoint {
     // Per Timeline::layers: its largest live allocations then, largest
     // first, as indices into Timeline::allocations.
     std::vector<std::vector<uint32_t>> largest;
+
+    bool operator==(const TimelinePoint&) const = default;
 };
 
 // An owner-pool allocation the timeline names (one of a layer's largest at
@@ -98,6 +111,8 @@ struct TimelineAllocation {
     uint32_t stack = 0;
     std::string layer;
     std::string phase;
+
+    bool operator==(const TimelineAllocation&) const = default;
 };
 
 // Live bytes over the trace, at most `points` samples: each sample is the
@@ -111,6 +126,8 @@ struct Timeline {
     std::vector<PhaseBand> bands;
     std::vector<StepMark> steps;
     std::vector<TimelineAllocation> allocations;
+
+    bool operator==(const Timeline&) const = default;
 };
 
 struct Site {
@@ -120,6 +137,8 @@ struct Site {
     // The tag holding most of its bytes.
     std::string layer;
     std::string phase;
+
+    bool operator==(const Site&) const = default;
 };
 
 // Live owner-pool bytes of one (layer, phase) at a moment.
@@ -128,6 +147,8 @@ struct TagLive {
     std::string phase;
     uint64_t bytes = 0;
     uint64_t count = 0;
+
+    bool operator==(const TagLive&) const = default;
 };
 
 // An out-of-memory moment: a request the program saw fail, with what was
@@ -185,6 +206,8 @@ struct OomMoment {
     // The seqs of the owner-pool allocations live then, ascending: a
     // finding's evidence is part of the moment when its alloc_seq is here.
     std::vector<uint64_t> live_seqs;
+
+    bool operator==(const OomMoment&) const = default;
 };
 
 // The program's allocator, as its own counters say and as allocscope
@@ -210,6 +233,8 @@ struct CounterCheck {
     bool agrees() const {
         return seen_allocated == allocated && (!reserved_compared || seen_reserved == reserved);
     }
+
+    bool operator==(const CounterCheck&) const = default;
 };
 
 struct CounterSummary {
@@ -220,6 +245,8 @@ struct CounterSummary {
     uint64_t uncompared = 0;
     std::optional<CounterCheck> first_difference;
     std::optional<CounterCheck> last;  // the run's last compared mark
+
+    bool operator==(const CounterSummary&) const = default;
 };
 
 struct AnalysisOptions {
@@ -248,6 +275,7 @@ struct TraceAnalysis {
     struct Count {
         std::string what;
         uint64_t n = 0;
+        bool operator==(const Count&) const = default;
     };
     std::vector<Count> events_by_kind;  // "alloc block", "tag_push", ...
     std::vector<Count> calls_by_api;    // allocation calls: "cudaMalloc", ...
@@ -257,6 +285,7 @@ struct TraceAnalysis {
     std::vector<Count> odd_frees;
 
     Pool owner = Pool::device_segment;
+    uint32_t main_tid = 0;           // the training thread (trace_shape)
     std::vector<PoolSummary> pools;  // those with allocations
     std::vector<TagStats> tags;      // by allocated bytes, largest first
     Timeline timeline;
@@ -277,8 +306,13 @@ struct TraceAnalysis {
     std::vector<std::pair<std::string, uint64_t>> groups_at_last_step;
 
     const PoolSummary* pool(Pool p) const;
+
+    bool operator==(const TraceAnalysis&) const = default;
 };
 
+// Three passes over the events (TraceStream): memory is the live set, the
+// trace's tables and what the analysis keeps, whatever the event count.
+TraceAnalysis analyze(TraceStream& trace, const AnalysisOptions& options = {});
 TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options = {});
 
 // Where a trace's tensors are (the owner pool: blocks when the trace has any
@@ -289,7 +323,26 @@ struct TraceShape {
     Pool owner = Pool::device_segment;
     uint32_t main_tid = 0;
 };
+TraceShape trace_shape(TraceStream& trace);
 TraceShape trace_shape(const Trace& trace);
+
+// trace_shape event by event: add() each event in order, with the tables
+// (those so far do), then shape().
+class ShapeCounter {
+  public:
+    void add(const Event& e, const TraceTables& tables);
+    TraceShape shape() const;
+
+  private:
+    bool any_event_ = false;
+    bool any_block_ = false;
+    uint32_t first_tid_ = 0;
+    // Per thread: (forward-phase pushes, all pushes). The training thread
+    // is the one that runs forward: PyTorch runs backward on autograd's
+    // threads, which may push as many tags as the forward did.
+    std::unordered_map<uint32_t, std::pair<uint64_t, uint64_t>> pushes_;
+    std::vector<int8_t> forward_phase_;  // by string id, -1: not known yet
+};
 
 // base_phase(), the well-known phase a (sub-)phase belongs to, is
 // allocscope/sdk/tag_rules.h's.

@@ -37,8 +37,14 @@ std::string optional_number(const std::optional<double>& v) {
 
 }  // namespace
 
-std::vector<StepMemory> step_memory(const Trace& t) {
-    const TraceShape shape = trace_shape(t);
+std::vector<StepMemory> step_memory(const Trace& trace) {
+    TraceStream stream(trace);
+    return step_memory(stream);
+}
+
+std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShape> known) {
+    const TraceShape shape = known ? *known : trace_shape(stream);
+    const TraceTables& t = stream.tables();
     const Pool owner = shape.owner;
     const uint32_t main_tid = shape.main_tid;
 
@@ -65,7 +71,7 @@ std::vector<StepMemory> step_memory(const Trace& t) {
         return base_phase(e.phase < t.strings.size() ? std::string_view(t.str(e.phase))
                                                      : std::string_view());
     };
-    for (const Event& e : t.events) {
+    stream.for_each([&](const Event& e) {
         if (any_event && e.step != current_step) end_step(current_step);
         current_step = e.step;
         any_event = true;
@@ -80,7 +86,7 @@ std::vector<StepMemory> step_memory(const Trace& t) {
             if (phase == "optimizer" && s.after_forward && !s.after_backward)
                 s.after_backward = live();
         }
-        if (e.tid != main_tid) continue;
+        if (e.tid != main_tid) return;
         if (e.kind == EventKind::tag_push) {
             const std::string_view phase = phase_of(e);
             const bool backward = phase == "backward";
@@ -90,7 +96,7 @@ std::vector<StepMemory> step_memory(const Trace& t) {
             const Frame f = stack.back();
             stack.pop_back();
             open_backward -= f.backward;
-            if (f.layer >= t.strings.size() || f.phase >= t.strings.size()) continue;
+            if (f.layer >= t.strings.size() || f.phase >= t.strings.size()) return;
             const std::string& layer = t.str(f.layer);
             // The layer's own forward scope: exactly "forward" (its
             // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
@@ -99,7 +105,7 @@ std::vector<StepMemory> step_memory(const Trace& t) {
                 steps[e.step].forward_ends.emplace_back(layer, live());
             }
         }
-    }
+    });
     if (any_event) end_step(current_step);
     std::vector<StepMemory> out;
     for (auto& [step, s] : steps) {
@@ -109,18 +115,24 @@ std::vector<StepMemory> step_memory(const Trace& t) {
     return out;
 }
 
-RunMeasure measure_run(const Trace& t) {
+RunMeasure measure_run(const Trace& trace) {
+    TraceStream stream(trace);
+    return measure_run(stream);
+}
+
+RunMeasure measure_run(TraceStream& stream) {
     RunMeasure m;
-    m.path = t.path;
-    m.rank = t.header.rank;
-    std::vector<StepMemory> steps = step_memory(t);
+    m.path = stream.path();
+    m.rank = stream.header().rank;
 
     // What scopes kept alive, and whether the run ended out of memory.
     AnalysisOptions options;
     options.timeline_points = 1;
     options.top_sites = 0;
     options.oom_tags = 0;
-    const TraceAnalysis analysis = analyze(t, options);
+    const TraceAnalysis analysis = analyze(stream, options);
+    std::vector<StepMemory> steps =
+        step_memory(stream, TraceShape{analysis.owner, analysis.main_tid});
     if (!analysis.ooms.empty() && !analysis.ooms.back().continued) {
         const OomMoment& o = analysis.ooms.back();
         m.oom = RunMeasure::Oom{o.step, o.layer, o.phase, o.requested};

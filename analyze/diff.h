@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis.h"
 #include "trace_reader.h"
 
 namespace allocscope {
@@ -56,6 +57,7 @@ struct RunMeasure {
         std::string layer;
         std::string phase;
         uint64_t bytes = 0;
+        bool operator==(const Kept&) const = default;
     };
     std::vector<Kept> kept;
     // The run ran out of memory (its last out-of-memory moment, analysis.h)
@@ -66,8 +68,11 @@ struct RunMeasure {
         std::string layer;
         std::string phase;
         uint64_t requested = 0;
+        bool operator==(const Oom&) const = default;
     };
     std::optional<Oom> oom;
+
+    bool operator==(const RunMeasure&) const = default;
 };
 
 // One step's samples of live owner-pool bytes (see above): when each
@@ -78,10 +83,16 @@ struct StepMemory {
     std::vector<std::pair<std::string, uint64_t>> forward_ends;  // layer, live after its forward
     std::optional<uint64_t> after_forward;
     std::optional<uint64_t> after_backward;
+
+    bool operator==(const StepMemory&) const = default;
 };
-// Every step of the trace that has one sample or more, in step order.
+// Every step of the trace that has one sample or more, in step order: one
+// pass over its events given its shape (trace_shape), two without.
+std::vector<StepMemory> step_memory(TraceStream& trace, std::optional<TraceShape> shape = {});
 std::vector<StepMemory> step_memory(const Trace& trace);
 
+// Four passes over the events (analyze's, step_memory's).
+RunMeasure measure_run(TraceStream& trace);
 RunMeasure measure_run(const Trace& trace);
 
 struct DiffThresholds {

@@ -125,13 +125,13 @@ std::string u(uint64_t v) {
     return std::to_string(v);
 }
 
-// Live bytes after each numbered layer's forward, per step: [{"step",
-// "layers": [...], "live": [...]}].
+// Live bytes after each numbered layer's forward, per step (the last ones,
+// shown_forward_ends): [{"step", "layers": [...], "live": [...]}].
 void json_forward_ends(std::string& out, const std::vector<StepMemory>& steps) {
     out += "[";
     bool first = true;
-    for (const StepMemory& s : steps) {
-        if (s.forward_ends.empty()) continue;
+    for (const StepMemory* shown : shown_forward_ends(steps)) {
+        const StepMemory& s = *shown;
         out += (first ? "" : ", ") + std::string("{\"step\": ") + u(s.step) + ", \"layers\": [";
         first = false;
         for (size_t k = 0; k < s.forward_ends.size(); ++k)
@@ -406,6 +406,65 @@ std::string oom_summary(const Report& report, const RankReport& r, const OomMome
     }
     if (infos) out += "  " + u(infos) + " info finding(s) hold parts of it (report.txt)\n";
     return out;
+}
+
+uint64_t TimelineX::operator()(uint64_t t_ns) const {
+    return by_time() ? uint64_t(10000.0 * double(t_ns - std::min(t_ns, t0)) / double(t1 - t0) + 0.5)
+                     : 0;
+}
+
+TimelineX timeline_x(const TraceAnalysis& a) {
+    const std::vector<TimelinePoint>& points = a.timeline.points;
+    if (points.empty()) return {};
+    return {points.front().t_ns, std::max<uint64_t>(a.span_ns, points.back().t_ns)};
+}
+
+std::vector<PhaseBand> shown_bands(const TraceAnalysis& a) {
+    const TimelineX x = timeline_x(a);
+    if (!x.by_time()) return a.timeline.bands;
+    std::vector<PhaseBand> out;
+    uint64_t open_x1 = 0;
+    for (const PhaseBand& b : a.timeline.bands) {
+        const uint64_t x0 = x(b.t_start_ns), x1 = x(b.t_end_ns);
+        if (!out.empty()) {
+            PhaseBand& open = out.back();
+            if (b.phase == open.phase ? x0 < open_x1 + 10 : x1 < x0 + 5) {
+                if (b.phase == open.phase && x1 >= open_x1) {
+                    open_x1 = x1;
+                    open.seq_end = b.seq_end;
+                    open.t_end_ns = b.t_end_ns;
+                }
+                continue;
+            }
+        }
+        out.push_back(b);
+        open_x1 = x1;
+    }
+    return out;
+}
+
+std::vector<StepMark> shown_steps(const TraceAnalysis& a) {
+    const TimelineX x = timeline_x(a);
+    if (!x.by_time()) return a.timeline.steps;
+    std::vector<StepMark> out;
+    uint64_t last_x = 0;
+    for (const StepMark& m : a.timeline.steps) {
+        const uint64_t at = x(m.t_ns);
+        if (!out.empty() && at < last_x + 10) continue;  // one mark a pixel
+        out.push_back(m);
+        last_x = at;
+    }
+    return out;
+}
+
+std::vector<const StepMemory*> shown_forward_ends(const std::vector<StepMemory>& steps) {
+    std::vector<const StepMemory*> used;
+    for (const StepMemory& s : steps) {
+        if (!s.forward_ends.empty()) used.push_back(&s);
+    }
+    if (used.size() > kShownForwardSteps)
+        used.erase(used.begin(), used.end() - std::ptrdiff_t(kShownForwardSteps));
+    return used;
 }
 
 std::vector<TagStats> merged_tags(const Report& report) {
@@ -1342,16 +1401,18 @@ std::string render_json(const Report& report) {
             out += "]]";
         }
         out += "],\n       \"bands\": [";
-        for (size_t k = 0; k < a.timeline.bands.size(); ++k) {
-            const PhaseBand& b = a.timeline.bands[k];
+        const std::vector<PhaseBand> bands = shown_bands(a);
+        for (size_t k = 0; k < bands.size(); ++k) {
+            const PhaseBand& b = bands[k];
             out += (k ? ", " : "") + std::string("{\"phase\": ") + json_quote(b.phase) +
                    ", \"seq_start\": " + u(b.seq_start) + ", \"seq_end\": " + u(b.seq_end) +
                    ", \"t_start_ns\": " + u(b.t_start_ns) + ", \"t_end_ns\": " + u(b.t_end_ns) +
                    "}";
         }
         out += "],\n       \"steps\": [";
-        for (size_t k = 0; k < a.timeline.steps.size(); ++k) {
-            const StepMark& s = a.timeline.steps[k];
+        const std::vector<StepMark> steps = shown_steps(a);
+        for (size_t k = 0; k < steps.size(); ++k) {
+            const StepMark& s = steps[k];
             out += (k ? ", " : "") + std::string("{\"step\": ") + u(s.step) +
                    ", \"seq\": " + u(s.seq) + ", \"t_ns\": " + u(s.t_ns) + "}";
         }

@@ -58,6 +58,25 @@ struct Report {
     std::string baseline;            // the baseline run compared against, "" none
 };
 
+// The timeline as the HTML and JSON reports show it, at the detail of a
+// drawing 1000 pixels across the span (timeline_x: 10 units a pixel):
+// phase bands merged where narrower than a pixel (a band of the open one's
+// phase within a pixel of its end extends it, any other narrower than half
+// a pixel is left out), at most one step mark a pixel, and the forward ends
+// of the last kShownForwardSteps steps that have any. Their size is bounded
+// whatever the length of the trace.
+struct TimelineX {
+    uint64_t t0 = 0, t1 = 0;  // the span drawn: from the first sample to the trace's end
+    bool by_time() const { return t1 > t0; }
+    uint64_t operator()(uint64_t t_ns) const;  // 0..10000
+};
+TimelineX timeline_x(const TraceAnalysis& a);
+// Without a span (every event at one instant) the bands and steps as they are.
+std::vector<PhaseBand> shown_bands(const TraceAnalysis& a);
+std::vector<StepMark> shown_steps(const TraceAnalysis& a);
+inline constexpr size_t kShownForwardSteps = 100;
+std::vector<const StepMemory*> shown_forward_ends(const std::vector<StepMemory>& steps);
+
 // The (layer, phase) rows of all ranks added up: bytes summed, the
 // retained maximum over ranks.
 std::vector<TagStats> merged_tags(const Report& report);

@@ -483,11 +483,7 @@ std::string stacks_json(const RankReport& r, StringTable& strings) {
 
 // Per step (the last 100 with any): [step, [[layer, KiB live after its forward]...]].
 std::string forward_json(const std::vector<StepMemory>& steps, StringTable& strings) {
-    std::vector<const StepMemory*> used;
-    for (const StepMemory& s : steps) {
-        if (!s.forward_ends.empty()) used.push_back(&s);
-    }
-    if (used.size() > 100) used.erase(used.begin(), used.end() - 100);
+    const std::vector<const StepMemory*> used = shown_forward_ends(steps);
     std::string out = "[";
     for (size_t k = 0; k < used.size(); ++k) {
         out += (k ? ",[" : "[") + u(used[k]->step) + ",[";
@@ -507,14 +503,9 @@ std::string forward_json(const std::vector<StepMemory>& steps, StringTable& stri
 std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
     const Timeline& tl = a.timeline;
     const size_t n = tl.points.size();
-    const uint64_t t0 = n ? tl.points.front().t_ns : 0;
-    const uint64_t t1 = n ? std::max<uint64_t>(a.span_ns, tl.points.back().t_ns) : 0;
-    const bool by_time = t1 > t0;
-    auto x_of_t = [&](uint64_t t) {
-        return by_time ? uint64_t(10000.0 * double(t - std::min(t, t0)) / double(t1 - t0) + 0.5)
-                       : 0;
-    };
-    std::string out = "\"span\":" + u(by_time ? t1 - t0 : 0) + ",\"x\":[";
+    const TimelineX x_of_t = timeline_x(a);
+    const bool by_time = x_of_t.by_time();
+    std::string out = "\"span\":" + u(by_time ? x_of_t.t1 - x_of_t.t0 : 0) + ",\"x\":[";
     for (size_t i = 0; i < n; ++i) {
         out += (i ? "," : "") +
                u(by_time ? x_of_t(tl.points[i].t_ns)
@@ -580,38 +571,19 @@ std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
         out += (k ? ",[" : "[") + u(l.size) + "," + u(l.step) + "," + u(l.stack) + "," +
                strings.id(l.layer) + "," + strings.id(l.phase) + "," + u(l.seq) + "]";
     }
+    // Bands and step marks at a pixel's detail (shown_bands, shown_steps).
     out += "],\"bands\":[";
-    bool first_band = true;
-    auto band = [&](const std::string& phase, uint64_t x0, uint64_t x1) {
-        out += (first_band ? "[" : ",[") + u(x0) + "," + u(x1) + "," + strings.id(phase) + "]";
-        first_band = false;
-    };
-    std::string open_phase;
-    uint64_t open_x0 = 0, open_x1 = 0;
-    for (const PhaseBand& b : tl.bands) {
-        if (!by_time) break;
-        const uint64_t x0 = x_of_t(b.t_start_ns), x1 = x_of_t(b.t_end_ns);
-        // 10 units: a pixel of the 1000-wide drawing.
-        if (!open_phase.empty() && (b.phase == open_phase ? x0 < open_x1 + 10 : x1 < x0 + 5)) {
-            if (b.phase == open_phase) open_x1 = std::max(open_x1, x1);
-            continue;
-        }
-        if (!open_phase.empty()) band(open_phase, open_x0, open_x1);
-        open_phase = b.phase;
-        open_x0 = x0;
-        open_x1 = x1;
+    bool first = true;
+    for (const PhaseBand& b : by_time ? shown_bands(a) : std::vector<PhaseBand>{}) {
+        out += (first ? "[" : ",[") + u(x_of_t(b.t_start_ns)) + "," + u(x_of_t(b.t_end_ns)) + "," +
+               strings.id(b.phase) + "]";
+        first = false;
     }
-    if (!open_phase.empty()) band(open_phase, open_x0, open_x1);
     out += "],\"steps\":[";
-    uint64_t last_x = 0;
-    bool first_step = true;
-    for (const StepMark& m : tl.steps) {
-        if (!by_time) break;
-        const uint64_t x = x_of_t(m.t_ns);
-        if (!first_step && x < last_x + 10) continue;  // one mark per pixel
-        out += (first_step ? "[" : ",[") + u(x) + "," + u(m.step) + "]";
-        first_step = false;
-        last_x = x;
+    first = true;
+    for (const StepMark& m : by_time ? shown_steps(a) : std::vector<StepMark>{}) {
+        out += (first ? "[" : ",[") + u(x_of_t(m.t_ns)) + "," + u(m.step) + "]";
+        first = false;
     }
     return out + "]";
 }

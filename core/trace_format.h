@@ -108,6 +108,8 @@ struct TraceHeader {
     // The recording machine (gethostname): a `host` record after the 72
     // bytes (version 4), written where not empty; "" in older traces.
     std::string host;
+
+    bool operator==(const TraceHeader&) const = default;
 };
 
 struct ModuleRecord {

@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 
 namespace allocscope {
 
@@ -296,57 +295,103 @@ void TraceReader::check_event(const Event& e, uint64_t offset) {
     last_seq_ = e.seq;
 }
 
-Trace load_trace(const std::string& path) {
-    TraceReader reader(path);
-    Trace trace;
-    trace.path = path;
-    trace.header = reader.header();
-    TraceRecord r;
-    // A corrupt record (a flipped byte, a torn write) ends the trace there,
-    // as a cut does: what came before it is kept, and truncation_message
-    // says where and what. Before any event there is nothing to keep: the
-    // trace is unreadable, and the error is thrown.
-    std::optional<TraceError> corrupt;
-    auto next = [&]() {
-        try {
-            return reader.next(r);
-        } catch (const TraceError& e) {
-            corrupt = e;
-            return false;
+TraceStream::TraceStream(const std::string& path) : reader_(std::make_unique<TraceReader>(path)) {
+    tables_.path = path;
+    tables_.header = reader_->header();
+    reader_fresh_ = true;
+}
+
+TraceStream::~TraceStream() = default;
+
+void TraceStream::start_pass() {
+    given_ = 0;
+    if (!counted_) {  // the first pass, or one given up before its end
+        TraceTables fresh;
+        fresh.path = std::move(tables_.path);
+        fresh.header = tables_.header;
+        tables_ = std::move(fresh);
+        count_ = 0;
+    }
+    // A pass reads from the start: the constructor's reader, else a new one.
+    if (!reader_ || !reader_fresh_) reader_ = std::make_unique<TraceReader>(tables_.path);
+    reader_fresh_ = false;
+}
+
+void TraceStream::finish_first_pass() {
+    tables_.truncated = tables_.corrupt || reader_->truncated();
+    if (!tables_.corrupt) tables_.truncation_message = reader_->truncation_message();
+    counted_ = true;
+    reader_.reset();
+}
+
+const Event* TraceStream::next() {
+    if (counted_) {
+        if (given_ == count_) {
+            reader_.reset();
+            return nullptr;
         }
-    };
-    while (next()) {
-        switch (r.type) {
+        while (reader_->next(record_)) {
+            if (record_.type == RecordType::event) {
+                ++given_;
+                return &record_.event;
+            }
+        }
+        throw TraceError(tables_.path, reader_->truncation_offset(),
+                         "the trace has " + std::to_string(given_) + " events, " +
+                             std::to_string(count_) + " when it was first read");
+    }
+    for (;;) {
+        // A corrupt record (a flipped byte, a torn write) ends the trace
+        // there, as a cut does: what came before it is kept, and
+        // truncation_message says where and what. Before any event there is
+        // nothing to keep: the trace is unreadable, and the error is thrown
+        // (a later pass starts afresh, this one having never ended).
+        bool more = false;
+        try {
+            more = reader_->next(record_);
+        } catch (const TraceError& e) {
+            if (count_ == 0) {
+                reader_.reset();
+                throw;
+            }
+            tables_.corrupt = true;
+            tables_.truncation_message = e.what();
+        }
+        if (!more) {
+            finish_first_pass();
+            return nullptr;
+        }
+        switch (record_.type) {
             case RecordType::event:
-                trace.events.push_back(r.event);
-                break;
+                ++count_;
+                return &record_.event;
             case RecordType::event_block:  // next() reports its events one by one
             case RecordType::host:         // read with the header (header().host)
                 break;
             case RecordType::string:
-                trace.strings.push_back(std::move(r.text));
+                tables_.strings.push_back(std::move(record_.text));
                 break;
             case RecordType::stack:
-                trace.stacks.push_back(std::move(r.frames));
+                tables_.stacks.push_back(std::move(record_.frames));
                 break;
             case RecordType::module:
-                trace.modules.push_back(std::move(r.module));
+                tables_.modules.push_back(std::move(record_.module));
                 break;
             case RecordType::param:
-                trace.params.push_back(r.param);
+                tables_.params.push_back(record_.param);
                 break;
             case RecordType::footer:
-                trace.footer = r.footer;
+                tables_.footer = record_.footer;
                 break;
         }
     }
-    if (corrupt) {
-        if (trace.events.empty()) throw *corrupt;
-        trace.corrupt = true;
-        trace.truncation_message = corrupt->what();
-    }
-    trace.truncated = trace.corrupt || reader.truncated();
-    if (!trace.corrupt) trace.truncation_message = reader.truncation_message();
+}
+
+Trace load_trace(const std::string& path) {
+    TraceStream stream(path);
+    Trace trace;
+    stream.for_each([&](const Event& e) { trace.events.push_back(e); });
+    static_cast<TraceTables&>(trace) = stream.tables();
     return trace;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -89,11 +90,11 @@ class TraceReader {
     std::string block_problem_;
 };
 
-// A whole trace in memory, for reports and tests.
-struct Trace {
+// Everything of a trace but its events: its header, its tables (strings,
+// stacks, modules, params) and how it ended.
+struct TraceTables {
     std::string path;
     TraceHeader header;
-    std::vector<Event> events;
     std::vector<std::string> strings{std::string()};  // index = string id
     std::vector<std::vector<uint64_t>> stacks{{}};    // index = stack id
     std::vector<ModuleRecord> modules;
@@ -104,6 +105,66 @@ struct Trace {
     std::string truncation_message;
 
     const std::string& str(uint32_t id) const { return strings.at(id); }
+};
+
+// A whole trace in memory, for tests and the exports.
+struct Trace : TraceTables {
+    std::vector<Event> events;
+};
+
+// A trace's events, in order, pass after pass, never all held: a Trace's
+// in memory, or a file's read again for each pass (memory: the tables and
+// one event block). A file's first pass also reads its tables and counts its
+// events; a corrupt record ends the trace there, as in load_trace, and one
+// before any event throws its TraceError (the trace is unreadable). Later
+// passes give the same events: those the first one counted, even where the
+// file has grown since. tables() is complete once a pass has ended; during
+// the first it holds what the events so far refer to.
+class TraceStream {
+  public:
+    explicit TraceStream(const Trace& trace) : memory_(&trace) {}
+    // Reads the header: throws TraceError when it cannot be read.
+    explicit TraceStream(const std::string& path);
+    ~TraceStream();
+    TraceStream(const TraceStream&) = delete;
+    TraceStream& operator=(const TraceStream&) = delete;
+
+    const TraceTables& tables() const noexcept { return memory_ ? *memory_ : tables_; }
+    const std::string& path() const noexcept { return tables().path; }
+    const TraceHeader& header() const noexcept { return tables().header; }
+    // How many events a pass gives: known once a pass has ended.
+    uint64_t size() const noexcept { return memory_ ? memory_->events.size() : count_; }
+    bool counted() const noexcept { return memory_ != nullptr || counted_; }
+
+    // Calls f(const Event&) for each event. The first pass throws TraceError
+    // where a corrupt record comes before any event; a later pass where the
+    // file no longer holds what the first one read.
+    template <class F>
+    void for_each(F&& f) {
+        if (memory_) {
+            for (const Event& e : memory_->events)
+                f(e);
+            return;
+        }
+        start_pass();
+        while (const Event* e = next())
+            f(*e);
+    }
+
+  private:
+    void start_pass();
+    const Event* next();
+    // The first pass's end: how the trace ended, from the reader.
+    void finish_first_pass();
+
+    const Trace* memory_ = nullptr;
+    TraceTables tables_;
+    std::unique_ptr<TraceReader> reader_;
+    bool reader_fresh_ = false;  // reader_ has read nothing past the header
+    TraceRecord record_;
+    bool counted_ = false;
+    uint64_t count_ = 0;  // events: the first pass's count
+    uint64_t given_ = 0;  // events given in this pass
 };
 
 // Throws TraceError when the file or its header cannot be read, or its

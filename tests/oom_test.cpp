@@ -3,7 +3,8 @@
 // HTML reports, the diff and the exports show them; and the self-check
 // against the allocator's own counters (CounterSummary), which counts the
 // allocator's memory by the same rules. On constructed traces where every
-// number is known.
+// number is known. Every analysis is also streamed from its file and found
+// the same (tests/streamed.h).
 #include <doctest/doctest.h>
 
 #include <string>
@@ -17,6 +18,7 @@
 #include "findings.h"
 #include "json.h"
 #include "report.h"
+#include "streamed.h"
 #include "support.h"
 #include "trace_builder.h"
 #include "trace_reader.h"
@@ -66,7 +68,7 @@ struct OomRun {
 Report report_of(const Trace& trace, FindingsFile findings = {}) {
     Report report;
     RankReport r;
-    r.analysis = analyze(trace);
+    r.analysis = analyzed(trace);
     report.ranks.push_back(std::move(r));
     report.findings = std::move(findings);
     report.findings_found = !report.findings.findings.empty();
@@ -100,7 +102,7 @@ TEST_CASE("the out-of-memory moment is the allocator's verdict, with what was li
     TempDir t;
     OomRun run;
     const Trace trace = load_trace(run.b.write(t / "rank0.trace"));
-    const TraceAnalysis a = analyze(trace);
+    const TraceAnalysis a = analyzed(trace);
     CHECK(a.oom_events == 3);
     CHECK(a.oom_moments_total == 1);
     CHECK(a.recovered_failures == 0);
@@ -156,7 +158,7 @@ TEST_CASE(
     b.block_oom(8 * MiB);
     b.pop();
     const Trace trace = load_trace(b.write(t / "rank0.trace"));
-    const TraceAnalysis a = analyze(trace);
+    const TraceAnalysis a = analyzed(trace);
     REQUIRE(a.ooms.size() == 3);
     CHECK(a.ooms[0].layer.empty());
     CHECK(a.ooms[0].phase == "optimizer");
@@ -181,7 +183,7 @@ TEST_CASE("a failed call followed by a successful allocation on its thread was r
     b.segment_free(0x10000000);
     b.segment(0x20000000, 16 * MiB);  // ... and the retry succeeds
     b.oom(32 * MiB, 2);               // another thread: fails and never allocates again
-    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")));
+    const TraceAnalysis a = analyzed(load_trace(b.write(t / "rank0.trace")));
     CHECK(a.oom_events == 2);
     CHECK(a.recovered_failures == 1);
     CHECK(a.oom_moments_total == 1);
@@ -203,7 +205,7 @@ TEST_CASE("an out-of-memory error the program caught stays a moment, marked as c
     b.segment(0x10000000, 8 * MiB);
     b.block_oom(64 * MiB);
     b.block(0x10000000, 1 * MiB);  // it went on with a smaller request
-    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")));
+    const TraceAnalysis a = analyzed(load_trace(b.write(t / "rank0.trace")));
     REQUIRE(a.ooms.size() == 1);
     CHECK(a.ooms[0].by_allocator);
     CHECK(a.ooms[0].continued);
@@ -221,7 +223,7 @@ TEST_CASE("of many out-of-memory moments the last ones are kept in full, all are
     }
     AnalysisOptions options;
     options.oom_moments = 4;
-    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")), options);
+    const TraceAnalysis a = analyzed(load_trace(b.write(t / "rank0.trace")), options);
     CHECK(a.oom_moments_total == 6);
     REQUIRE(a.ooms.size() == 4);
     CHECK(a.ooms.front().requested == 3 * MiB);
@@ -322,7 +324,7 @@ TEST_CASE("diff measures a run that ran out of memory up to there and says so") 
         b.push("", "optimizer");
         b.pop();
     }
-    const RunMeasure m = measure_run(load_trace(b.write(t / "rank0.trace")));
+    const RunMeasure m = measured(load_trace(b.write(t / "rank0.trace")));
     REQUIRE(m.oom.has_value());
     CHECK(m.oom->step == 2);
     CHECK(m.oom->layer == "layers.1");
@@ -393,7 +395,7 @@ TEST_CASE(
     verdict.result = 2;
     b.pop();
     const Trace trace = load_trace(b.write(t / "rank0.trace"));
-    const TraceAnalysis a = analyze(trace);
+    const TraceAnalysis a = analyzed(trace);
     REQUIRE(a.ooms.size() == 1);
     const OomMoment& m = a.ooms[0];
     CHECK(m.allocated == 40 * MiB);
@@ -421,7 +423,7 @@ TEST_CASE(
         CAPTURE(block);
         verdict.size = block;
         const Trace again = load_trace(b.write(t / ("rank0-" + std::to_string(block) + ".trace")));
-        CHECK(analyze(again).ooms.at(0).segment_asked == segment);
+        CHECK(analyzed(again).ooms.at(0).segment_asked == segment);
     }
 }
 
@@ -462,7 +464,7 @@ TEST_CASE(
     b.step(3);
     counters(b, 3 * MiB + 512, 20 * MiB, 100 * MiB);  // 512 B allocscope never saw
     const Trace trace = load_trace(b.write(t / "rank0.trace"));
-    const TraceAnalysis a = analyze(trace);
+    const TraceAnalysis a = analyzed(trace);
     const CounterSummary& cs = a.counters;
     CHECK(cs.checks == 4);
     CHECK(cs.agree == 3);
@@ -505,12 +507,12 @@ TEST_CASE(
     counters(b, 2 * MiB, 20 * MiB, 0);
     b.step(1);
     counters(b, 2 * MiB, 20 * MiB, 0);
-    const TraceAnalysis a = analyze(load_trace(b.write(t / "rank0.trace")));
+    const TraceAnalysis a = analyzed(load_trace(b.write(t / "rank0.trace")));
     CHECK(counter_lines(a) ==
           std::vector<std::string>{
               "self-check: agrees with the allocator at 2 of 2 steps (allocated and reserved)"});
     TraceBuilder none;
     none.segment(0x10000000, 20 * MiB);
     none.block(0x10000000, 2 * MiB);
-    CHECK(counter_lines(analyze(load_trace(none.write(t / "none.trace")))).empty());
+    CHECK(counter_lines(analyzed(load_trace(none.write(t / "none.trace")))).empty());
 }

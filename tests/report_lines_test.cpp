@@ -2,7 +2,7 @@
 // (core/frames.h), the stacks the concise report prints from the
 // program's code, all frames under --full, and findings of several ranks
 // shown once; the HTML report's stack labels and findings, which agree with
-// the text.
+// the text; the JSON report's timeline at the HTML one's detail.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "frames.h"
+#include "json.h"
 #include "report.h"
 
 using namespace allocscope;
@@ -682,4 +683,67 @@ TEST_CASE("the run section prints alike ranks once, their numbers as ranges, oth
     CHECK(count(text, " events over ") == 2);
     // --full keeps a section per rank.
     CHECK(count(render_text(report, TextDetail::full), " events over ") >= 7);
+}
+
+namespace {
+
+// A rank over one second: samples at its start and end, `steps` steps
+// evenly spread, forward and backward bands of 10 µs in turn, and the
+// forward ends of every step.
+RankReport long_run(uint64_t steps) {
+    constexpr uint64_t kSecond = 1'000'000'000;
+    RankReport r;
+    TraceAnalysis& a = r.analysis;
+    a.span_ns = kSecond;
+    a.timeline.points.resize(2);
+    a.timeline.points[1].t_ns = kSecond;
+    for (uint64_t k = 0; k < steps; ++k) {
+        const uint64_t t = k * kSecond / steps;
+        a.timeline.steps.push_back({k, k * 100, t});
+        a.timeline.bands.push_back({"forward", k * 100, k * 100 + 50, t, t + 10'000});
+        a.timeline.bands.push_back(
+            {"backward", k * 100 + 50, k * 100 + 99, t + 10'000, t + 20'000});
+        r.steps.push_back({k, {{"layers.0", 100 + k}, {"layers.1", 200 + k}}, {}, {}});
+    }
+    // One wide band, a tenth of the second.
+    a.timeline.bands.push_back({"optimizer", 0, 0, kSecond / 2, kSecond / 2 + kSecond / 10});
+    std::stable_sort(
+        a.timeline.bands.begin(), a.timeline.bands.end(),
+        [](const PhaseBand& x, const PhaseBand& y) { return x.t_start_ns < y.t_start_ns; });
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("the JSON report's timeline is the HTML one's: a pixel's detail, the last 100 steps") {
+    for (const uint64_t steps : {20'000u, 40'000u}) {
+        Report report;
+        report.ranks.push_back(long_run(steps));
+        const std::string text = render_json(report);
+        const json::Value doc = json::parse(text);
+        const json::Value& rank = doc.at("ranks").items.at(0);
+        const json::Value& timeline = rank.at("timeline");
+        // One step mark a pixel of 1000: at most 1001, whatever the steps.
+        CHECK(timeline.at("steps").items.size() <= 1001);
+        CHECK(timeline.at("steps").items.size() >= 900);
+        CHECK(timeline.at("steps").items.size() == shown_steps(report.ranks[0].analysis).size());
+        // Bands of 10 µs (a hundredth of a pixel) merge; the optimizer's
+        // tenth of the second stays, from its start to its end.
+        const std::vector<json::Value>& bands = timeline.at("bands").items;
+        CHECK(bands.size() <= 1000);
+        CHECK(bands.size() == shown_bands(report.ranks[0].analysis).size());
+        CHECK(std::any_of(bands.begin(), bands.end(), [](const json::Value& b) {
+            return b.at("phase").text == "optimizer" &&
+                   b.at("t_start_ns").as_u64() == 500'000'000 &&
+                   b.at("t_end_ns").as_u64() == 600'000'000;
+        }));
+        // The forward ends of the last 100 steps.
+        const std::vector<json::Value>& ends = rank.at("forward_ends").items;
+        REQUIRE(ends.size() == 100);
+        CHECK(ends.front().at("step").as_u64() == steps - 100);
+        CHECK(ends.back().at("step").as_u64() == steps - 1);
+        CHECK(ends.back().at("live").items.at(1).as_u64() == 200 + steps - 1);
+        // Twice the steps, hardly a larger report: under 200 kB either way.
+        CHECK(text.size() < 200'000);
+    }
 }

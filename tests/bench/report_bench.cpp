@@ -1,13 +1,17 @@
-// Report cost on a big trace: writes a synthetic 1 M-event training-loop
-// trace (8 layers, forward / backward / optimizer tags, block and segment
-// allocations) whose 200 allocation sites have 10-frame stacks of distinct
-// addresses in this executable (2,000 unique addresses, symbolized from its
-// own file), then times `allocscope report` on it, text and HTML, with
-// `--top 200` so every address is symbolized. Prints the trace's size per
-// event and the median of the runs.
+// Report cost on big traces: writes RANKS synthetic training-loop traces of
+// EVENTS events each (default 1 rank of 1 M events; 8 layers, forward /
+// backward / optimizer tags, block and segment allocations) whose 200
+// allocation sites have 10-frame stacks of distinct addresses in this
+// executable (2,000 unique addresses, symbolized from its own file), then
+// runs `allocscope report` on them (the trace, or the directory of ranks) in
+// each of FORMATS (default text,html,json) with `--top 200` so every address
+// is symbolized. Prints the trace's size per event and, per format, the
+// median over the runs of the wall time, the CPU time and the peak resident
+// set of the command.
 //
-//   report_bench CLI WORKDIR [EVENTS [REPETITIONS]]
+//   report_bench CLI WORKDIR [EVENTS [REPETITIONS [RANKS [FORMATS]]]]
 #include <link.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,13 +62,14 @@ Self find_self() {
     return self;
 }
 
-void write_trace(const std::string& path, uint64_t events, const Self& self) {
+void write_trace(const std::string& path, uint64_t events, int32_t rank, int32_t ranks,
+                 const Self& self) {
     TraceWriter w;
     TraceHeader h;
     h.tool_version = "bench";
-    h.pid = 1;
-    h.rank = 0;
-    h.world_size = 1;
+    h.pid = uint32_t(1 + rank);
+    h.rank = rank;
+    h.world_size = ranks;
     h.stack_depth = 10;
     std::string error;
     if (!w.open(path, h, error)) {
@@ -158,44 +163,85 @@ void write_trace(const std::string& path, uint64_t events, const Self& self) {
     w.close(footer);
 }
 
-double run_seconds(const std::string& command) {
+struct Cost {
+    double seconds = 0;
+    double cpu_seconds = 0;  // user + system
+    double peak_mb = 0;      // the largest resident set, MB (10^6 bytes)
+};
+
+// Runs `command` through sh; what it cost, from wait4's resource usage (the
+// shell's and its children's).
+Cost run(const std::string& command) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int rc = std::system(command.c_str());
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rc != 0) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    int status = 0;
+    rusage usage{};
+    if (pid < 0 || wait4(pid, &status, 0, &usage) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
         std::fprintf(stderr, "report_bench: '%s' failed\n", command.c_str());
         std::exit(1);
     }
-    return s;
+    Cost c;
+    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto seconds = [](const timeval& tv) { return double(tv.tv_sec) + double(tv.tv_usec) / 1e6; };
+    c.cpu_seconds = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+    c.peak_mb = double(usage.ru_maxrss) * 1024 / 1e6;
+    return c;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: report_bench CLI WORKDIR [EVENTS [REPETITIONS]]\n");
+        std::fprintf(stderr,
+                     "usage: report_bench CLI WORKDIR [EVENTS [REPETITIONS [RANKS [FORMATS]]]]\n");
         return 2;
     }
     const std::string cli = argv[1], dir = argv[2];
     const uint64_t events = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1000000;
     const int reps = argc > 4 ? std::max(1, std::atoi(argv[4])) : 3;
-    const std::string trace = dir + "/rank0.trace";
-    ::unlink(trace.c_str());
-    write_trace(trace, events, find_self());
-    struct stat st {};
-    stat(trace.c_str(), &st);
-    std::printf("trace: %llu events, %lld bytes, %.2f bytes/event\n",
-                static_cast<unsigned long long>(events), static_cast<long long>(st.st_size),
-                double(st.st_size) / double(events));
-    for (const char* format : {"text", "html", "json"}) {
-        std::vector<double> s;
+    const int32_t ranks = argc > 5 ? std::max(1, std::atoi(argv[5])) : 1;
+    std::string formats = argc > 6 ? argv[6] : "text,html,json";
+    const Self self = find_self();
+    uint64_t bytes = 0;
+    for (int32_t r = 0; r < ranks; ++r) {
+        const std::string trace = dir + "/rank" + std::to_string(r) + ".trace";
+        ::unlink(trace.c_str());
+        write_trace(trace, events, r, ranks, self);
+        struct stat st {};
+        stat(trace.c_str(), &st);
+        bytes += uint64_t(st.st_size);
+    }
+    std::printf("%d trace%s of %llu events, %llu bytes, %.2f bytes/event\n", ranks,
+                ranks > 1 ? "s" : "", static_cast<unsigned long long>(events),
+                static_cast<unsigned long long>(bytes), double(bytes) / double(events * ranks));
+    const std::string input = ranks > 1 ? dir : dir + "/rank0.trace";
+    formats += ',';
+    for (size_t at = 0, comma; (comma = formats.find(',', at)) != std::string::npos;
+         at = comma + 1) {
+        const std::string format = formats.substr(at, comma - at);
+        if (format.empty()) continue;
+        std::vector<double> wall, cpu, peak;
         for (int r = 0; r < reps; ++r) {
-            s.push_back(run_seconds(cli + " report " + trace + " --top 200 --format " + format +
-                                    " -o " + dir + "/report." + format + " 2>/dev/null"));
+            const Cost c = run(cli + " report " + input + " --top 200 --format " + format + " -o " +
+                               dir + "/report." + format + " 2>/dev/null");
+            wall.push_back(c.seconds);
+            cpu.push_back(c.cpu_seconds);
+            peak.push_back(c.peak_mb);
         }
-        std::sort(s.begin(), s.end());
-        std::printf("report --format %-5s --top 200: %.3f s (median of %d)\n", format,
-                    s[s.size() / 2], reps);
+        std::printf(
+            "report --format %-5s --top 200: %.3f s, %.3f s CPU, %.1f MB peak RSS "
+            "(median of %d)\n",
+            format.c_str(), median(wall), median(cpu), median(peak), reps);
     }
     return 0;
 }

@@ -691,6 +691,20 @@ TEST_CASE(
     CHECK(contains(out, "this trace is not reported"));
     CHECK(sh(env("E2E_CLI") + " report " + bad, &out, &err) == 2);
     CHECK(count_lines(err, "allocscope:") == 1);
+
+    // A readable header, then a corrupt record before the first event: as
+    // unreadable (the streamed analysis's first pass throws, as load_trace).
+    bytes[20] = static_cast<char>(bytes[20] ^ 0x01);
+    bytes[kTraceHeaderSize + kRecordHeaderSize] =
+        static_cast<char>(~bytes[kTraceHeaderSize + kRecordHeaderSize]);
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+    CHECK_THROWS_AS(load_trace(bad), TraceError);
+    CHECK(sh(env("E2E_CLI") + " report " + run.string(), &out, &err) == 0);
+    CHECK(count_lines(out, "note: " + bad + ": ") == 1);
+    CHECK(contains(out, "this trace is not reported"));
+    CHECK(contains(out, "allocscope report: 1 trace(s), rank 0\n"));
+    CHECK(sh(env("E2E_CLI") + " report " + bad, &out, &err) == 2);
+    CHECK(count_lines(err, "allocscope: " + bad + ": ") == 1);
 }
 
 TEST_CASE("report refuses unreadable input and an unwritable output with exit 2") {

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "cli.h"
 #include "diff.h"
 #include "findings.h"
+#include "parallel.h"
 #include "progress.h"
 #include "report.h"
 #include "trace_reader.h"
@@ -151,16 +153,22 @@ int diff_command(const std::vector<std::string>& args) {
         *side = std::move(kept);
     }
 
+    // The traces streamed, side by side, one per core.
     Progress progress;
+    std::mutex progress_mutex;
     size_t done = 0;
     const size_t total = base_files.size() + cand_files.size();
     auto measure_all = [&](const std::vector<std::string>& files) {
+        std::vector<RunMeasure> measures = parallel_map(files.size(), [&](size_t i) {
+            TraceStream t(files[i]);  // TraceError names the file and offset
+            RunMeasure m = measure_run(t);
+            const std::lock_guard lock(progress_mutex);
+            progress.show("measured " + files[i], ++done, total);
+            return m;
+        });
         std::map<int32_t, RunMeasure> by_rank;
-        for (const std::string& f : files) {
-            progress.show("measuring " + f, done++, total);
-            const Trace t = load_trace(f);  // TraceError names the file and offset
-            by_rank[t.header.rank] = measure_run(t);
-        }
+        for (RunMeasure& m : measures)
+            by_rank[m.rank] = std::move(m);
         return by_rank;
     };
     std::map<int32_t, RunMeasure> base = measure_all(base_files);

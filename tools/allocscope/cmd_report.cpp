@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include "cli.h"
 #include "imbalance.h"
 #include "output_file.h"
+#include "parallel.h"
 #include "progress.h"
 #include "report.h"
 #include "symbolize.h"
@@ -110,19 +112,108 @@ std::set<uint32_t> stacks_shown(const TraceAnalysis& a, const FindingsFile& find
     return ids;
 }
 
+// One trace's part of a report, computed on a worker thread: its rank's
+// section, none when it is not reported, and the notes it gives, in order.
+struct TraceReport {
+    std::optional<RankReport> rank;
+    std::vector<std::string> notes;
+};
+
+// What the traces of one report share, read-only while they are analysed.
+struct ReportInputs {
+    long rank = -1;     // only this rank's trace, -1: all
+    bool only = false;  // a single trace: its problems are the report's
+    AnalysisOptions options;
+    const FindingsFile* findings = nullptr;
+    std::string baseline;
+    std::map<int32_t, std::vector<StepMemory>> baseline_steps;  // by rank
+};
+
+TraceReport report_trace(const std::string& path, const ReportInputs& in) {
+    TraceReport out;
+    // An unreadable trace (its header, or a corrupt record before its first
+    // event) is one note among several traces (the others are reported);
+    // alone, it is the error.
+    auto unreadable = [&](const TraceError& e) {
+        if (in.only) return false;
+        out.notes.push_back(std::string(e.what()) + "; this trace is not reported");
+        return true;
+    };
+    std::optional<TraceStream> stream;
+    try {
+        stream.emplace(path);
+    } catch (const TraceError& e) {
+        if (!unreadable(e)) throw;
+        return out;
+    }
+    // --rank R: only R's trace is read, the others' headers.
+    if (in.rank >= 0 && stream->header().rank != in.rank) return out;
+    RankReport r;
+    // A corrupt record ends the trace, with a warning. The first pass
+    // throws where it comes before any event; a later pass, where the file
+    // no longer holds what the first read (an error, as alone).
+    try {
+        r.analysis = analyze(*stream, in.options);
+    } catch (const TraceError& e) {
+        if (stream->counted() || !unreadable(e)) throw;
+        return out;
+    }
+    r.steps = step_memory(*stream, TraceShape{r.analysis.owner, r.analysis.main_tid});
+    const TraceTables& t = stream->tables();
+    // One trace each: paired whatever their ranks (as diff pairs them).
+    auto base = in.baseline_steps.size() == 1 && in.only ? in.baseline_steps.begin()
+                                                         : in.baseline_steps.find(t.header.rank);
+    if (base != in.baseline_steps.end()) {
+        r.baseline_steps = base->second;
+        r.has_baseline = true;
+    } else if (!in.baseline.empty()) {
+        out.notes.push_back("the baseline " + in.baseline + " has no trace of rank " +
+                            std::to_string(t.header.rank));
+    }
+    // Symbolize what the report shows, each address once.
+    Symbolizer symbolizer(t.modules, [&out](const std::string& w) { out.notes.push_back(w); });
+    symbolizer.use_strings(t.strings);
+    std::vector<uint64_t> addresses;
+    const std::set<uint32_t> ids = stacks_shown(r.analysis, *in.findings, in.only, t.header.rank);
+    for (uint32_t id : ids) {
+        if (id < t.stacks.size())
+            addresses.insert(addresses.end(), t.stacks[id].begin(), t.stacks[id].end());
+    }
+    symbolizer.resolve(addresses, [](size_t, size_t) {});
+    for (uint32_t id : ids) {
+        if (id >= t.stacks.size()) continue;
+        std::vector<std::string>& frames = r.stacks[id];
+        for (const SymbolizedFrame* f : symbolizer.stack(t.stacks[id])) {
+            if (is_python_frame(f->address) && !r.python_from.contains(id))
+                r.python_from[id] = frames.size();
+            frames.push_back(f->text());
+        }
+    }
+    out.rank = std::move(r);
+    return out;
+}
+
 }  // namespace
 
 Report build_report(const std::vector<std::string>& paths, long rank, size_t top,
                     const std::string& baseline) {
     const TraceInputs in = expand_trace_paths(paths);
     Report report;
-    std::map<int32_t, std::vector<StepMemory>> baseline_steps;  // by rank
+    ReportInputs shared;
+    shared.rank = rank;
+    shared.only = in.traces.size() == 1;
+    shared.options.top_sites = top;
+    shared.findings = &report.findings;
+    shared.baseline = baseline;
     if (!baseline.empty()) {
         report.baseline = baseline;
-        for (const std::string& f : expand_trace_paths({baseline}).traces) {
-            const Trace t = load_trace(f);  // TraceError names the file and offset
-            baseline_steps[t.header.rank] = step_memory(t);
-        }
+        const std::vector<std::string> files = expand_trace_paths({baseline}).traces;
+        auto steps = parallel_map(files.size(), [&](size_t i) {
+            TraceStream t(files[i]);  // TraceError names the file and offset
+            return std::pair{t.header().rank, step_memory(t)};
+        });
+        for (auto& [r, s] : steps)
+            shared.baseline_steps[r] = std::move(s);
     }
     if (!in.findings.empty()) {
         try {
@@ -136,68 +227,27 @@ Report build_report(const std::vector<std::string>& paths, long rank, size_t top
         std::erase_if(report.findings.findings,
                       [rank](const Finding& f) { return f.rank != rank; });
     }
+    // The traces side by side, one per core; their sections and notes are
+    // taken in the order of the traces, so the report is the same however
+    // they were scheduled.
     Progress progress;
-    AnalysisOptions options;
-    options.top_sites = top;
+    std::mutex progress_mutex;
+    size_t finished = 0;
+    std::vector<TraceReport> parts = parallel_map(in.traces.size(), [&](size_t i) {
+        TraceReport part = report_trace(in.traces[i], shared);
+        const std::lock_guard lock(progress_mutex);
+        progress.show("analysed " + in.traces[i], ++finished, in.traces.size());
+        return part;
+    });
+    progress.done();
     // A note once, however many traces give it (traces of one machine read
     // on another: the same module cannot be symbolized for each).
-    auto note = [&report](const std::string& w) {
-        if (std::find(report.notes.begin(), report.notes.end(), w) == report.notes.end())
-            report.notes.push_back(w);
-    };
-    for (size_t i = 0; i < in.traces.size(); ++i) {
-        // A trace whose header cannot be read is one warning among several
-        // traces (the others are reported); alone, it is the error.
-        Trace t;
-        try {
-            // --rank R: only R's trace is decoded, the others' headers read.
-            if (rank >= 0 && TraceReader(in.traces[i]).header().rank != rank) continue;
-            progress.show("reading " + in.traces[i], i, in.traces.size());
-            t = load_trace(in.traces[i]);  // a corrupt record ends it, with a warning
-        } catch (const TraceError& e) {
-            if (in.traces.size() == 1) throw;
-            note(std::string(e.what()) + "; this trace is not reported");
-            continue;
+    for (TraceReport& part : parts) {
+        for (const std::string& w : part.notes) {
+            if (std::find(report.notes.begin(), report.notes.end(), w) == report.notes.end())
+                report.notes.push_back(w);
         }
-        RankReport r;
-        r.analysis = analyze(t, options);
-        r.steps = step_memory(t);
-        // One trace each: paired whatever their ranks (as diff pairs them).
-        auto base = baseline_steps.size() == 1 && in.traces.size() == 1
-                        ? baseline_steps.begin()
-                        : baseline_steps.find(t.header.rank);
-        if (base != baseline_steps.end()) {
-            r.baseline_steps = base->second;
-            r.has_baseline = true;
-        } else if (!baseline.empty()) {
-            note("the baseline " + baseline + " has no trace of rank " +
-                 std::to_string(t.header.rank));
-        }
-        report.ranks.push_back(std::move(r));
-        RankReport& added = report.ranks.back();
-        // Symbolize what the report shows, each address once.
-        Symbolizer symbolizer(t.modules, note);
-        symbolizer.use_strings(t.strings);
-        const bool only = in.traces.size() == 1;
-        std::vector<uint64_t> addresses;
-        const std::set<uint32_t> ids =
-            stacks_shown(added.analysis, report.findings, only, t.header.rank);
-        for (uint32_t id : ids) {
-            if (id < t.stacks.size())
-                addresses.insert(addresses.end(), t.stacks[id].begin(), t.stacks[id].end());
-        }
-        symbolizer.resolve(addresses, [&](size_t done, size_t total) {
-            progress.show("symbolizing " + std::to_string(total) + " addresses", done, total);
-        });
-        for (uint32_t id : ids) {
-            if (id >= t.stacks.size()) continue;
-            std::vector<std::string>& frames = added.stacks[id];
-            for (const SymbolizedFrame* f : symbolizer.stack(t.stacks[id])) {
-                if (is_python_frame(f->address) && !added.python_from.contains(id))
-                    added.python_from[id] = frames.size();
-                frames.push_back(f->text());
-            }
-        }
+        if (part.rank) report.ranks.push_back(std::move(*part.rank));
     }
     if (report.ranks.empty()) throw std::runtime_error("no trace of rank " + std::to_string(rank));
     std::stable_sort(report.ranks.begin(), report.ranks.end(),

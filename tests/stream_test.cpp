@@ -1,0 +1,145 @@
+// The analysis streamed from a trace's file (core/trace_reader.h,
+// TraceStream: the events read again pass after pass, never all held) is
+// the analysis of the loaded trace, field by field: on every recorded trace
+// of the corpus, with the default and with small timelines, and on traces
+// cut short, corrupt (unreadable where that is before any event), or grown
+// between passes.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "diff.h"
+#include "streamed.h"
+#include "support.h"
+#include "trace_reader.h"
+
+using namespace allocscope;
+using namespace allocscope::test;
+
+namespace {
+
+std::vector<fs::path> corpus_traces() {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::recursive_directory_iterator(env("CORPUS_DIR"))) {
+        if (e.path().extension() == ".trace") out.push_back(e.path());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+// A copy of `from` at `to` with its first `bytes` bytes only.
+void copy_prefix(const fs::path& from, const fs::path& to, uint64_t bytes) {
+    std::ifstream in(from, std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    data.resize(std::min<uint64_t>(bytes, data.size()));
+    std::ofstream(to, std::ios::binary | std::ios::trunc) << data;
+}
+
+}  // namespace
+
+TEST_CASE("every corpus trace streams to the analysis, step memory and measure it loads to") {
+    const std::vector<fs::path> traces = corpus_traces();
+    REQUIRE(traces.size() >= 10);
+    AnalysisOptions small;
+    small.timeline_points = 37;
+    small.timeline_layers = 3;
+    small.oom_moments = 1;
+    small.top_sites = 2;
+    for (const fs::path& p : traces) {
+        const Trace trace = load_trace(p.string());
+        CHECK(!trace.events.empty());
+        analyzed(trace);
+        analyzed(trace, small);
+        measured(trace);
+        TraceStream stream(p.string());
+        CHECK(step_memory(stream) == step_memory(trace));
+        CHECK(stream.tables().strings == trace.strings);
+        CHECK(stream.tables().stacks == trace.stacks);
+        CHECK(stream.tables().footer.has_value() == trace.footer.has_value());
+    }
+}
+
+TEST_CASE("a trace cut short or corrupt streams its prefix, with the loaded trace's warning") {
+    TempDir t;
+    const fs::path whole = corpus_traces().front();
+    const uint64_t size = fs::file_size(whole);
+    const fs::path cut = t.dir / "cut.trace";
+    copy_prefix(whole, cut, size * 7 / 10);
+    const Trace cut_trace = load_trace(cut.string());
+    REQUIRE(cut_trace.truncated);
+    REQUIRE(!cut_trace.corrupt);
+    CHECK(analyzed(cut_trace).truncated);
+
+    const fs::path corrupt = t.dir / "corrupt.trace";
+    fs::copy_file(whole, corrupt);
+    {
+        std::fstream f(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(std::streamoff(size / 2));
+        char c = 0;
+        f.seekg(std::streamoff(size / 2));
+        f.get(c);
+        f.seekp(std::streamoff(size / 2));
+        f.put(char(~c));
+    }
+    const Trace corrupt_trace = load_trace(corrupt.string());
+    REQUIRE(corrupt_trace.corrupt);
+    const TraceAnalysis a = analyzed(corrupt_trace);
+    CHECK(a.truncated);
+    CHECK(a.truncation_message == corrupt_trace.truncation_message);
+}
+
+TEST_CASE("a corrupt record before any event makes the trace unreadable, streamed as loaded") {
+    TempDir t;
+    const fs::path whole = corpus_traces().front();
+    const fs::path path = t.dir / "unreadable.trace";
+    fs::copy_file(whole, path);
+    {
+        // The first record's first payload byte: its checksum fails.
+        const auto at = std::streamoff(kTraceHeaderSize + kRecordHeaderSize);
+        std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+        char c = 0;
+        f.seekg(at);
+        f.get(c);
+        f.seekp(at);
+        f.put(char(~c));
+    }
+    CHECK_THROWS_AS(load_trace(path.string()), TraceError);
+    TraceStream stream(path.string());  // the header reads
+    CHECK_THROWS_AS(analyze(stream), TraceError);
+    CHECK_FALSE(stream.counted());
+    // A pass after it starts afresh and throws the same.
+    CHECK_THROWS_AS(trace_shape(stream), TraceError);
+    CHECK_THROWS_AS(step_memory(stream), TraceError);
+    CHECK_FALSE(stream.counted());
+}
+
+TEST_CASE("later passes give the events the first pass counted, though the file has grown") {
+    TempDir t;
+    const fs::path whole = corpus_traces().front();
+    const fs::path path = t.dir / "growing.trace";
+    copy_prefix(whole, path, fs::file_size(whole) / 2);
+    const Trace half = load_trace(path.string());
+    TraceStream stream(path.string());
+    const TraceShape shape = trace_shape(stream);  // the first pass: half the file
+    CHECK(stream.size() == half.events.size());
+    fs::copy_file(whole, path, fs::copy_options::overwrite_existing);
+    check_same_analysis(analyze(stream), analyze(half));
+    CHECK(step_memory(stream, shape) == step_memory(half));
+    CHECK(stream.size() == half.events.size());
+}
+
+TEST_CASE("a later pass over a file that lost events since the first throws TraceError") {
+    TempDir t;
+    const fs::path whole = corpus_traces().front();
+    const fs::path path = t.dir / "shrinking.trace";
+    fs::copy_file(whole, path);
+    TraceStream stream(path.string());
+    trace_shape(stream);
+    copy_prefix(whole, path, fs::file_size(whole) / 2);
+    CHECK_THROWS_AS(analyze(stream), TraceError);
+}
