@@ -8,6 +8,8 @@
 #include <allocscope/allocscope.h>
 #include <allocscope/sdk/flat_map.h>
 
+#include "trace_bound.h"
+
 namespace allocscope {
 
 namespace {
@@ -557,9 +559,30 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
     uint64_t devices_seen = 0;
     SegmentOwners segment_owners;
     LastLayer last_layer;
+    const auto bounded_text = std::find(t.strings.begin(), t.strings.end(), kBoundedMark);
+    const uint32_t bounded_id =
+        bounded_text == t.strings.end() ? kNone : uint32_t(bounded_text - t.strings.begin());
+    uint64_t last_own_step = 0;  // the step of the last event not carried
     uint64_t last_seq = 0, last_t_ns = 0;
     size_t i = 0;
     stream.for_each([&](const Event& e) {
+        if (e.flags & kFlagCarried) {
+            BoundedSummary& b = a.bounded;
+            if (e.kind == EventKind::alloc) {
+                ++b.carried_allocations;
+                b.carried_bytes += e.size;
+            }
+            b.carried_scopes += e.kind == EventKind::tag_push;
+            if (e.kind == EventKind::mark && e.aux == bounded_id) {
+                ++b.gaps;
+                b.events_dropped = e.address;
+                b.bytes_dropped = e.size;
+                b.last_step_before = last_own_step;
+                b.first_step_after = e.step;
+            }
+        } else {
+            last_own_step = e.step;
+        }
         const FreeOutcome outcome = replay.apply(e);
         segment_owners.apply(e);
         if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)

@@ -237,6 +237,21 @@ struct CounterCheck {
     bool operator==(const CounterCheck&) const = default;
 };
 
+// What a bounded trace (allocscope run --max-trace-size) dropped: from its
+// last kBoundedMark (core/trace_bound.h).
+struct BoundedSummary {
+    uint64_t gaps = 0;            // marks: 1 in a trace compacted any number of times
+    uint64_t events_dropped = 0;  // over the whole run
+    uint64_t bytes_dropped = 0;
+    uint64_t last_step_before = 0;     // the step of the last event before the gap
+    uint64_t first_step_after = 0;     // the step the kept tail starts in
+    uint64_t carried_allocations = 0;  // carried allocs (live where the tail starts)
+    uint64_t carried_bytes = 0;
+    uint64_t carried_scopes = 0;  // carried tag_push events
+
+    bool operator==(const BoundedSummary&) const = default;
+};
+
 struct CounterSummary {
     uint64_t checks = 0;  // marks set against the replay
     uint64_t agree = 0;
@@ -298,6 +313,7 @@ struct TraceAnalysis {
     uint64_t oom_moments_total = 0;
     uint64_t recovered_failures = 0;
     CounterSummary counters;  // the self-check against the allocator's counters
+    BoundedSummary bounded;   // what a bounded trace dropped (gaps 0: nothing)
     // The owner pool's live bytes when each step began (its first step
     // event), in order; and by layer group ("layers.3", layer_group) when
     // the trace's last step began. What ranks are compared at

@@ -292,6 +292,17 @@ std::string signed_bytes(uint64_t ours, uint64_t theirs) {
 // The self-check against the allocator's own counters (ALLOCSCOPE_COUNTERS_MARK
 // marks): whether allocscope's live bytes agreed with them at each, and
 // where the device memory the driver counts in use went.
+// What a bounded trace dropped, in one line; "" for a whole trace.
+std::string bounded_line(const TraceAnalysis& a) {
+    const BoundedSummary& b = a.bounded;
+    if (b.gaps == 0) return {};
+    return "bounded trace (--max-trace-size): " + u(b.events_dropped) + " events (" +
+           human_bytes(b.bytes_dropped) + ") dropped after step " + u(b.last_step_before) +
+           "; kept from step " + u(b.first_step_after) + " on, with the " +
+           u(b.carried_allocations) + " allocations (" + human_bytes(b.carried_bytes) + ") and " +
+           u(b.carried_scopes) + " scopes live there carried over";
+}
+
 std::vector<std::string> counter_lines(const TraceAnalysis& a) {
     std::vector<std::string> out;
     const CounterSummary& cs = a.counters;
@@ -852,6 +863,7 @@ std::string full_text(const Report& report) {
         }
         for (const std::string& line : counter_lines(a))
             out += line + "\n";
+        if (const std::string line = bounded_line(a); !line.empty()) out += line + "\n";
         out += "\n  " + pad("pool", 16) + rpad("allocations", 12) + rpad("allocated", 12) +
                rpad("peak", 12) + "  at\n";
         for (const PoolSummary& p : a.pools) {
@@ -1180,6 +1192,7 @@ std::string run_lines(const TraceAnalysis& a) {
     }
     for (const std::string& line : counter_lines(a))
         out += "  " + line + "\n";
+    if (const std::string line = bounded_line(a); !line.empty()) out += "  " + line + "\n";
     return out;
 }
 
@@ -1353,6 +1366,11 @@ std::string render_json(const Report& report) {
         out += "    {\"trace\": " + json_quote(a.path) +
                ", \"rank\": " + std::to_string(a.header.rank) + ", \"pid\": " + u(a.header.pid) +
                ", \"host\": " + json_quote(a.header.host) + ", \"events\": " + u(a.events) +
+               ", \"bounded\": {\"events_dropped\": " + u(a.bounded.events_dropped) +
+               ", \"bytes_dropped\": " + u(a.bounded.bytes_dropped) +
+               ", \"last_step_before\": " + u(a.bounded.last_step_before) +
+               ", \"first_step_after\": " + u(a.bounded.first_step_after) +
+               ", \"carried_allocations\": " + u(a.bounded.carried_allocations) + "}" +
                ", \"span_ns\": " + u(a.span_ns) + ", \"steps\": " + u(a.steps) +
                ", \"truncated\": " + (a.truncated ? "true" : "false") +
                ", \"oom_events\": " + u(a.oom_events) +

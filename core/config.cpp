@@ -5,6 +5,7 @@
 #include <charconv>
 #include <string_view>
 
+#include "trace_bound.h"
 #include "trace_format.h"
 
 namespace allocscope {
@@ -142,6 +143,21 @@ Config parse_config(const EnvLookup& env) {
     c.rank = first_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, c.warnings);
     c.world_size =
         first_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, c.warnings);
+    if (const char* v = env("ALLOCSCOPE_MAX_TRACE_SIZE"); v && *v) {
+        uint64_t bytes = 0;
+        if (!parse_size(v, bytes)) {
+            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_MAX_TRACE_SIZE='") +
+                                 shown(v) +
+                                 "': expected a size such as 512M or 2G (K, M, G, T: powers of "
+                                 "1024), or 0 for no bound; the trace is not bounded");
+        } else if (bytes > 0 && bytes < kMinTraceBound) {
+            c.warnings.push_back(std::string("allocscope: ALLOCSCOPE_MAX_TRACE_SIZE='") + shown(v) +
+                                 "' is below the smallest bound, 64K: using 64K");
+            c.max_trace_bytes = kMinTraceBound;
+        } else {
+            c.max_trace_bytes = bytes;
+        }
+    }
     if (const char* v = env("ALLOCSCOPE_HOST"); v && *v) {
         c.host = std::string(v).substr(0, kMaxHostBytes);
     } else {

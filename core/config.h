@@ -33,11 +33,12 @@ struct Config {
     LogLevel log = LogLevel::info;              // ALLOCSCOPE_LOG
     bool disabled = false;                      // ALLOCSCOPE_DISABLE
     bool driver_hooks = true;                   // ALLOCSCOPE_DRIVER_HOOKS
-    bool walk_cycles = false;  // ALLOCSCOPE_WALK_CYCLES (with ALLOCSCOPE_LOG=debug)
-    bool sigterm = true;       // ALLOCSCOPE_SIGTERM: finish the trace on SIGTERM
-    int32_t rank = -1;         // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
-    int32_t world_size = -1;   // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
-    std::string host;          // ALLOCSCOPE_HOST, else the machine's name (host_name())
+    bool walk_cycles = false;      // ALLOCSCOPE_WALK_CYCLES (with ALLOCSCOPE_LOG=debug)
+    bool sigterm = true;           // ALLOCSCOPE_SIGTERM: finish the trace on SIGTERM
+    int32_t rank = -1;             // RANK, else OMPI_COMM_WORLD_RANK, else SLURM_PROCID
+    int32_t world_size = -1;       // WORLD_SIZE, else OMPI_COMM_WORLD_SIZE, else SLURM_NTASKS
+    std::string host;              // ALLOCSCOPE_HOST, else the machine's name (host_name())
+    uint64_t max_trace_bytes = 0;  // ALLOCSCOPE_MAX_TRACE_SIZE (core/trace_bound.h), 0 = no bound
 
     std::vector<std::string> warnings;  // one line each, "allocscope: ..." prefixed
 };

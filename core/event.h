@@ -102,6 +102,9 @@ enum EventFlag : uint32_t {
     kFlagUnknownAddress = 1u << 0,  // free of an address never seen alloc'd
     kFlagDoubleFree = 1u << 1,      // free of an address already freed
     kFlagTagOverflow = 1u << 2,     // push beyond the per-thread tag depth
+    // Written by a bounded trace in place of events it dropped: the live
+    // set and open scopes carried over the gap (core/trace_bound.h).
+    kFlagCarried = 1u << 3,
 };
 
 // One recorded event. Tag = (rank, step, layer, phase): rank is per trace

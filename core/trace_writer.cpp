@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace allocscope {
@@ -127,6 +128,29 @@ void TraceWriter::close(const FooterRecord& f) {
     fd_ = -1;
 }
 
+bool TraceWriter::adopt(const std::string& replacement, uint64_t bytes, uint64_t events,
+                        std::string& error) {
+    if (fd_ < 0 || failed_ || !buffer_.empty() || !block_.empty()) {
+        error = "the trace is not flushed";
+        return false;
+    }
+    const int fd = ::open(replacement.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        error = "cannot open " + replacement + ": " + std::strerror(errno);
+        return false;
+    }
+    if (::rename(replacement.c_str(), path_.c_str()) != 0) {
+        error = "cannot rename " + replacement + " over " + path_ + ": " + std::strerror(errno);
+        ::close(fd);
+        return false;
+    }
+    ::close(fd_);
+    fd_ = fd;
+    bytes_ = bytes;
+    events_ = events;
+    return true;
+}
+
 void TraceWriter::flush() {
     end_block();
     write_buffer();
@@ -148,6 +172,7 @@ void TraceWriter::write_buffer() {
         }
         p += n;
         left -= static_cast<size_t>(n);
+        bytes_ += static_cast<uint64_t>(n);
     }
     buffer_.clear();
 }

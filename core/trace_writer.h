@@ -53,6 +53,14 @@ class TraceWriter {
     // Events accepted (buffered or written), the footer's `events`.
     uint64_t events_written() const noexcept { return events_; }
     const std::string& path() const noexcept { return path_; }
+    // Bytes handed to the file so far (after flush(): all of it).
+    uint64_t bytes_written() const noexcept { return bytes_; }
+
+    // After flush(): continues in `replacement`, a complete rewrite of the
+    // trace (core/trace_bound.h) of `bytes` bytes holding `events` events,
+    // which is renamed over path(). On failure the trace goes on as it was
+    // and `error` says why.
+    bool adopt(const std::string& replacement, uint64_t bytes, uint64_t events, std::string& error);
 
   private:
     // False when the record was dropped (not open, closed, or failed).
@@ -66,6 +74,7 @@ class TraceWriter {
     bool failed_ = false;
     uint64_t dropped_ = 0;
     uint64_t events_ = 0;
+    uint64_t bytes_ = 0;
     std::string path_;
     std::string error_;
     std::string buffer_;

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@
 #include "replay.h"
 #include "stack_table.h"
 #include "string_table.h"
+#include "trace_bound.h"
 #include "trace_writer.h"
 
 #pragma GCC visibility push(hidden)
@@ -108,6 +110,25 @@ struct ModuleRange {
     uint64_t end;
 };
 
+// Bounded recording, the writer thread's (trace_bound.cpp; core/trace_bound.h).
+struct TraceBound {
+    bool on = false;
+    bool failed = false;     // a compaction failed: the trace grows unbounded from then
+    uint32_t mark_text = 0;  // kBoundedMark's string id
+    bool head_sealed = false;
+    TraceCheckpoint head;              // the end of the kept first steps
+    std::deque<TraceCheckpoint> cuts;  // later checkpoints, oldest first
+    uint64_t file_carried = 0;         // carried events in the file now
+    uint64_t file_overhead = 0;        // bytes of definitions and carried events in the file now
+    uint64_t dropped_events = 0;       // events dropped so far
+    uint64_t dropped_bytes = 0;
+    uint64_t compactions = 0;
+    uint64_t last_seq = 0;  // the last event written
+    uint64_t last_t_ns = 0;
+    uint64_t last_step = 0;
+    std::map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> open;  // tid -> scopes
+};
+
 struct State {
     Config config;
     uint64_t start_mono_ns = 0;
@@ -155,6 +176,9 @@ struct State {
     std::vector<ParamRecord> written_params;                  // index = param index
     // Scoped checks (allocscope_check_begin/end), fed by the writer too.
     CheckSet checks;
+    // ALLOCSCOPE_MAX_TRACE_SIZE: the writer's checkpoints and compactions
+    // (trace_bound.cpp).
+    TraceBound bound;
 };
 
 // lifecycle.cpp
@@ -192,6 +216,18 @@ inline TagEntry current_tag() noexcept {
     if (d == 0) return {};
     return t_thread.tags[(d < kMaxTagDepth ? d : kMaxTagDepth) - 1];
 }
+
+// --- trace_bound.cpp ----------------------------------------------------------
+
+// Writer thread, when ALLOCSCOPE_MAX_TRACE_SIZE is set. bound_start before
+// the first drain; bound_event for each event before it is written (a step
+// change takes a checkpoint there); bound_after_flush after each flush
+// (seals the head, takes checkpoints in long steps, compacts past the
+// bound).
+void bound_start();
+void bound_event(const Event& e);
+void bound_written(const Event& e);
+void bound_after_flush();
 
 // --- lifecycle.cpp ------------------------------------------------------------
 

@@ -67,28 +67,26 @@ void write_pending_definitions() {
 // no lock, no hash lookup on the program's threads. An alloc whose event was
 // dropped (the writer stalled) is not in the table; its free is then flagged
 // unknown.
-void track_live(std::vector<Event>& batch) noexcept {
-    for (Event& e : batch) {
-        if (e.kind != EventKind::alloc && e.kind != EventKind::free) continue;
-        LiveRecord freed;
-        FreeOutcome outcome;
-        try {
-            outcome = g->live.apply(e, &freed);
-        } catch (...) {
-            // Out of host memory growing a table: the event is still
-            // recorded; an alloc's free will carry no size.
-            continue;
-        }
-        if (e.kind != EventKind::free) continue;
-        if (outcome == FreeOutcome::freed) {
-            e.size = freed.size;
-            e.device = freed.device;
-            e.memory = freed.memory;
-        } else if (outcome == FreeOutcome::unknown) {
-            e.flags |= kFlagUnknownAddress;
-        } else {
-            e.flags |= kFlagDoubleFree;
-        }
+void track_live(Event& e) noexcept {
+    if (e.kind != EventKind::alloc && e.kind != EventKind::free) return;
+    LiveRecord freed;
+    FreeOutcome outcome;
+    try {
+        outcome = g->live.apply(e, &freed);
+    } catch (...) {
+        // Out of host memory growing a table: the event is still
+        // recorded; an alloc's free will carry no size.
+        return;
+    }
+    if (e.kind != EventKind::free) return;
+    if (outcome == FreeOutcome::freed) {
+        e.size = freed.size;
+        e.device = freed.device;
+        e.memory = freed.memory;
+    } else if (outcome == FreeOutcome::unknown) {
+        e.flags |= kFlagUnknownAddress;
+    } else {
+        e.flags |= kFlagDoubleFree;
     }
 }
 
@@ -104,9 +102,14 @@ uint64_t drain_once(std::vector<Event>& batch) {
     for (uint64_t i = 0; i < n; ++i)
         batch.push_back(g->ring.at(first + i));
     g->ring.release_until(first + n);
-    track_live(batch);
-    for (const Event& e : batch)
+    // One event at a time: a checkpoint (bound_event) sees the live set of
+    // the events before it.
+    for (Event& e : batch) {
+        track_live(e);
+        bound_event(e);
         g->writer.event(e);
+        bound_written(e);
+    }
     feed_plugins(batch);
     g->checks.feed(batch, first, {g->written_strings, g->written_params});
     return n;
@@ -188,11 +191,13 @@ void* writer_main(void*) {
         scan_modules();
         start_plugins();
     }
+    bound_start();
     long sleep_us = 1000;
     for (;;) {
         uint64_t n = drain_once(batch);
         g->checks.service(g->ring.consumed(), {g->written_strings, g->written_params});
         g->writer.flush();
+        bound_after_flush();
         report_write_failure_once();
         checkpoint_findings();
         if (n > 0) {
@@ -226,8 +231,14 @@ void* writer_main(void*) {
     g->writer.close(footer);
     report_write_failure_once();
     if (!g->writer.failed()) {
+        std::string bounded;
+        if (g->bound.dropped_events > 0) {
+            bounded = "; " + std::to_string(g->bound.dropped_events) +
+                      " events of the middle steps dropped to stay within " +
+                      std::to_string(g->config.max_trace_bytes) + " bytes";
+        }
         log_line(LogLevel::info, "allocscope: wrote " + g->writer.path() + " (" +
-                                     std::to_string(footer.events) + " events)");
+                                     std::to_string(footer.events) + " events" + bounded + ")");
     }
     if (g->cost_stats) {
         log_line(LogLevel::debug, stack_cost_line());

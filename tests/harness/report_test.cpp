@@ -1097,3 +1097,63 @@ TEST_CASE("two hosts of one job share a run directory: each writes its own, repo
     CHECK(out.find("ranks 0–3") != std::string::npos);
     CHECK(out.find("ranks 0–1 ") == std::string::npos);
 }
+
+TEST_CASE("a bounded trace stays within its bound and its last steps read as the whole run's") {
+    // 400 steps, traced whole and within 256 KiB (the whole trace is about
+    // four times that): the same seed gives the same events.
+    TempDir t;
+    const std::string shape =
+        " --backend sim --ranks 2 --layers 2 --hidden 64 --ffn 128 --steps 400 --warmup 1";
+    REQUIRE(sh(env("E2E_CLI") + " run --out " + (t / "whole").string() + " -- " + env("HARNESS") +
+               shape) == 0);
+    std::string err;
+    REQUIRE(sh(env("E2E_CLI") + " run --max-trace-size 256K --out " + (t / "bounded").string() +
+                   " -- " + env("HARNESS") + shape,
+               nullptr, &err) == 0);
+    CAPTURE(err);
+    CHECK(err.find("events of the middle steps dropped to stay within 262144 bytes") !=
+          std::string::npos);
+    for (int rank = 0; rank < 2; ++rank) {
+        CAPTURE(rank);
+        const std::string name = "rank" + std::to_string(rank) + ".trace";
+        const fs::path whole = t / "whole" / name, bounded = t / "bounded" / name;
+        CHECK(fs::file_size(whole) > 4 * 256 * 1024 / 2);
+        CHECK(fs::file_size(bounded) <= 256 * 1024);
+        CHECK((fs::status(bounded).permissions() & fs::perms::all) ==
+              (fs::perms::owner_read | fs::perms::owner_write));
+        const Trace w = load_trace(whole.string()), b = load_trace(bounded.string());
+        CHECK_FALSE(b.truncated);
+        const TraceAnalysis aw = analyze(w), ab = analyze(b);
+        CHECK(ab.bounded.gaps == 1);
+        CHECK(ab.bounded.events_dropped + b.events.size() >= w.events.size());
+        CHECK(ab.bounded.first_step_after > 300);
+        CHECK(ab.bounded.last_step_before < 100);
+        // Every step kept whole: the same per-step memory as the whole run.
+        std::vector<StepMemory> sw = step_memory(w), sb = step_memory(b);
+        const uint64_t from = ab.bounded.first_step_after;
+        std::erase_if(sw, [from](const StepMemory& m) { return m.step < from; });
+        std::erase_if(sb, [from](const StepMemory& m) { return m.step < from; });
+        CHECK(sb.size() == 400 - from);
+        CHECK(sb == sw);
+        CHECK(ab.pool(Pool::device_block)->live_bytes_at_exit ==
+              aw.pool(Pool::device_block)->live_bytes_at_exit);
+    }
+    // The findings come from the live plugins, which saw every event.
+    const FindingsFile fw = read_findings_file((t / "whole" / "findings.json").string());
+    const FindingsFile fb = read_findings_file((t / "bounded" / "findings.json").string());
+    auto errors = [](const FindingsFile& f) {
+        std::vector<std::string> out;
+        for (const Finding& x : f.findings)
+            if (x.severity == Severity::error) out.push_back(x.plugin + " " + x.layer);
+        std::sort(out.begin(), out.end());
+        return out;
+    };
+    CHECK(errors(fb) == errors(fw));
+    CHECK(std::count_if(fb.findings.begin(), fb.findings.end(), [](const Finding& x) {
+              return x.plugin == "weight-copy-accumulation" && x.severity == Severity::error;
+          }) > 0);
+    std::string out;
+    REQUIRE(sh(env("E2E_CLI") + " report " + (t / "bounded").string(), &out) == 0);
+    CAPTURE(out);
+    CHECK(out.find("bounded trace (--max-trace-size): ") != std::string::npos);
+}

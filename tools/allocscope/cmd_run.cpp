@@ -24,6 +24,7 @@
 #include "output_file.h"
 #include "plugin_host.h"
 #include "replay_engine.h"
+#include "trace_bound.h"
 
 #ifndef ALLOCSCOPE_INSTALL_LIBDIR
 #define ALLOCSCOPE_INSTALL_LIBDIR "lib"
@@ -46,7 +47,7 @@ constexpr const char* kRunHelp =
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
                      [--check] [--fail-on info|warning|error] [--nvtx] [--no-provenance]
                      [--provenance-steps all|first=N[,every=N[,window=N]]]
-                     [--per-host] -- CMD [ARGS...]
+                     [--max-trace-size SIZE] [--per-host] -- CMD [ARGS...]
 
 Runs CMD with liballocscope.so preloaded (prepended to any LD_PRELOAD) and
 ALLOCSCOPE_OUT set, so every process of the run that uses CUDA writes a trace
@@ -114,6 +115,15 @@ options:
                      (docs/PERFORMANCE.md), the weight detectors match no
                      sizes, and the summary names the steps observed.
                      every=0: none after the first
+  --max-trace-size SIZE
+                     keep each trace within SIZE (512M, 2G: K, M, G, T are
+                     powers of 1024; at least 64K): its first steps (a
+                     quarter of SIZE) and the latest steps are kept, the
+                     steps between are dropped, and the allocations live and
+                     scopes open where the kept steps resume are written in
+                     their place, so the report of those steps is the one an
+                     unbounded trace gives (ALLOCSCOPE_MAX_TRACE_SIZE). The
+                     live plugins see every event either way
   --per-host         write this host's traces, findings and reports into
                      DIR/host-<name> (the name: $ALLOCSCOPE_HOST, else the
                      machine's), so that the hosts of one job share DIR
@@ -520,6 +530,7 @@ int run_command(const std::vector<std::string>& args) {
     bool no_provenance = false;
     bool per_host = false;
     std::string provenance_steps;
+    std::string max_trace_size;
     Severity threshold = Severity::error;
     Args parser("run", kRunHelp);
     parser.value({"--out"}, out)
@@ -545,6 +556,16 @@ int run_command(const std::vector<std::string>& args) {
         .flag({"--provenance"}, provenance)
         .flag({"--no-provenance"}, no_provenance)
         .flag({"--per-host"}, per_host)
+        .value({"--max-trace-size"},
+               [&max_trace_size](const std::string& v) {
+                   uint64_t bytes = 0;
+                   if (!parse_size(v, bytes))
+                       return "--max-trace-size expects a size such as 512M or 2G, got '" + v + "'";
+                   if (bytes > 0 && bytes < kMinTraceBound)
+                       return "--max-trace-size " + v + " is below the smallest bound, 64K";
+                   max_trace_size = v;
+                   return std::string();
+               })
         .value({"--provenance-steps"},
                [&provenance_steps](const std::string& v) {
                    if (const std::string problem = provenance_steps_problem(v); !problem.empty())
@@ -632,6 +653,7 @@ int run_command(const std::vector<std::string>& args) {
     if (no_provenance) setenv("ALLOCSCOPE_PROVENANCE", "0", 1);
     if (!provenance_steps.empty())
         setenv("ALLOCSCOPE_PROVENANCE_STEPS", provenance_steps.c_str(), 1);
+    if (!max_trace_size.empty()) setenv("ALLOCSCOPE_MAX_TRACE_SIZE", max_trace_size.c_str(), 1);
     if (const std::vector<std::string> problems = plugin_problems(lib); !problems.empty()) {
         for (const std::string& line : problems)
             std::fprintf(stderr, "%s\n", line.c_str());

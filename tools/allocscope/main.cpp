@@ -21,7 +21,7 @@ commands:
   run [--out DIR] [--force] [--stack-depth N] [--plugins LIST] [--plugin-dir DIR]
       [--plugin-option NAME.KEY=VALUE] [--check] [--fail-on SEV] [--nvtx]
       [--no-python] [--no-provenance]
-      [--provenance-steps SPEC] [--per-host] -- CMD [ARGS...]
+      [--provenance-steps SPEC] [--max-trace-size SIZE] [--per-host] -- CMD [ARGS...]
                     run CMD with the interposer preloaded, recording one trace
                     per process into DIR (default ./allocscope-out); detection
                     plugins run live and their findings go to DIR/findings.json;
