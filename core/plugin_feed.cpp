@@ -259,4 +259,11 @@ void PluginHost::feed_trace(const Trace& trace, uint32_t source) {
         feed(e, trace.strings, trace.params, source);
 }
 
+void PluginHost::feed_trace(TraceStream& stream, uint32_t source) {
+    stream.for_each([&](const Event& e) {
+        const TraceTables& t = stream.tables();
+        feed(e, t.strings, t.params, source);
+    });
+}
+
 }  // namespace allocscope

@@ -58,6 +58,7 @@
 namespace allocscope {
 
 struct Trace;
+class TraceStream;
 
 // A registered parameter, resolved.
 struct ParamInfo {
@@ -131,6 +132,9 @@ class PluginHost {
               std::span<const ParamRecord> params, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
     // Every event of `trace`, in order.
     void feed_trace(const Trace& trace, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+    // Every event of `stream`, in order, in one pass (never all held): each
+    // with the definitions read so far, which are those it refers to.
+    void feed_trace(TraceStream& stream, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
 
     // Calls finish on every enabled plugin; idempotent. No feed() after it.
     void finish();

@@ -45,13 +45,17 @@ PluginChoice plugin_choice_from_environment() {
 
 namespace {
 
-Trace load_for_replay(const std::string& path) {
-    Trace t = load_trace(path);
+// Feeds the trace at `path` to `host` as it is read (one pass, the events
+// never all held); a trace cut short or corrupt after its first event is
+// replayed up to there, with one warning.
+void replay_file(PluginHost& host, const std::string& path, uint32_t source) {
+    TraceStream stream(path);
+    host.feed_trace(stream, source);
+    const TraceTables& t = stream.tables();
     if (t.truncated) {
-        std::fprintf(stderr, "allocscope: warning: %s; replaying the events before that point\n",
+        std::fprintf(stderr, "allocscope: warning: %s; replayed the events before that point\n",
                      t.truncation_message.c_str());
     }
-    return t;
 }
 
 std::string file_name(const std::string& path) {
@@ -72,14 +76,8 @@ FindingsFile replay_trace(const TraceRef& run, const TraceRef* baseline, const P
     settings.info = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     PluginHost host(std::move(settings));
     if (!choice.off) host.load(choice.plugins, choice.dir.empty() ? cli_plugin_dir() : choice.dir);
-    if (baseline) {
-        Trace base = load_for_replay(baseline->path);
-        host.feed_trace(base, ALLOCSCOPE_SOURCE_BASELINE);
-    }
-    {
-        Trace trace = load_for_replay(run.path);
-        host.feed_trace(trace, ALLOCSCOPE_SOURCE_RUN);
-    }
+    if (baseline) replay_file(host, baseline->path, ALLOCSCOPE_SOURCE_BASELINE);
+    replay_file(host, run.path, ALLOCSCOPE_SOURCE_RUN);
     host.finish();
     return host.findings_file(file_name(run.path));
 }
