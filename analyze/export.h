@@ -182,8 +182,8 @@ struct TraceAnalysis;
 
 // A Hive-partitioned Parquet dataset, DIR/<table>/run=<run>/rank=<rank>/
 // part<N>_<i>.parquet, of the tables events, stacks, peak_live, ranks and
-// findings (columns: docs/USAGE.md), for DuckDB, Spark, Polars, Perfetto's
-// batch trace processor and the like. Written by DuckDB's library, opened
+// findings (columns: docs/USAGE.md), for DuckDB, Spark, Polars, pyarrow and
+// the like. Written by DuckDB's library, opened
 // at run time (export_parquet.cpp): ALLOCSCOPE_DUCKDB names libduckdb.so,
 // else the dynamic loader looks for it.
 //

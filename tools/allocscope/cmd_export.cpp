@@ -51,7 +51,7 @@ formats:
                blocks at the end of the trace and the allocation history, for
                pytorch.org/memory_viz and python -m torch.cuda._memory_viz
   parquet      tables for SQL over many runs and ranks (DuckDB, Spark,
-               Polars, Perfetto's batch trace processor): a new directory DIR
+               Polars, pyarrow): a new directory DIR
                with DIR/<table>/run=<run>/rank=<rank>/*.parquet for the tables
                events, stacks, peak_live, ranks and findings (docs/USAGE.md);
                written by DuckDB's library, libduckdb.so, found through
