@@ -118,7 +118,6 @@ const DuckDbApi& duckdb_api() {
     get(api->result_error, "duckdb_result_error");
     get(api->destroy_result, "duckdb_destroy_result");
     get(api->appender_create, "duckdb_appender_create");
-    get(api->appender_error, "duckdb_appender_error");
     get(api->appender_close, "duckdb_appender_close");
     get(api->appender_destroy, "duckdb_appender_destroy");
     get(api->appender_end_row, "duckdb_appender_end_row");
@@ -128,6 +127,10 @@ const DuckDbApi& duckdb_api() {
     get(api->append_uint64, "duckdb_append_uint64");
     get(api->append_varchar_length, "duckdb_append_varchar_length");
     get(api->append_null, "duckdb_append_null");
+    // Deprecated in later 1.x releases (for duckdb_appender_error_data):
+    // used when there, else an appender's error is not described.
+    api->appender_error =
+        reinterpret_cast<duckdb_appender_error_fn>(::dlsym(handle, "duckdb_appender_error"));
     if (!missing.empty()) {
         ::dlclose(handle);
         throw std::runtime_error(path + " is not DuckDB's C library (it has no " + missing +
@@ -262,7 +265,7 @@ class Appender {
         return *this;
     }
     [[noreturn]] void fail() {
-        const char* e = appender_ ? api_.appender_error(appender_) : nullptr;
+        const char* e = appender_ && api_.appender_error ? api_.appender_error(appender_) : nullptr;
         throw std::runtime_error(std::string("DuckDB: cannot append to ") + table_ + ": " +
                                  (e ? e : "unknown error"));
     }
