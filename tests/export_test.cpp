@@ -622,7 +622,10 @@ std::string duckdb_library() {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(duckdb, ec)) {
         const fs::path lib = entry.path() / "libduckdb.so";
-        if (entry.path().filename().string().starts_with("node-bindings-linux-") &&
+        const std::string name = entry.path().filename().string();
+        // An npm that ignores the packages' "libc" field installs the musl
+        // build too; this process runs on glibc.
+        if (name.starts_with("node-bindings-linux-") && !name.ends_with("-musl") &&
             fs::exists(lib, ec))
             return lib.string();
     }

@@ -52,8 +52,11 @@ def duckdb_library():
     named = os.environ.get("ALLOCSCOPE_DUCKDB")
     if named:
         return named
-    found = sorted(glob.glob(os.path.join(DEPS, "node_modules", "@duckdb", "node-bindings-linux-*",
-                                          "libduckdb.so")))
+    # An npm that ignores the packages' "libc" field installs the musl build
+    # too; allocscope runs on glibc.
+    found = sorted(f for f in glob.glob(os.path.join(DEPS, "node_modules", "@duckdb",
+                                                     "node-bindings-linux-*", "libduckdb.so"))
+                   if "-musl" not in f)
     return found[0] if found else None
 
 
