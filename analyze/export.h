@@ -7,7 +7,10 @@
 //   * collapsed stacks (flamegraph.pl, speedscope): the owner pool's live
 //     allocations at its peak, "layer;phase;outermost;...;innermost BYTES";
 //   * a PyTorch memory snapshot pickle (torch.cuda.memory._snapshot()'s
-//     dictionary) for torch.cuda._memory_viz and pytorch.org/memory_viz.
+//     dictionary) for torch.cuda._memory_viz and pytorch.org/memory_viz;
+//   * a Hive-partitioned Parquet dataset of the events, stacks, live bytes
+//     at the peak, ranks and findings of many runs, written through DuckDB
+//     (ParquetExport).
 //
 // Every export replays the events through Replay (core/replay.h), so live
 // and peak bytes are the ones the reports show.
@@ -17,6 +20,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -171,5 +175,54 @@ std::vector<uint32_t> memory_viz_stacks(const Trace& trace);
 // out. Tagged entries carry "user_metadata" = "layer L, phase P, step S".
 void export_memory_viz(const Trace& trace, const StackFrames& frames, ExportWriter& out,
                        const ExportProgress& progress = {});
+
+// --- Parquet (through DuckDB) -----------------------------------------------------
+
+struct TraceAnalysis;
+
+// A Hive-partitioned Parquet dataset, DIR/<table>/run=<run>/rank=<rank>/
+// part<N>_<i>.parquet, of the tables events, stacks, peak_live, ranks and
+// findings (columns: docs/USAGE.md), for DuckDB, Spark, Polars, pyarrow and
+// the like. Written by DuckDB's library, opened
+// at run time (export_parquet.cpp): ALLOCSCOPE_DUCKDB names libduckdb.so,
+// else the dynamic loader looks for it.
+//
+// Each add() goes into in-memory DuckDB tables and is written out at once
+// (one trace in memory at a time); everything is written into a fresh 0700
+// sibling of DIR that commit() renames to DIR, so a failed export leaves
+// nothing at DIR. Errors throw std::runtime_error with one message (DuckDB
+// not found and how to get it, DIR exists, DuckDB's own message).
+class ParquetExport {
+  public:
+    // Loads DuckDB (first), then checks DIR: it must not exist, or be an
+    // empty directory (which is replaced); its missing parents are created
+    // (0700).
+    explicit ParquetExport(std::string dir);
+    ~ParquetExport();  // removes what was written unless committed
+    ParquetExport(const ParquetExport&) = delete;
+    ParquetExport& operator=(const ParquetExport&) = delete;
+
+    // One trace of run `run`: its events, its stacks (`frames`: symbolized,
+    // by stack id; a stack missing there is written as raw addresses), its
+    // owner pool's live bytes at the peak by (layer, phase) and its row of
+    // the ranks table, from `analysis` (analyze(trace)).
+    void add(const std::string& run, const Trace& trace, const TraceAnalysis& analysis,
+             const StackFrames& frames, const ExportProgress& progress = {});
+    // A run's findings, each in its own rank's partition.
+    void add_findings(const std::string& run, std::span<const Finding> findings);
+    // Renames the dataset to DIR.
+    void commit();
+
+    struct Rows {
+        uint64_t events = 0, stack_frames = 0, peak_live = 0, traces = 0, findings = 0;
+    };
+    const Rows& rows() const noexcept;
+    // "<path> <version>" of the DuckDB library in use.
+    std::string library() const;
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace allocscope

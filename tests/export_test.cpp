@@ -3,9 +3,11 @@
 // small constructed traces, where every number is known, and of the sim
 // harness's traces, checked against the trace itself and the report
 // analysis (analyze/analysis.h). The snapshot pickle is loaded by python3.
-// Environment (tests/meson.build): E2E_CLI, HARNESS.
-// Longer than 600 lines: the three export formats on the same constructed
-// traces.
+// The Parquet export's errors, and its DuckDB handles in this process (run
+// under the sanitizers); what it writes is read back by DuckDB in
+// tests/python/parquet_export_test.py.
+// Environment (tests/meson.build): E2E_CLI, HARNESS, DUCKDB_DEPS.
+// Longer than 600 lines: the export formats on the same constructed traces.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -577,7 +579,7 @@ TEST_CASE("allocscope export: bad input and unwritable output give exit 2 and on
         {good + " --format perfetto -o " + (t / "no-such-dir" / "o.json").string(),
          "cannot write " + (t / "no-such-dir" / "o.json").string() + ": No such file"},
         {good + " --format perfetto -o " + t.dir.string(), "cannot write " + t.dir.string()},
-        {good + " --format svg", "--format expects perfetto, collapsed or memory-viz"},
+        {good + " --format svg", "--format expects perfetto, collapsed, memory-viz or parquet"},
         {good, "export needs --format"},
         {good + " --format perfetto --rank 5", "no trace of rank 5"},
     };
@@ -608,12 +610,165 @@ TEST_CASE("allocscope export: bad input and unwritable output give exit 2 and on
     CHECK(fs::file_size(t / "s.pickle") > 0);
 }
 
+// --- Parquet ---------------------------------------------------------------------
+
+namespace {
+
+// The libduckdb.so tools/setup-deps --tests installs under DUCKDB_DEPS, or
+// ALLOCSCOPE_DUCKDB's; "" when there is none.
+std::string duckdb_library() {
+    if (const char* named = std::getenv("ALLOCSCOPE_DUCKDB"); named && *named) return named;
+    const fs::path duckdb = fs::path(env("DUCKDB_DEPS")) / "node_modules" / "@duckdb";
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(duckdb, ec)) {
+        const fs::path lib = entry.path() / "libduckdb.so";
+        const std::string name = entry.path().filename().string();
+        // An npm that ignores the packages' "libc" field installs the musl
+        // build too; this process runs on glibc.
+        if (name.starts_with("node-bindings-linux-") && !name.ends_with("-musl") &&
+            fs::exists(lib, ec))
+            return lib.string();
+    }
+    return {};
+}
+
+// Whether anything named "<name>.tmp..." (a staging sibling) is in `dir`.
+bool staging_left(const fs::path& dir) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+        if (entry.path().filename().string().find(".tmp") != std::string::npos) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+TEST_CASE("allocscope export --format parquet: bad input gives exit 2 and one message") {
+    TempDir t;
+    const std::string cli = env("E2E_CLI");
+    TraceBuilder b;
+    b.segment(0x1000, 64);
+    const std::string good = b.write(t / "rank0.trace");
+    const std::string out = (t / "out").string();
+    const std::string nowhere = "ALLOCSCOPE_DUCKDB=" + (t / "nowhere" / "libduckdb.so").string();
+    struct Case {
+        std::string command, message;
+    };
+    const std::vector<Case> cases = {
+        {nowhere + " " + cli + " export " + good + " --format parquet -o " + out,
+         "--format parquet needs DuckDB's C library, and " + nowhere + " could not be loaded"},
+        {nowhere + " " + cli + " export " + good + " --format parquet -o " + out,
+         "npm pack @duckdb/node-bindings-linux-x64"},
+        {"ALLOCSCOPE_DUCKDB=" + good + " " + cli + " export " + good + " --format parquet -o " +
+             out,
+         "could not be loaded"},
+        {cli + " export " + good + " --format parquet", "give -o DIR"},
+        {cli + " export " + good + " --format perfetto --run x", "--run names the run"},
+        {cli + " export " + good + " --format parquet --run a/b -o " + out, "without '/'"},
+        {cli + " export " + good + " --format parquet --rank 3 -o " + out, "no trace of rank 3"},
+    };
+    for (const Case& c : cases) {
+        std::string o, err;
+        CHECK_MESSAGE(sh(c.command, &o, &err) == 2, c.command);
+        CHECK_MESSAGE(lines_in(err) == 1, err);
+        CHECK_MESSAGE(err.rfind("allocscope: ", 0) == 0, err);
+        CHECK_MESSAGE(err.find(c.message) != std::string::npos, err);
+        CHECK(o.empty());
+    }
+    CHECK_FALSE(fs::exists(out));
+    CHECK_FALSE(staging_left(t.dir));
+}
+
+TEST_CASE("ParquetExport: the dataset appears whole at DIR or not at all, every handle let go") {
+    const std::string lib = duckdb_library();
+    if (lib.empty()) {
+        MESSAGE("no libduckdb.so (tools/setup-deps --tests installs one): not run");
+        return;
+    }
+    ::setenv("ALLOCSCOPE_DUCKDB", lib.c_str(), 1);
+    TempDir t;
+    TraceBuilder b(3);
+    const uint32_t stack = b.stack({0x401000, 0x402000});
+    b.push("layers.0", "forward");
+    b.segment(0x10000, 4096, stack);
+    b.block(0x10000, 1024, stack);
+    b.block(0x10400, 512);
+    b.block_free(0x10000);
+    b.pop();
+    b.segment_free(0x10000);
+    const Trace trace = load_trace(b.write(t / "rank3.trace"));
+    const TraceAnalysis analysis = analyze(trace);
+    const std::vector<uint32_t> ids = {stack};
+    const StackFrames frames = raw_stacks(trace, ids);
+    Finding f;
+    f.plugin = "test";
+    f.rank = 3;
+    f.layer = "layers.0";
+    f.bytes = 512;
+
+    SUBCASE("committed: every table, one partition, nothing else beside it") {
+        const fs::path dir = t / "sub" / "pq";
+        ParquetExport px(dir.string());
+        CHECK(px.library().find(lib) == 0);
+        px.add("r1", trace, analysis, frames);
+        CHECK_FALSE(fs::exists(dir));
+        px.add_findings("r1", std::vector<Finding>{f});
+        px.commit();
+        CHECK(px.rows().events == trace.events.size());
+        CHECK(px.rows().stack_frames == 2);
+        CHECK(px.rows().peak_live == 1);
+        CHECK(px.rows().traces == 1);
+        CHECK(px.rows().findings == 1);
+        for (const char* table : {"events", "stacks", "peak_live", "ranks", "findings"}) {
+            const fs::path partition = dir / table / "run=r1" / "rank=3";
+            CHECK_MESSAGE(fs::file_size(partition / (std::string(table) == "findings"
+                                                         ? "part1_0.parquet"
+                                                         : "part0_0.parquet")) > 0,
+                          table);
+            CHECK(std::distance(fs::directory_iterator(partition), fs::directory_iterator()) == 1);
+        }
+        CHECK((fs::status(dir).permissions() & fs::perms::all) == fs::perms::owner_all);
+        CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 5);
+        CHECK_FALSE(staging_left(t / "sub"));
+    }
+    SUBCASE("a table without rows still has a file, with the columns and no rows") {
+        const fs::path dir = t / "pq";
+        ParquetExport px(dir.string());
+        px.add("r1", trace, analysis, frames);
+        px.add_findings("r1", {});
+        px.commit();
+        CHECK(px.rows().findings == 0);
+        CHECK(fs::file_size(dir / "findings" / "run=r1" / "rank=3" / "part0_0.parquet") > 0);
+    }
+    SUBCASE("abandoned (an error on the way): nothing at DIR, no staging left") {
+        const fs::path dir = t / "pq";
+        {
+            ParquetExport px(dir.string());
+            px.add("r1", trace, analysis, frames);
+        }
+        CHECK_FALSE(fs::exists(dir));
+        CHECK_FALSE(staging_left(t.dir));
+    }
+    SUBCASE("an output that exists is refused before anything is written") {
+        fs::create_directories(t / "full");
+        std::ofstream(t / "full" / "keep") << "x";
+        CHECK_THROWS_WITH_AS(ParquetExport((t / "full").string()),
+                             doctest::Contains("exists: the Parquet export writes a new directory"),
+                             std::runtime_error);
+        CHECK(fs::exists(t / "full" / "keep"));
+        CHECK_THROWS_WITH_AS(ParquetExport((t / "rank3.trace" / "pq").string()),
+                             doctest::Contains("cannot write"), std::runtime_error);
+        CHECK_FALSE(staging_left(t.dir));
+    }
+    ::unsetenv("ALLOCSCOPE_DUCKDB");
+}
+
 TEST_CASE("allocscope export --help shows the formats and an example") {
     std::string out;
     REQUIRE(sh(env("E2E_CLI") + " export --help", &out) == 0);
     CHECK(out.find("perfetto") != std::string::npos);
     CHECK(out.find("collapsed") != std::string::npos);
     CHECK(out.find("memory-viz") != std::string::npos);
+    CHECK(out.find("parquet") != std::string::npos);
     CHECK(out.find("examples:") != std::string::npos);
     REQUIRE(sh(env("E2E_CLI") + " --help", &out) == 0);
     CHECK(out.find("export PATH...") != std::string::npos);

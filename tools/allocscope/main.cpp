@@ -39,11 +39,13 @@ commands:
                     the reference test's comparison of two runs: per-layer
                     forward increments, post-backward deltas; exit 3 when a
                     threshold is exceeded
-  export PATH... --format perfetto|collapsed|memory-viz [-o FILE] [--rank R]
+  export PATH... --format perfetto|collapsed|memory-viz|parquet [-o FILE|DIR]
+         [--rank R] [--run NAME]
                     traces for other tools: Perfetto/Chrome trace JSON
                     (memory counters, phase slices, findings), collapsed
                     stacks at the peak for flame graphs, a PyTorch memory
-                    snapshot for pytorch.org/memory_viz
+                    snapshot for pytorch.org/memory_viz, Parquet tables of
+                    many runs for SQL (through DuckDB's libduckdb.so)
   replay PATH... [--plugins LIST] [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]
          [--baseline PATH] [-o FILE]
                     run detection plugins on recorded traces; exit 4 when a
