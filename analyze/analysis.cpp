@@ -314,10 +314,36 @@ struct AllocatorView {
     uint64_t allocated_count = 0;
     uint64_t reserved = 0;
     uint64_t outside = 0;
+    bool allocated_known = true;
+    bool reserved_known = false;
 };
 
+// Stream-ordered allocations (cudaMallocAsync and kin): under PyTorch's
+// backend:cudaMallocAsync each tensor is one, so segments are what it has
+// allocated; plain cudaMalloc segments of a caching allocator are its
+// reserve.
+bool is_async_segment_api(Api api) noexcept {
+    switch (api) {
+        case Api::cudaMallocAsync:
+        case Api::cudaMallocAsync_ptsz:
+        case Api::cudaMallocFromPoolAsync:
+        case Api::cudaMallocFromPoolAsync_ptsz:
+        case Api::cuMemAllocAsync:
+        case Api::cuMemAllocAsync_ptsz:
+        case Api::cuMemAllocFromPoolAsync:
+        case Api::cuMemAllocFromPoolAsync_ptsz:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// What the allocator had, by allocscope's count. `reserve`: the segments are
+// a caching allocator's reserve whose blocks were not seen (PyTorch's native
+// allocator without the bridge): reserved is known, allocated is not.
 AllocatorView allocator_view(const Replay& replay, const SegmentOwners& owners, Pool owner,
-                             uint64_t direct_driver_live, uint64_t direct_driver_count) {
+                             uint64_t direct_driver_live, uint64_t direct_driver_count,
+                             bool reserve) {
     AllocatorView v;
     v.allocated = replay.totals(owner).live_bytes;
     v.allocated_count = replay.totals(owner).live_count;
@@ -325,11 +351,17 @@ AllocatorView allocator_view(const Replay& replay, const SegmentOwners& owners, 
     if (owner == Pool::device_block) {
         v.reserved = std::min(owners.allocator_bytes(), segments);
         v.outside = segments - v.reserved;
+        v.reserved_known = true;
     } else {
         v.outside = std::min(direct_driver_live, segments);
         v.allocated -= v.outside;
         v.allocated_count -= std::min(direct_driver_count, v.allocated_count);
         v.reserved = v.allocated;
+        if (reserve) {
+            v.allocated = 0;
+            v.allocated_known = false;
+            v.reserved_known = true;
+        }
     }
     return v;
 }
@@ -337,7 +369,7 @@ AllocatorView allocator_view(const Replay& replay, const SegmentOwners& owners, 
 OomMoment oom_moment(const TraceTables& t, const Event& e, const OomSeed& seed,
                      const LastLayer& last, Tables& tables, const OwnerLive& live,
                      const Replay& replay, const SegmentOwners& owners, Pool owner,
-                     uint64_t direct_driver_live, uint64_t direct_driver_count,
+                     uint64_t direct_driver_live, uint64_t direct_driver_count, bool async_segments,
                      const AnalysisOptions& options) {
     OomMoment m;
     m.seq = e.seq;
@@ -358,15 +390,19 @@ OomMoment oom_moment(const TraceTables& t, const Event& e, const OomSeed& seed,
     m.by_allocator = seed.by_allocator;
     m.continued = seed.continued;
     m.failed_calls = seed.failed_calls;
+    // A caching allocator's verdict on plain segments: they are its reserve.
     const AllocatorView view =
-        allocator_view(replay, owners, owner, direct_driver_live, direct_driver_count);
+        allocator_view(replay, owners, owner, direct_driver_live, direct_driver_count,
+                       seed.by_allocator && !async_segments);
     m.allocated = view.allocated;
     m.allocated_count = view.allocated_count;
-    m.reserved_known = owner == Pool::device_block;
+    m.allocated_known = view.allocated_known;
+    m.reserved_known = view.reserved_known;
     m.outside_allocator = view.outside;
     m.reserved = view.reserved;
     const bool mapped = replay.totals(Pool::physical).live_bytes > 0;
-    if (m.by_allocator && m.reserved_known && !mapped && m.api == "allocscope_block_alloc")
+    if (m.by_allocator && owner == Pool::device_block && !mapped &&
+        m.api == "allocscope_block_alloc")
         m.segment_asked = native_segment_for(m.requested);
     std::map<uint32_t, TagLive> by_tag;
     live.for_each([&](const Live& l) {
@@ -562,7 +598,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
     const auto bounded_text = std::find(t.strings.begin(), t.strings.end(), kBoundedMark);
     const uint32_t bounded_id =
         bounded_text == t.strings.end() ? kNone : uint32_t(bounded_text - t.strings.begin());
-    uint64_t last_own_step = 0;  // the step of the last event not carried
+    uint64_t last_own_step = 0;   // the step of the last event not carried
+    bool async_segments = false;  // stream-ordered allocations seen so far
     uint64_t last_seq = 0, last_t_ns = 0;
     size_t i = 0;
     stream.for_each([&](const Event& e) {
@@ -585,6 +622,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         }
         const FreeOutcome outcome = replay.apply(e);
         segment_owners.apply(e);
+        if (e.kind == EventKind::alloc && e.level == Level::segment && is_async_segment_api(e.api))
+            async_segments = true;
         if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
             devices_seen |= uint64_t{1} << (e.device & 63);
         if (e.kind == EventKind::mark && e.aux == counters_id) {
@@ -592,8 +631,11 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
             if ((devices_seen & (devices_seen - 1)) != 0) {
                 ++cs.uncompared;
             } else {
-                const AllocatorView view = allocator_view(replay, segment_owners, a.owner,
-                                                          direct_driver_live, direct_driver.size());
+                // The counters are a caching allocator's: plain segments
+                // without blocks are its reserve.
+                const AllocatorView view =
+                    allocator_view(replay, segment_owners, a.owner, direct_driver_live,
+                                   direct_driver.size(), !async_segments);
                 CounterCheck c;
                 c.step = e.step;
                 c.seq = e.seq;
@@ -604,7 +646,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
                 c.seen_allocated = view.allocated;
                 c.seen_reserved = view.reserved;
                 c.seen_outside = view.outside;
-                c.reserved_compared = a.owner == Pool::device_block;
+                c.allocated_compared = view.allocated_known;
+                c.reserved_compared = view.reserved_known;
                 ++cs.checks;
                 if (c.agrees())
                     ++cs.agree;
@@ -700,7 +743,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
             a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
                                         replay, segment_owners, a.owner, direct_driver_live,
-                                        direct_driver.size(), options));
+                                        direct_driver.size(), async_segments, options));
         last_layer.add(e, t.strings.size());
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;

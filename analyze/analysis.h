@@ -192,7 +192,12 @@ struct OomMoment {
     // workspaces, NCCL buffers) is outside_allocator, which PyTorch's own
     // counters and its OOM message leave out too.
     uint64_t reserved = 0;
-    bool reserved_known = false;  // the owner is blocks, so reserved is separate
+    // Which of the two allocscope saw: blocks give both; stream-ordered
+    // segments (backend:cudaMallocAsync), or a program's own cudaMalloc,
+    // are allocated; a caching allocator's plain segments whose blocks were
+    // not seen (PyTorch without the bridge) are reserved.
+    bool allocated_known = true;
+    bool reserved_known = false;
     uint64_t outside_allocator = 0;
     // The segment PyTorch's native allocator asks the device for to place
     // the requested block (its "Tried to allocate" figure): 2 MiB for
@@ -228,10 +233,14 @@ struct CounterCheck {
     uint64_t seen_allocated = 0;
     uint64_t seen_reserved = 0;
     uint64_t seen_outside = 0;
-    bool reserved_compared = false;  // blocks are the owner: segments are the reserve
+    // What could be compared: allocated where blocks (or stream-ordered
+    // segments) were seen, reserved where segments are the allocator's reserve.
+    bool allocated_compared = true;
+    bool reserved_compared = false;
 
     bool agrees() const {
-        return seen_allocated == allocated && (!reserved_compared || seen_reserved == reserved);
+        return (!allocated_compared || seen_allocated == allocated) &&
+               (!reserved_compared || seen_reserved == reserved);
     }
 
     bool operator==(const CounterCheck&) const = default;

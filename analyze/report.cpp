@@ -182,8 +182,10 @@ constexpr size_t kOomInfoShares = 3;
 std::string share_line(const OomShare& s, const OomMoment& m) {
     return std::string(to_string(s.finding->severity)) + " " + printable(s.finding->plugin) + " (" +
            tag_text(s.finding->layer, s.finding->phase) + ") held " + human_bytes(s.bytes) +
-           " of the " + human_bytes(m.allocated) + " allocated, in " + u(s.count) +
-           " allocation(s)";
+           " of the " +
+           (m.allocated_known ? human_bytes(m.allocated) + " allocated"
+                              : human_bytes(m.reserved) + " reserved") +
+           ", in " + u(s.count) + " allocation(s)";
 }
 
 // Rows of the per-moment (layer, phase) list shown in the concise report.
@@ -237,7 +239,8 @@ void json_oom(std::string& out, const Report& report, const RankReport& r, const
            ", \"api\": " + json_quote(m.api) +
            ", \"by_allocator\": " + (m.by_allocator ? "true" : "false") +
            ", \"continued\": " + (m.continued ? "true" : "false") +
-           ", \"failed_calls\": " + u(m.failed_calls) + ",\n     \"allocated\": " + u(m.allocated) +
+           ", \"failed_calls\": " + u(m.failed_calls) +
+           ",\n     \"allocated\": " + (m.allocated_known ? u(m.allocated) : std::string("null")) +
            ", \"allocated_count\": " + u(m.allocated_count) +
            ", \"reserved\": " + (m.reserved_known ? u(m.reserved) : std::string("null")) +
            ", \"outside_allocator\": " + u(m.outside_allocator) +
@@ -271,7 +274,7 @@ std::string json_counter_check(const std::optional<CounterCheck>& c) {
     return "{\"step\": " + u(c->step) + ", \"seq\": " + u(c->seq) +
            ", \"device\": " + std::to_string(c->device) + ", \"allocated\": " + u(c->allocated) +
            ", \"reserved\": " + u(c->reserved) + ", \"device_used\": " + u(c->device_used) +
-           ", \"seen_allocated\": " + u(c->seen_allocated) +
+           ", \"seen_allocated\": " + (c->allocated_compared ? u(c->seen_allocated) : "null") +
            ", \"seen_reserved\": " + (c->reserved_compared ? u(c->seen_reserved) : "null") +
            ", \"seen_outside\": " + u(c->seen_outside) + "}";
 }
@@ -289,9 +292,6 @@ std::string signed_bytes(uint64_t ours, uint64_t theirs) {
 
 }  // namespace
 
-// The self-check against the allocator's own counters (ALLOCSCOPE_COUNTERS_MARK
-// marks): whether allocscope's live bytes agreed with them at each, and
-// where the device memory the driver counts in use went.
 // What a bounded trace dropped, in one line; "" for a whole trace.
 std::string bounded_line(const TraceAnalysis& a) {
     const BoundedSummary& b = a.bounded;
@@ -303,6 +303,9 @@ std::string bounded_line(const TraceAnalysis& a) {
            u(b.carried_scopes) + " scopes live there carried over";
 }
 
+// The self-check against the allocator's own counters (ALLOCSCOPE_COUNTERS_MARK
+// marks): whether allocscope's live bytes agreed with them at each, and
+// where the device memory the driver counts in use went.
 std::vector<std::string> counter_lines(const TraceAnalysis& a) {
     std::vector<std::string> out;
     const CounterSummary& cs = a.counters;
@@ -313,19 +316,25 @@ std::vector<std::string> counter_lines(const TraceAnalysis& a) {
     if (cs.checks == 0) return out;
     if (const std::optional<CounterCheck>& d = cs.first_difference) {
         std::string line = "self-check: differs from the allocator at " + u(cs.checks - cs.agree) +
-                           " of " + u(cs.checks) + " steps; first at step " + u(d->step) +
-                           ": allocated " + human_bytes(d->allocated) + " by its count, " +
-                           human_bytes(d->seen_allocated) + " by allocscope's (" +
-                           signed_bytes(d->seen_allocated, d->allocated) + ")";
+                           " of " + u(cs.checks) + " steps; first at step " + u(d->step) + ": ";
+        if (d->allocated_compared)
+            line += "allocated " + human_bytes(d->allocated) + " by its count, " +
+                    human_bytes(d->seen_allocated) + " by allocscope's (" +
+                    signed_bytes(d->seen_allocated, d->allocated) + ")";
         if (d->reserved_compared)
-            line += "; reserved " + human_bytes(d->reserved) + " by its count, " +
-                    human_bytes(d->seen_reserved) + " by allocscope's (" +
-                    signed_bytes(d->seen_reserved, d->reserved) + ")";
+            line += std::string(d->allocated_compared ? "; " : "") + "reserved " +
+                    human_bytes(d->reserved) + " by its count, " + human_bytes(d->seen_reserved) +
+                    " by allocscope's (" + signed_bytes(d->seen_reserved, d->reserved) + ")";
         out.push_back(line);
     } else {
+        const CounterCheck& c = *cs.last;
         out.push_back("self-check: agrees with the allocator at " + u(cs.agree) + " of " +
                       u(cs.checks) + " steps (" +
-                      (cs.last->reserved_compared ? "allocated and reserved" : "allocated") + ")");
+                      (c.allocated_compared && c.reserved_compared ? "allocated and reserved"
+                       : c.allocated_compared
+                           ? "allocated"
+                           : "reserved; allocated is not seen without per-tensor blocks") +
+                      ")");
     }
     const CounterCheck& last = *cs.last;
     if (last.device_used) {
@@ -370,9 +379,15 @@ std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
 }
 
 std::string oom_held(const OomMoment& m) {
-    std::string line =
-        "allocated " + human_bytes(m.allocated) + " in " + u(m.allocated_count) + " allocation(s)";
-    if (m.reserved_known) {
+    std::string line;
+    if (m.allocated_known) {
+        line = "allocated " + human_bytes(m.allocated) + " in " + u(m.allocated_count) +
+               " allocation(s)";
+    } else {
+        line = "reserved " + human_bytes(m.reserved) + " in " + u(m.allocated_count) +
+               " segment(s) (allocated is not seen without per-tensor blocks)";
+    }
+    if (m.reserved_known && m.allocated_known) {
         line += "; reserved " + human_bytes(m.reserved);
         if (m.reserved > m.allocated)
             line += " (" + human_bytes(m.reserved - m.allocated) + " cached, not allocated)";

@@ -397,8 +397,8 @@ std::string oom_panel(const Report& report) {
                     out += layer_row(f.layer) + "<td><span class=sev-" + h(to_string(f.severity)) +
                            ">" + h(to_string(f.severity)) + "</span> " + h(f.plugin) + "</td>" +
                            tag_cell(f.layer, f.phase) + "<td class=n>" + h(human_bytes(s.bytes)) +
-                           " of " + h(human_bytes(m.allocated)) + "</td><td class=n>" + u(s.count) +
-                           "</td></tr>";
+                           " of " + h(human_bytes(m.allocated_known ? m.allocated : m.reserved)) +
+                           "</td><td class=n>" + u(s.count) + "</td></tr>";
                 }
                 out += "</table>";
             }

@@ -204,7 +204,7 @@ TEST_CASE("every subcommand refuses bad or missing arguments with exit 2 and one
         // export
         {"export", "export needs a trace file or directory"},
         {"export x", "export needs --format"},
-        {"export --format svg x", "--format expects perfetto, collapsed or memory-viz"},
+        {"export --format svg x", "--format expects perfetto, collapsed, memory-viz or parquet"},
         {"export --rank -2 --format perfetto x", "--rank expects a non-negative integer"},
         {"export -o", "-o needs a value"},
         {"export --bogus x", "unknown option '--bogus' for export"},

@@ -516,3 +516,56 @@ TEST_CASE(
     none.block(0x10000000, 2 * MiB);
     CHECK(counter_lines(analyzed(load_trace(none.write(t / "none.trace")))).empty());
 }
+
+TEST_CASE(
+    "without per-tensor blocks, a caching allocator's plain segments are its reserve: the "
+    "self-check and the moment give reserved, and allocated is not claimed") {
+    // PyTorch's native allocator without the bridge (its OOM observer gives
+    // the verdict): the segments are what it reserved.
+    TempDir t;
+    TraceBuilder b;
+    b.segment(0x10000000, 20 * MiB);
+    b.step(0);
+    counters(b, 3 * MiB, 20 * MiB, 0);
+    b.step(1);
+    b.segment(0x30000000, 20 * MiB);
+    counters(b, 9 * MiB, 40 * MiB, 0);
+    b.push("layers.1", "backward");
+    b.block_oom(20 * MiB);
+    b.pop();
+    const Trace trace = load_trace(b.write(t / "rank0.trace"));
+    const TraceAnalysis a = analyzed(trace);
+    CHECK(a.counters.checks == 2);
+    CHECK(a.counters.agree == 2);
+    CHECK(counter_lines(a) ==
+          std::vector<std::string>{"self-check: agrees with the allocator at 2 of 2 steps "
+                                   "(reserved; allocated is not seen without per-tensor blocks)"});
+    REQUIRE(a.ooms.size() == 1);
+    const OomMoment& m = a.ooms[0];
+    CHECK_FALSE(m.allocated_known);
+    CHECK(m.reserved_known);
+    CHECK(m.reserved == 40 * MiB);
+    const json::Value v = json::parse(render_json(report_of(trace)));
+    const json::Value& moment = v.at("out_of_memory").items.at(0);
+    CHECK(moment.at("allocated").type == json::Value::Type::null);
+    CHECK(moment.at("reserved").as_u64() == 40 * MiB);
+    CHECK(contains(render_text(report_of(trace)),
+                   "reserved 40.0 MiB in 2 segment(s) (allocated is not seen without per-tensor "
+                   "blocks)"));
+
+    // The same segments from cudaMallocAsync (backend:cudaMallocAsync): each
+    // is a tensor, allocated, and reserved is not claimed.
+    TraceBuilder async;
+    Event& s = async.add(EventKind::alloc, 1);
+    s.level = Level::segment;
+    s.memory = MemoryKind::device;
+    s.api = Api::cudaMallocAsync;
+    s.address = 0x10000000;
+    s.size = 3 * MiB;
+    async.step(0);
+    counters(async, 3 * MiB, 20 * MiB, 0);
+    const TraceAnalysis aa = analyzed(load_trace(async.write(t / "async.trace")));
+    CHECK(counter_lines(aa) ==
+          std::vector<std::string>{"self-check: agrees with the allocator at 1 of 1 steps "
+                                   "(allocated)"});
+}
