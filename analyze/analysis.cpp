@@ -8,6 +8,7 @@
 #include <allocscope/allocscope.h>
 #include <allocscope/sdk/flat_map.h>
 
+#include "segment_owners.h"
 #include "trace_bound.h"
 
 namespace allocscope {
@@ -253,55 +254,6 @@ uint64_t native_segment_for(uint64_t block) {
     if (block < 10 * MiB) return 20 * MiB;
     return (block + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
 }
-
-// The device segments live, and which of them have held a caching-allocator
-// block: those are the allocator's reserve (segments it took for blocks,
-// cached or in use). A segment that never held one was taken by someone
-// else: a library's workspace through cudaMalloc, a plain driver
-// allocation (cuMemAlloc_v2 ...: cuBLAS workspaces, NCCL buffers).
-class SegmentOwners {
-  public:
-    void apply(const Event& e) {
-        if (e.kind == EventKind::alloc && e.result == 0) {
-            const Pool pool = pool_of(e);
-            if (pool == Pool::device_segment) {
-                drop(e.address);
-                live_[e.address] = {e.size, false};
-            } else if (pool == Pool::device_block) {
-                claim(e.address, e.size);
-            }
-        } else if (e.kind == EventKind::free && e.result == 0 &&
-                   pool_of(e) == Pool::device_segment) {
-            drop(e.address);
-        }
-    }
-    uint64_t allocator_bytes() const { return allocator_bytes_; }
-
-  private:
-    struct Segment {
-        uint64_t size = 0;
-        bool allocator = false;
-    };
-    void drop(uint64_t address) {
-        auto it = live_.find(address);
-        if (it == live_.end()) return;
-        if (it->second.allocator) allocator_bytes_ -= it->second.size;
-        live_.erase(it);
-    }
-    // Every segment the block [address, address + size) lies in: one, or
-    // several mappings of an expandable segment.
-    void claim(uint64_t address, uint64_t size) {
-        auto it = live_.upper_bound(address);
-        if (it != live_.begin()) --it;
-        for (; it != live_.end() && it->first < address + std::max<uint64_t>(size, 1); ++it) {
-            if (it->first + it->second.size <= address || it->second.allocator) continue;
-            it->second.allocator = true;
-            allocator_bytes_ += it->second.size;
-        }
-    }
-    std::map<uint64_t, Segment> live_;
-    uint64_t allocator_bytes_ = 0;
-};
 
 // What allocscope counts as the allocator's at one point of the replay.
 // With blocks, reserved is the segments that have held one, and what else

@@ -105,6 +105,9 @@ enum EventFlag : uint32_t {
     // Written by a bounded trace in place of events it dropped: the live
     // set and open scopes carried over the gap (core/trace_bound.h).
     kFlagCarried = 1u << 3,
+    // On a carried segment alloc: the segment had held a caching-allocator
+    // block (it is the allocator's reserve, core/segment_owners.h).
+    kFlagHeldBlock = 1u << 4,
 };
 
 // One recorded event. Tag = (rank, step, layer, phase): rank is per trace

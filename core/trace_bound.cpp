@@ -91,8 +91,12 @@ std::vector<Event> carried_events(const TraceCheckpoint& head, const TraceCheckp
                         std::back_inserter(made), before);
     for (const auto& [pool, r] : gone)
         out.push_back(memory_event(EventKind::free, pool, r, cut));
-    for (const auto& [pool, r] : made)
+    for (const auto& [pool, r] : made) {
         out.push_back(memory_event(EventKind::alloc, pool, r, cut));
+        if (pool == Pool::device_segment &&
+            std::binary_search(cut.held_segments.begin(), cut.held_segments.end(), r.address))
+            out.back().flags |= kFlagHeldBlock;
+    }
     Event mark;
     mark.kind = EventKind::mark;
     mark.t_ns = cut.t_ns;

@@ -47,6 +47,9 @@ struct TraceCheckpoint {
     uint64_t step = 0;                              // the step the events after it start in
     std::vector<std::pair<Pool, LiveRecord>> live;  // sorted (live_set)
     std::vector<OpenScopes> open;                   // threads with open scopes
+    // The live device segments that have held a block (SegmentOwners),
+    // sorted: their carried allocs are flagged kFlagHeldBlock.
+    std::vector<uint64_t> held_segments;
 };
 
 // What `replay` holds live, in every pool, sorted by (pool, seq).

@@ -39,6 +39,11 @@ TraceCheckpoint checkpoint_now(uint64_t step) {
     for (const auto& [tid, scopes] : b.open) {
         if (!scopes.empty()) c.open.push_back({tid, scopes});
     }
+    for (const auto& [pool, r] : c.live) {
+        if (pool == Pool::device_segment && b.owners.held(r.address))
+            c.held_segments.push_back(r.address);
+    }
+    std::sort(c.held_segments.begin(), c.held_segments.end());
     return c;
 }
 
@@ -165,6 +170,7 @@ void bound_written(const Event& e) {
     b.last_t_ns = e.t_ns;
     b.last_step = e.step;
     try {
+        b.owners.apply(e);
         if (e.kind == EventKind::tag_push) {
             b.open[e.tid].push_back({e.layer, e.phase});
         } else if (e.kind == EventKind::tag_pop) {

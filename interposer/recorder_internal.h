@@ -32,6 +32,7 @@
 #include "plugin_host.h"
 #include "recorder.h"
 #include "replay.h"
+#include "segment_owners.h"
 #include "stack_table.h"
 #include "string_table.h"
 #include "trace_bound.h"
@@ -127,6 +128,7 @@ struct TraceBound {
     uint64_t last_t_ns = 0;
     uint64_t last_step = 0;
     std::map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> open;  // tid -> scopes
+    SegmentOwners owners;  // which live segments have held a block
 };
 
 struct State {

@@ -13,6 +13,7 @@
 #include "analysis.h"
 #include "diff.h"
 #include "replay.h"
+#include "segment_owners.h"
 #include "support.h"
 #include "trace_bound.h"
 #include "trace_reader.h"
@@ -239,4 +240,29 @@ TEST_CASE("sizes for --max-trace-size are bytes or powers of 1024") {
     for (const char* bad : {"", "M", "1.5G", "-1", "10X", "1M ", "99999999999999999999"})
         CHECK_FALSE(parse_size(bad, v));
     CHECK_FALSE(parse_size("17000000T", v));  // overflows 64 bits
+}
+
+TEST_CASE("a carried segment that held a block is the allocator's reserve after the gap") {
+    // The segment came and held a block in the dropped part: its carried
+    // alloc is flagged, and SegmentOwners counts it as the allocator's.
+    TraceCheckpoint head, cut;
+    head.last_seq = 10;
+    cut.last_seq = 100;
+    LiveRecord held{.address = 0x1000000, .size = 2 << 20, .seq = 20};
+    LiveRecord workspace{.address = 0x9000000, .size = 1 << 20, .seq = 21};
+    held.memory = workspace.memory = MemoryKind::device;
+    held.api = workspace.api = Api::cudaMalloc;
+    cut.live = {{Pool::device_segment, held}, {Pool::device_segment, workspace}};
+    cut.held_segments = {held.address};
+    const std::vector<Event> carried = carried_events(head, cut, 1, 80, 0);
+    REQUIRE(carried.size() == 3);
+    SegmentOwners owners;
+    for (const Event& e : carried)
+        owners.apply(e);
+    CHECK(pool_of(carried[0]) == Pool::device_segment);
+    CHECK((carried[0].flags & kFlagHeldBlock) != 0);
+    CHECK((carried[1].flags & kFlagHeldBlock) == 0);
+    CHECK(owners.allocator_bytes() == 2u << 20);
+    CHECK(owners.held(held.address));
+    CHECK_FALSE(owners.held(workspace.address));
 }

@@ -1156,4 +1156,8 @@ TEST_CASE("a bounded trace stays within its bound and its last steps read as the
     REQUIRE(sh(env("E2E_CLI") + " report " + (t / "bounded").string(), &out) == 0);
     CAPTURE(out);
     CHECK(out.find("bounded trace (--max-trace-size): ") != std::string::npos);
+    // The allocator's counters agree after the gap too: a carried segment
+    // that held a block before it is the allocator's reserve.
+    CHECK(out.find("self-check: agrees with the allocator at") != std::string::npos);
+    CHECK(out.find("self-check: differs") == std::string::npos);
 }
