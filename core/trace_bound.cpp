@@ -33,11 +33,18 @@ bool before(const std::pair<Pool, LiveRecord>& x, const std::pair<Pool, LiveReco
     return std::pair(int(x.first), x.second.seq) < std::pair(int(y.first), y.second.seq);
 }
 
-Event memory_event(EventKind kind, Pool pool, const LiveRecord& r, const TraceCheckpoint& cut) {
+// An event carried over the gap, stamped where the tail begins.
+Event carried(EventKind kind, const TraceCheckpoint& cut) {
     Event e;
     e.kind = kind;
     e.t_ns = cut.t_ns;
     e.step = cut.step;
+    e.flags = kFlagCarried;
+    return e;
+}
+
+Event memory_event(EventKind kind, Pool pool, const LiveRecord& r, const TraceCheckpoint& cut) {
+    Event e = carried(kind, cut);
     e.address = r.address;
     e.size = r.size;
     e.stream = r.stream;
@@ -49,20 +56,15 @@ Event memory_event(EventKind kind, Pool pool, const LiveRecord& r, const TraceCh
     e.memory = r.memory;
     e.api = r.api;
     e.level = pool == Pool::device_block ? Level::block : Level::segment;
-    e.flags = kFlagCarried;
     return e;
 }
 
 Event tag_event(EventKind kind, uint32_t tid, std::pair<uint32_t, uint32_t> tag,
                 const TraceCheckpoint& cut) {
-    Event e;
-    e.kind = kind;
-    e.t_ns = cut.t_ns;
-    e.step = cut.step;
+    Event e = carried(kind, cut);
     e.tid = tid;
     e.layer = tag.first;
     e.phase = tag.second;
-    e.flags = kFlagCarried;
     return e;
 }
 
@@ -97,14 +99,10 @@ std::vector<Event> carried_events(const TraceCheckpoint& head, const TraceCheckp
             std::binary_search(cut.held_segments.begin(), cut.held_segments.end(), r.address))
             out.back().flags |= kFlagHeldBlock;
     }
-    Event mark;
-    mark.kind = EventKind::mark;
-    mark.t_ns = cut.t_ns;
-    mark.step = cut.step;
+    Event mark = carried(EventKind::mark, cut);
     mark.aux = mark_text;
     mark.address = dropped_events;
     mark.size = dropped_bytes;
-    mark.flags = kFlagCarried;
     out.push_back(mark);
     // The seqs between the head's last and the tail's first.
     if (cut.last_seq < head.last_seq || out.size() > cut.last_seq - head.last_seq) return {};

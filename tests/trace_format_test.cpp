@@ -234,6 +234,17 @@ void write_sample_body(TraceWriter& w) {
         w.event(e);
 }
 
+// A complete trace of `header`, the sample definitions and `events`.
+void write_trace_of(const std::string& path, const TraceHeader& header,
+                    const std::vector<Event>& events) {
+    TraceWriter w;
+    open_or_fail(w, path, header);
+    write_sample_definitions(w);
+    for (const Event& e : events)
+        w.event(e);
+    w.close(sample_footer());
+}
+
 void write_sample_trace(const std::string& path, bool with_footer = true) {
     TraceWriter w;
     open_or_fail(w, path, sample_header());
@@ -1465,14 +1476,7 @@ TEST_CASE("a version 2 trace still reads, and a derived event in one is rejected
     const Event derived = events.back();
     REQUIRE(derived.kind == EventKind::derived);
     events.pop_back();
-    {
-        TraceWriter w;
-        open_or_fail(w, path, h);
-        write_sample_definitions(w);
-        for (const Event& e : events)
-            w.event(e);
-        w.close(sample_footer());
-    }
+    write_trace_of(path, h, events);
     Trace t = load_trace(path);
     CHECK(t.header.format_version == 2);
     CHECK_FALSE(t.truncated);
@@ -1684,14 +1688,7 @@ TEST_CASE("the recording host's name follows the header; traces without one read
     TraceHeader h = sample_header();
     h.host = "node-17.cluster";
     std::vector<Event> events = sample_events();
-    {
-        TraceWriter w;
-        open_or_fail(w, path, h);
-        write_sample_definitions(w);
-        for (const Event& e : events)
-            w.event(e);
-        w.close(sample_footer());
-    }
+    write_trace_of(path, h, events);
     Trace t = load_trace(path);
     CHECK(t.header.host == "node-17.cluster");
     CHECK_FALSE(t.truncated);
@@ -1707,14 +1704,7 @@ TEST_CASE("the recording host's name follows the header; traces without one read
     // No host (an empty name is not written): the events follow the header.
     h.host.clear();
     const std::string bare = dir.file("bare.trace");
-    {
-        TraceWriter w;
-        open_or_fail(w, bare, h);
-        write_sample_definitions(w);
-        for (const Event& e : events)
-            w.event(e);
-        w.close(sample_footer());
-    }
+    write_trace_of(bare, h, events);
     Trace b = load_trace(bare);
     CHECK(b.header.host.empty());
     check_same_events(b.events, events);
