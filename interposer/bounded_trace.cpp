@@ -129,7 +129,6 @@ void compact() {
     b.file_overhead = new_cut - b.head.offset;
     b.dropped_events += events_dropped;
     b.dropped_bytes += bytes_dropped;
-    ++b.compactions;
     if (new_size > g->config.max_trace_bytes / 8 * 7) {
         give_up("the trace's first steps and definitions (strings, stacks) alone take " +
                 std::to_string(new_size) + " of its " + std::to_string(g->config.max_trace_bytes) +

@@ -123,7 +123,6 @@ struct TraceBound {
     uint64_t file_overhead = 0;        // bytes of definitions and carried events in the file now
     uint64_t dropped_events = 0;       // events dropped so far
     uint64_t dropped_bytes = 0;
-    uint64_t compactions = 0;
     uint64_t last_seq = 0;  // the last event written
     uint64_t last_t_ns = 0;
     uint64_t last_step = 0;

@@ -615,8 +615,9 @@ int run_command(const std::vector<std::string>& args) {
     fs::path out_dir = fs::absolute(out).lexically_normal();
     std::string per_host_reason = per_host ? "--per-host" : multi_node_reason(command);
     if (!per_host_reason.empty()) {
-        const char* env = std::getenv("ALLOCSCOPE_HOST");
-        const std::string host = env && *env ? std::string(env) : host_name();
+        // The name the traces record (ALLOCSCOPE_HOST, else the machine's).
+        const std::string host =
+            parse_config([](const char* name) { return std::getenv(name); }).host;
         const fs::path shared = out_dir;
         out_dir /= host_dir_name(host);
         std::fprintf(stderr,
