@@ -1,11 +1,13 @@
 // The findings file reader (analyze/findings_reader.h).
 #include "findings_reader.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "json.h"
 
@@ -231,6 +233,30 @@ FindingsFile read_findings_file(const std::string& path) {
     ss << in.rdbuf();
     if (in.bad()) throw FindingsError(path + ": read error");
     return parse_findings(ss.str(), path);
+}
+
+FindingsFile merge_findings(std::vector<FindingsFile> files) {
+    auto key = [](const FindingsFile& f) {
+        const int32_t rank = f.ranks.empty() ? -1 : f.ranks.front().rank;
+        const std::string trace = f.ranks.empty() ? std::string() : f.ranks.front().trace;
+        return std::make_tuple(rank < 0, rank, trace);
+    };
+    std::stable_sort(
+        files.begin(), files.end(),
+        [&key](const FindingsFile& a, const FindingsFile& b) { return key(a) < key(b); });
+    FindingsFile out;
+    for (const FindingsFile& f : files) {
+        out.findings.insert(out.findings.end(), f.findings.begin(), f.findings.end());
+        out.ranks.insert(out.ranks.end(), f.ranks.begin(), f.ranks.end());
+    }
+    return out;
+}
+
+size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept {
+    size_t n = 0;
+    for (const Finding& f : file.findings)
+        n += f.severity >= threshold;
+    return n;
 }
 
 }  // namespace allocscope

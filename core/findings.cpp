@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <tuple>
 
-#include "json.h"
 #include "output_file.h"
+#include "utf8.h"
 
 namespace allocscope {
 
@@ -92,7 +92,7 @@ std::string json_quote(std::string_view text) {
             --left;
             continue;
         }
-        const size_t n = json::utf8_sequence(p, left);
+        const size_t n = utf8_sequence(p, left);
         if (n == 0) {
             out += "\\ufffd";
             ++p;
@@ -181,30 +181,6 @@ void write_findings_file(const std::string& path, const FindingsFile& file) {
     } catch (const std::runtime_error& e) {
         throw FindingsError(e.what());
     }
-}
-
-FindingsFile merge_findings(std::vector<FindingsFile> files) {
-    auto key = [](const FindingsFile& f) {
-        const int32_t rank = f.ranks.empty() ? -1 : f.ranks.front().rank;
-        const std::string trace = f.ranks.empty() ? std::string() : f.ranks.front().trace;
-        return std::make_tuple(rank < 0, rank, trace);
-    };
-    std::stable_sort(
-        files.begin(), files.end(),
-        [&key](const FindingsFile& a, const FindingsFile& b) { return key(a) < key(b); });
-    FindingsFile out;
-    for (const FindingsFile& f : files) {
-        out.findings.insert(out.findings.end(), f.findings.begin(), f.findings.end());
-        out.ranks.insert(out.ranks.end(), f.ranks.begin(), f.ranks.end());
-    }
-    return out;
-}
-
-size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept {
-    size_t n = 0;
-    for (const Finding& f : file.findings)
-        n += f.severity >= threshold;
-    return n;
 }
 
 std::string human_bytes(uint64_t bytes) {

@@ -91,15 +91,6 @@ class FindingsError : public std::runtime_error {
 // the path and the reason.
 void write_findings_file(const std::string& path, const FindingsFile& file);
 
-// Concatenates the files ordered by their (first) ranks entry: by rank,
-// processes without a rank last, then by trace name; the order within a file
-// is kept. A run's merged findings.json and a replay of its traces therefore
-// list the same findings in the same order.
-FindingsFile merge_findings(std::vector<FindingsFile> files);
-
-// Findings whose severity is at least `threshold`.
-size_t count_at_least(const FindingsFile& file, Severity threshold) noexcept;
-
 // One line for a terminal: severity, plugin, rank, layer/phase, bytes,
 // summary. Control characters in strings taken from the trace are replaced
 // so they cannot drive the terminal.

@@ -13,7 +13,6 @@
 #include "plugin_host.h"
 #include "plugin_host_state.h"
 #include "replay.h"
-#include "trace_reader.h"
 
 namespace allocscope {
 
@@ -252,18 +251,6 @@ void PluginHost::feed(const Event& e, std::span<const std::string> strings,
     const uint32_t layer = host_string(strings, e.layer);
     const uint32_t phase = host_string(strings, e.phase);
     deliver(e, layer, phase, text, source);
-}
-
-void PluginHost::feed_trace(const Trace& trace, uint32_t source) {
-    for (const Event& e : trace.events)
-        feed(e, trace.strings, trace.params, source);
-}
-
-void PluginHost::feed_trace(TraceStream& stream, uint32_t source) {
-    stream.for_each([&](const Event& e) {
-        const TraceTables& t = stream.tables();
-        feed(e, t.strings, t.params, source);
-    });
 }
 
 }  // namespace allocscope

@@ -57,8 +57,6 @@
 
 namespace allocscope {
 
-struct Trace;
-class TraceStream;
 
 // A registered parameter, resolved.
 struct ParamInfo {
@@ -130,11 +128,7 @@ class PluginHost {
     // text, param index -> record), as the trace and the interposer hold them.
     void feed(const Event& event, std::span<const std::string> strings,
               std::span<const ParamRecord> params, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
-    // Every event of `trace`, in order.
-    void feed_trace(const Trace& trace, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
-    // Every event of `stream`, in order, in one pass (never all held): each
-    // with the definitions read so far, which are those it refers to.
-    void feed_trace(TraceStream& stream, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+    // (A recorded trace is fed offline: analyze/plugin_replay.h.)
 
     // Calls finish on every enabled plugin; idempotent. No feed() after it.
     void finish();

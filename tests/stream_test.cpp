@@ -1,4 +1,4 @@
-// The analysis streamed from a trace's file (core/trace_reader.h,
+// The analysis streamed from a trace's file (analyze/trace_reader.h,
 // TraceStream: the events read again pass after pass, never all held) is
 // the analysis of the loaded trace, field by field: on every recorded trace
 // of the corpus, with the default and with small timelines, and on traces

@@ -1,4 +1,4 @@
-// Boost.JSON against allocscope's own JSON code (core/json.h, the findings
+// Boost.JSON against allocscope's own JSON code (analyze/json.h, the findings
 // writer in core/findings.cpp and reader in analyze/findings_reader.cpp), on
 // a findings document of N findings with M pieces of evidence each, shaped
 // like the weight detectors' (long derivation notes, layer names):

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "plugin_host.h"
+#include "plugin_replay.h"
 #include "trace_reader.h"
 
 namespace {
@@ -66,7 +67,7 @@ double feed_seconds(const Trace& trace, const std::vector<std::string>& plugins,
     }
     enabled = host.enabled_count();
     const auto t0 = std::chrono::steady_clock::now();
-    host.feed_trace(trace);
+    feed_trace(host, trace);
     host.finish();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -8,6 +8,11 @@ diff, symbolization, the findings reader) defines must be absent from
 liballocscope.so's symbol table. Inline and template code (weak symbols)
 is shared by both sides by nature, and functions local to a file may share
 a name with another file's: neither is counted.
+
+Whatever library they live in, the offline side's readers never reach
+liballocscope.so either: the trace reader, the JSON parser, the findings
+reader and merging, and feeding a recorded trace to plugins (the traced
+process writes traces and findings; it never reads or merges them).
 """
 import subprocess
 import sys
@@ -27,6 +32,19 @@ def strong_text_symbols(nm, path):
     return names
 
 
+# Name prefixes (nm -C) of code that only reads what a run wrote.
+READERS = (
+    "allocscope::TraceReader::",
+    "allocscope::TraceStream::",
+    "allocscope::load_trace(",
+    "allocscope::json::parse(",
+    "allocscope::parse_findings(",
+    "allocscope::read_findings_file(",
+    "allocscope::merge_findings(",
+    "allocscope::feed_trace(",
+)
+
+
 def main():
     nm, so, archive = sys.argv[1:4]
     offline = strong_text_symbols(nm, archive)
@@ -37,7 +55,7 @@ def main():
     if not linked:
         print("FAIL: %s has no symbol table to check (stripped?)" % so)
         return 1
-    leaked = sorted(offline & linked)
+    leaked = sorted((offline & linked) | {n for n in linked if n.startswith(READERS)})
     if leaked:
         print("FAIL: %d offline function(s) linked into %s:" % (len(leaked), so))
         for name in leaked[:20]:

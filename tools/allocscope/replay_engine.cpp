@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "plugin_host.h"
+#include "plugin_replay.h"
 #include "trace_reader.h"
 
 namespace allocscope::cli {
@@ -50,7 +51,7 @@ namespace {
 // replayed up to there, with one warning.
 void replay_file(PluginHost& host, const std::string& path, uint32_t source) {
     TraceStream stream(path);
-    host.feed_trace(stream, source);
+    feed_trace(host, stream, source);
     const TraceTables& t = stream.tables();
     if (t.truncated) {
         std::fprintf(stderr, "allocscope: warning: %s; replayed the events before that point\n",

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "utf8.h"
+
 namespace allocscope::json {
 
 struct Value {
@@ -58,8 +60,6 @@ Value parse(std::string_view text, int max_depth = 32);
 // 1-based line and column of byte `offset` in `text`.
 std::pair<size_t, size_t> line_column(std::string_view text, size_t offset) noexcept;
 
-// Length of the valid UTF-8 sequence at `p` (RFC 3629: no overlongs, no
-// surrogates, nothing above U+10FFFF), 0 when it is not one.
-size_t utf8_sequence(const unsigned char* p, size_t left) noexcept;
+using allocscope::utf8_sequence;  // core/utf8.h
 
 }  // namespace allocscope::json
