@@ -57,7 +57,6 @@
 
 namespace allocscope {
 
-
 // A registered parameter, resolved.
 struct ParamInfo {
     std::string_view layer;

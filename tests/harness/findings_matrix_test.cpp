@@ -46,9 +46,13 @@ const char* const kLongShape = " --ranks 2 --layers 2 --steps 6 --warmup 1";
 // Runs the harness under allocscope run into `dir`; returns the merged
 // findings.
 FindingsFile live(const fs::path& dir, const std::string& args, const char* shape = kShape) {
+    std::string err;
     const int status = sh(env("E2E_CLI") + " run --force --out " + dir.string() + " -- " +
-                          env("HARNESS") + " --backend sim" + shape + " " + args);
+                              env("HARNESS") + " --backend sim" + shape + " " + args,
+                          nullptr, &err);
+    CAPTURE(err);  // what allocscope run said, shown where a check fails
     REQUIRE(status == 0);
+    REQUIRE(fs::exists(dir / "findings.json"));
     return read_findings_file((dir / "findings.json").string());
 }
 

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "build_report.h"
 #include "findings.h"
 #include "findings_reader.h"
 #include "report.h"
+#include "run_inputs.h"
 
 namespace allocscope::cli {
 
@@ -32,13 +34,6 @@ int export_command(const std::vector<std::string>& args);
 
 // --- reports (cmd_report.cpp) ---
 
-// The report of `paths` (output directories or trace files), with their
-// findings and symbolized stacks; rank -1: every rank. Throws on unreadable
-// input (TraceError, runtime_error), naming it.
-// `baseline`: an output directory or trace whose per-layer forward samples
-// (analyze/diff.h) the HTML report overlays, traces paired by rank; "" none.
-Report build_report(const std::vector<std::string>& paths, long rank, size_t top,
-                    const std::string& baseline = {});
 // Writes `text` to `path`; throws runtime_error naming the file and why.
 void write_text_file(const std::string& path, const std::string& text);
 // report.txt (concise) and report.html into a run's output directory; the
@@ -54,25 +49,6 @@ void print_oom_moments(const Report& report);
 // next to the executable (build tree: <build>/plugins; installed:
 // <prefix>/<libdir>/allocscope/plugins); "" when none exists.
 std::string cli_plugin_dir();
-
-// The trace files of `paths` and the findings files that go with them: an
-// output directory gives every *.trace in it and its findings.json (else its
-// findings.<stem>.json files); a trace file gives itself and the
-// findings.<stem>.json next to it. Throws runtime_error naming a path that
-// does not exist or a directory without traces.
-struct TraceInputs {
-    std::vector<std::string> traces;
-    std::vector<std::string> findings;  // sorted, each once
-};
-TraceInputs expand_trace_paths(const std::vector<std::string>& paths);
-
-// The per-process findings files (findings.<stem>.json, not findings.json)
-// directly in `dir`.
-std::vector<std::string> rank_findings_files_in(const std::string& dir);
-
-// Reads `files` and merges them (merge_findings' order). Throws
-// FindingsError.
-FindingsFile merge_findings_files(const std::vector<std::string>& files);
 
 // Why writing `output` (-o) would destroy something an allocscope command
 // reads: it is one of `inputs` (files), or a trace or findings file of one of
@@ -107,14 +83,5 @@ int fail(const std::string& message);
 
 // "1.5 MiB" style sizes for humans.
 std::string format_bytes(uint64_t bytes);
-
-// The directories of `dir` that hold its traces: `dir` itself when it has
-// *.trace files, else its host-<name> subdirectories (allocscope run
-// --per-host: one per host of a multi-node job), sorted.
-std::vector<std::string> trace_dirs_in(const std::string& dir);
-
-// The *.trace files of trace_dirs_in(dir), sorted; empty if it cannot be
-// read.
-std::vector<std::string> trace_files_in(const std::string& dir);
 
 }  // namespace allocscope::cli

@@ -77,34 +77,6 @@ std::string format_bytes(uint64_t bytes) {
     return human_bytes(bytes);
 }
 
-std::vector<std::string> trace_dirs_in(const std::string& dir) {
-    std::vector<std::string> dirs;
-    std::error_code ec;
-    bool own = false;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        if (entry.path().extension() == ".trace") own = true;
-        if (entry.path().filename().string().rfind("host-", 0) == 0 && entry.is_directory(ec) &&
-            !entry.is_symlink(ec)) {
-            dirs.push_back(entry.path().string());
-        }
-    }
-    if (own) return {dir};
-    std::sort(dirs.begin(), dirs.end());
-    return dirs;
-}
-
-std::vector<std::string> trace_files_in(const std::string& dir) {
-    std::vector<std::string> files;
-    std::error_code ec;
-    for (const std::string& d : trace_dirs_in(dir)) {
-        for (const auto& entry : std::filesystem::directory_iterator(d, ec)) {
-            if (entry.path().extension() == ".trace") files.push_back(entry.path().string());
-        }
-    }
-    std::sort(files.begin(), files.end());
-    return files;
-}
-
 }  // namespace allocscope::cli
 
 int main(int argc, char** argv) {
