@@ -77,6 +77,7 @@ std::string ignoring(const char* name, std::string_view value) {
 }
 
 void read_flag(const char* name, const char* v, bool& out, Config& c) {
+    if (!*v) return;  // empty: unset, whatever the default
     if (std::optional<bool> b = parse_switch(v)) {
         out = *b;
     } else {
@@ -173,7 +174,7 @@ void read_steps(const char* name, const char* v, ProvenanceSteps& out, Config& c
         c.warnings.push_back(ignoring(name, v) + ": " + problem +
                              "; accepted: all, or first=N[,every=N[,window=N]] (the default "
                              "first=4,every=100,window=2; every=0: none after the first; window "
-                             "at most every); using the default");
+                             "at most every); the default is used");
         return;
     }
     out = steps;

@@ -273,7 +273,9 @@ TEST_CASE("every variable of the table reads its value from the environment") {
     }
 }
 
-TEST_CASE("switches of every reader take 1/true/yes and 0/false/no, and warn on anything else") {
+TEST_CASE(
+    "switches of every reader take 1/true/yes and 0/false/no, keep their default when empty, and "
+    "warn on anything else") {
     for (const ConfigVariable& v : kConfigVariables) {
         if (v.kind != ConfigKind::flag) continue;
         CAPTURE(v.name);
@@ -281,6 +283,7 @@ TEST_CASE("switches of every reader take 1/true/yes and 0/false/no, and warn on 
             CHECK(config_value(parse({{std::string(v.name), on}}), v.name) == "1");
         for (const char* off : {"0", "false", "no"})
             CHECK(config_value(parse({{std::string(v.name), off}}), v.name) == "0");
+        CHECK(config_value(parse({{std::string(v.name), ""}}), v.name) == v.default_value);
         const Config bad = parse({{std::string(v.name), "on"}});
         check_one_warning(bad, std::string(v.name), "1, 0, true, false, yes, no");
         CHECK(config_value(bad, v.name) == v.default_value);
