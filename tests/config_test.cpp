@@ -317,3 +317,11 @@ TEST_CASE("the markdown table has one row per variable, with its default and rea
     CHECK(contains(md, "`ALLOCSCOPE_TORCH_BRIDGE`"));
     CHECK(contains(md, "`ALLOCSCOPE_CUDA_DRIVER_LIB`"));
 }
+
+TEST_CASE("the stack depth's documented limit is the parser's") {
+    const ConfigVariable* depth = find_config_variable("ALLOCSCOPE_STACK_DEPTH");
+    REQUIRE(depth != nullptr);
+    CHECK(contains(std::string(depth->doc),
+                   "at most `" + std::to_string(Config::kMaxStackDepth) + "`"));
+    CHECK(depth->default_value == std::to_string(Config::kDefaultStackDepth));
+}
