@@ -52,6 +52,7 @@ __all__ = [
     "rank",
     "library_path",
     "config",
+    "config_on",
     "check",
     "CheckFailed",
     "Finding",
