@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "analysis.h"
+#include "config.h"
 #include "duckdb_api.h"
 #include "export.h"
 #include "export_live.h"
@@ -86,8 +87,9 @@ const DuckDbApi& duckdb_api() {
     const std::lock_guard lock(mutex);
     if (loaded) return *loaded;
 
-    const char* env = std::getenv("ALLOCSCOPE_DUCKDB");
-    const bool named = env && *env;
+    // ALLOCSCOPE_DUCKDB, read through the configuration table (config_table.h).
+    const std::string env = parse_config([](const char* name) { return std::getenv(name); }).duckdb;
+    const bool named = !env.empty();
     const std::string path = named ? env : "libduckdb.so";
     void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <string_view>
 
+#include "config_table.h"
 #include "trace_bound.h"
 #include "trace_format.h"
 
@@ -66,104 +67,247 @@ std::optional<bool> parse_switch(std::string_view s) noexcept {
     return std::nullopt;
 }
 
+namespace {
+
+// One reader per ConfigKind: reads variable `name` into `out`; a bad value
+// leaves `out` at its default and adds a warning saying what is accepted.
+
+std::string ignoring(const char* name, std::string_view value) {
+    return std::string("allocscope: ignoring ") + name + "='" + shown(value) + "'";
+}
+
+void read_flag(const char* name, const char* v, bool& out, Config& c) {
+    if (!*v) return;  // empty: unset, whatever the default
+    if (std::optional<bool> b = parse_switch(v)) {
+        out = *b;
+    } else {
+        c.warnings.push_back(ignoring(name, v) +
+                             ": accepted values are 1, 0, true, false, yes, no; using " +
+                             (out ? "1" : "0"));
+    }
+}
+
+void read_stack_depth(const char* name, const char* v, uint32_t& out, Config& c) {
+    int64_t depth = 0;
+    if (parse_int(v, depth) && depth >= 0 && depth <= Config::kMaxStackDepth) {
+        out = static_cast<uint32_t>(depth);
+    } else {
+        c.warnings.push_back(ignoring(name, v) + ": expected an integer from 0 (stacks off) to " +
+                             std::to_string(Config::kMaxStackDepth) + "; using " +
+                             std::to_string(out));
+    }
+}
+
+void read_log_level(const char* name, const char* v, LogLevel& out, Config& c) {
+    const std::string_view s(v);
+    if (s == "quiet") {
+        out = LogLevel::quiet;
+    } else if (s == "info") {
+        out = LogLevel::info;
+    } else if (s == "debug") {
+        out = LogLevel::debug;
+    } else {
+        c.warnings.push_back(ignoring(name, v) +
+                             ": accepted values are quiet, info, debug; using info");
+    }
+}
+
+void read_path(const char* name, const char* v, std::string& out, Config& c) {
+    if (*v) {
+        out = v;
+    } else if (!out.empty()) {
+        c.warnings.push_back(std::string("allocscope: ignoring empty ") + name +
+                             ": expected a directory path; using " + out);
+    }
+}
+
+void read_text(const char*, const char* v, std::string& out, Config&) {
+    if (*v) out = v;
+}
+
+void read_plugin_list(const char* name, const char* v, std::vector<std::string>& out, Config& c) {
+    std::vector<std::string> entries;
+    bool off = false;
+    std::string problem;
+    if (parse_plugin_list(v, entries, off, problem)) {
+        out = std::move(entries);
+        c.plugins_off = off;
+    } else {
+        c.warnings.push_back(ignoring(name, v) + ": " + problem + "; using the default plugins");
+    }
+}
+
+void read_plugin_options(const char* name, const char* v, PluginOptions& out, Config& c) {
+    if (!*v) return;
+    PluginOptions options;
+    std::string problem;
+    if (parse_plugin_options(v, options, problem)) {
+        out = std::move(options);
+    } else {
+        c.warnings.push_back(ignoring(name, v) + ": " + problem +
+                             "; expected a comma-separated list of <plugin>.<key>=<value>; "
+                             "using no options");
+    }
+}
+
+void read_size(const char* name, const char* v, uint64_t& out, Config& c) {
+    if (!*v) return;
+    uint64_t bytes = 0;
+    if (!parse_size(v, bytes)) {
+        c.warnings.push_back(ignoring(name, v) +
+                             ": expected a size such as 512M or 2G (K, M, G, T: powers of "
+                             "1024), or 0 for no bound; the trace is not bounded");
+    } else if (bytes > 0 && bytes < kMinTraceBound) {
+        c.warnings.push_back(std::string("allocscope: ") + name + "='" + shown(v) +
+                             "' is below the smallest bound, 64K: using 64K");
+        out = kMinTraceBound;
+    } else {
+        out = bytes;
+    }
+}
+
+void read_steps(const char* name, const char* v, ProvenanceSteps& out, Config& c) {
+    std::string problem;
+    ProvenanceSteps steps;
+    if (std::string_view(v).find_first_not_of(" \t") == std::string_view::npos) return;
+    if (!parse_provenance_steps(v, steps, problem)) {
+        c.warnings.push_back(ignoring(name, v) + ": " + problem +
+                             "; accepted: all, or first=N[,every=N[,window=N]] (the default "
+                             "first=4,every=100,window=2; every=0: none after the first; window "
+                             "at most every); the default is used");
+        return;
+    }
+    out = steps;
+}
+
+std::string value_text(const Config&, bool v) {
+    return v ? "1" : "0";
+}
+std::string value_text(const Config&, uint32_t v) {
+    return std::to_string(v);
+}
+std::string value_text(const Config&, uint64_t v) {
+    return std::to_string(v);
+}
+std::string value_text(const Config&, const std::string& v) {
+    return v;
+}
+std::string value_text(const Config&, LogLevel v) {
+    return v == LogLevel::quiet ? "quiet" : v == LogLevel::debug ? "debug" : "info";
+}
+std::string value_text(const Config& c, const std::vector<std::string>& plugins) {
+    if (c.plugins_off) return "none";
+    std::string out;
+    for (const std::string& p : plugins)
+        out += (out.empty() ? "" : ",") + p;
+    return out;
+}
+std::string value_text(const Config&, const PluginOptions& options) {
+    std::string out;
+    for (const auto& [key, value] : options)
+        out += (out.empty() ? "" : ",") + key + "=" + value;
+    return out;
+}
+std::string value_text(const Config&, const ProvenanceSteps& s) {
+    if (s.first == 0) return "all";
+    return "first=" + std::to_string(s.first) + ",every=" + std::to_string(s.every) +
+           ",window=" + std::to_string(s.window);
+}
+
+}  // namespace
+
 Config parse_config(const EnvLookup& env) {
     Config c;
-    auto flag = [&](const char* name, bool& out) {
-        const char* v = env(name);
-        if (!v) return;
-        if (std::optional<bool> b = parse_switch(v)) {
-            out = *b;
-        } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ") + name + "='" + shown(v) +
-                                 "': accepted values are 1, 0, true, false, yes, no");
-        }
-    };
-    flag("ALLOCSCOPE_DISABLE", c.disabled);
-    flag("ALLOCSCOPE_DRIVER_HOOKS", c.driver_hooks);
-    flag("ALLOCSCOPE_WALK_CYCLES", c.walk_cycles);
-    flag("ALLOCSCOPE_SIGTERM", c.sigterm);
-    if (const char* v = env("ALLOCSCOPE_OUT")) {
-        if (*v) {
-            c.out_dir = v;
-        } else {
-            c.warnings.push_back(
-                "allocscope: ignoring empty ALLOCSCOPE_OUT: expected a directory path; using "
-                "./allocscope-out");
-        }
-    }
-    if (const char* v = env("ALLOCSCOPE_STACK_DEPTH")) {
-        int64_t depth = 0;
-        if (parse_int(v, depth) && depth >= 0 && depth <= Config::kMaxStackDepth) {
-            c.stack_depth = static_cast<uint32_t>(depth);
-        } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_STACK_DEPTH='") +
-                                 shown(v) + "': expected an integer from 0 (stacks off) to " +
-                                 std::to_string(Config::kMaxStackDepth) + "; using " +
-                                 std::to_string(Config::kDefaultStackDepth));
-        }
-    }
-    if (const char* v = env("ALLOCSCOPE_LOG")) {
-        std::string_view s(v);
-        if (s == "quiet") {
-            c.log = LogLevel::quiet;
-        } else if (s == "info") {
-            c.log = LogLevel::info;
-        } else if (s == "debug") {
-            c.log = LogLevel::debug;
-        } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_LOG='") + shown(v) +
-                                 "': accepted values are quiet, info, debug; using info");
-        }
-    }
-    if (const char* v = env("ALLOCSCOPE_PLUGINS")) {
-        std::vector<std::string> entries;
-        bool off = false;
-        std::string problem;
-        if (parse_plugin_list(v, entries, off, problem)) {
-            c.plugins = std::move(entries);
-            c.plugins_off = off;
-        } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGINS='") +
-                                 shown(v) + "': " + problem + "; using the default plugins");
-        }
-    }
-    if (const char* v = env("ALLOCSCOPE_PLUGIN_OPTIONS"); v && *v) {
-        PluginOptions options;
-        std::string problem;
-        if (parse_plugin_options(v, options, problem)) {
-            c.plugin_options = std::move(options);
-        } else {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_PLUGIN_OPTIONS='") +
-                                 shown(v) + "': " + problem +
-                                 "; expected a comma-separated list of <plugin>.<key>=<value>; "
-                                 "using no options");
-        }
-    }
-    if (const char* v = env("ALLOCSCOPE_PLUGIN_DIR"); v && *v) c.plugin_dir = v;
+#define ALLOCSCOPE_CONFIG_READ(NAME, MEMBER, KIND, ...) \
+    if (const char* v = env(#NAME)) read_##KIND(#NAME, v, c.MEMBER, c);
+    ALLOCSCOPE_CONFIG_TABLE(ALLOCSCOPE_CONFIG_READ)
+#undef ALLOCSCOPE_CONFIG_READ
+    c.host = c.host.empty() ? host_name() : c.host.substr(0, kMaxHostBytes);
     c.rank = first_int(env, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, c.warnings);
     c.world_size =
         first_int(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, c.warnings);
-    if (const char* v = env("ALLOCSCOPE_MAX_TRACE_SIZE"); v && *v) {
-        uint64_t bytes = 0;
-        if (!parse_size(v, bytes)) {
-            c.warnings.push_back(std::string("allocscope: ignoring ALLOCSCOPE_MAX_TRACE_SIZE='") +
-                                 shown(v) +
-                                 "': expected a size such as 512M or 2G (K, M, G, T: powers of "
-                                 "1024), or 0 for no bound; the trace is not bounded");
-        } else if (bytes > 0 && bytes < kMinTraceBound) {
-            c.warnings.push_back(std::string("allocscope: ALLOCSCOPE_MAX_TRACE_SIZE='") + shown(v) +
-                                 "' is below the smallest bound, 64K: using 64K");
-            c.max_trace_bytes = kMinTraceBound;
-        } else {
-            c.max_trace_bytes = bytes;
-        }
-    }
-    if (const char* v = env("ALLOCSCOPE_HOST"); v && *v) {
-        c.host = std::string(v).substr(0, kMaxHostBytes);
-    } else {
-        c.host = host_name();
-    }
     return c;
+}
+
+std::optional<std::string> config_value(const Config& c, std::string_view name) {
+#define ALLOCSCOPE_CONFIG_VALUE(NAME, MEMBER, ...) \
+    if (name == #NAME) return value_text(c, c.MEMBER);
+    ALLOCSCOPE_CONFIG_TABLE(ALLOCSCOPE_CONFIG_VALUE)
+#undef ALLOCSCOPE_CONFIG_VALUE
+    return std::nullopt;
+}
+
+std::string config_markdown() {
+    std::string out =
+        "| variable | default | read by | meaning |\n"
+        "| --- | --- | --- | --- |\n";
+    for (const ConfigVariable& v : kConfigVariables) {
+        const std::string shown_default = !v.shown_default.empty()
+                                              ? std::string(v.shown_default)
+                                              : "`" + std::string(v.default_value) + "`";
+        out += "| `" + std::string(v.name) + "` | " + shown_default + " | " + std::string(v.read) +
+               " | " + std::string(v.doc) + " |\n";
+    }
+    return out;
+}
+
+bool parse_provenance_steps(std::string_view text, ProvenanceSteps& steps, std::string& problem) {
+    auto trim = [](std::string_view s) {
+        while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+            s.remove_prefix(1);
+        while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+            s.remove_suffix(1);
+        return s;
+    };
+    std::string lower(trim(text));
+    for (char& ch : lower)
+        if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
+    if (lower == "all") {
+        steps = {0, 0, 0};
+        return true;
+    }
+    uint64_t values[3] = {ProvenanceSteps{}.first, ProvenanceSteps{}.every,
+                          ProvenanceSteps{}.window};
+    bool seen[3] = {false, false, false};
+    static constexpr std::string_view kKeys[] = {"first", "every", "window"};
+    std::string_view rest = lower;
+    for (;;) {
+        const size_t comma = rest.find(',');
+        const std::string_view part = trim(rest.substr(0, comma));
+        const size_t eq = part.find('=');
+        const std::string_view key = trim(part.substr(0, eq));
+        size_t k = 0;
+        while (k < 3 && kKeys[k] != key)
+            ++k;
+        if (eq == std::string_view::npos || k == 3 || seen[k]) {
+            problem =
+                "'" + shown(part) + "' is not a key=value of first, every or window, each once";
+            return false;
+        }
+        seen[k] = true;
+        const std::string_view value = trim(part.substr(eq + 1));
+        int64_t n = 0;
+        if (value.empty() || value.size() > 12 ||
+            value.find_first_not_of("0123456789") != std::string_view::npos ||
+            !parse_int(value, n)) {
+            problem = std::string(key) + "='" + shown(value) + "' is not a whole number";
+            return false;
+        }
+        values[k] = static_cast<uint64_t>(n);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+    }
+    if (values[0] < 1) {
+        problem = "first must be at least 1 (all observes every step)";
+        return false;
+    }
+    if (values[1] > 0 && (values[2] < 1 || values[2] > values[1])) {
+        problem = "window must be from 1 to every (" + std::to_string(values[1]) + "), got " +
+                  std::to_string(values[2]);
+        return false;
+    }
+    steps = {values[0], values[1], values[1] > 0 ? values[2] : 0};
+    return true;
 }
 
 std::string host_name() {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "recorder.h"
@@ -56,6 +57,23 @@ ALLOCSCOPE_EXPORT size_t allocscope_current_layer(char* out, size_t size) {
         out[n] = '\0';
     }
     return layer.size();
+}
+
+ALLOCSCOPE_EXPORT int64_t allocscope_config_get(const char* name, char* out, size_t size) {
+    std::optional<std::string> value;
+    try {
+        if (const allocscope::Config* c = allocscope::recorder::config(); c && name)
+            value = allocscope::config_value(*c, name);
+    } catch (...) {
+        value.reset();
+    }
+    const std::string text = value.value_or("");
+    if (out && size > 0) {
+        const size_t n = std::min(text.size(), size - 1);
+        std::memcpy(out, text.data(), n);
+        out[n] = '\0';
+    }
+    return value ? static_cast<int64_t>(text.size()) : -1;
 }
 
 ALLOCSCOPE_EXPORT void allocscope_step(uint64_t step) {

@@ -2,8 +2,9 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <initializer_list>
+
+#include "recorder.h"
 
 namespace allocscope {
 
@@ -31,7 +32,10 @@ void* resolve_real(const char* name) noexcept {
 }
 
 void* resolve_driver(const char* name) noexcept {
-    return next_or_in(name, {std::getenv("ALLOCSCOPE_CUDA_DRIVER_LIB"), "libcuda.so.1"});
+    // ALLOCSCOPE_CUDA_DRIVER_LIB, parsed with the rest of the configuration.
+    const Config* c = recorder::config();
+    const char* named = c && !c->cuda_driver_lib.empty() ? c->cuda_driver_lib.c_str() : nullptr;
+    return next_or_in(name, {named, "libcuda.so.1"});
 }
 
 }  // namespace allocscope

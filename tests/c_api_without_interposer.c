@@ -22,6 +22,11 @@ int main(void) {
     allocscope_dl_block_free(block);
     allocscope_dl_allocator_counters(0, 1024, 2048, 0);
     allocscope_dl_pop();
+    char value[16] = "unchanged";
+    if (allocscope_dl_config_get("ALLOCSCOPE_LOG", value, sizeof value) != -1 || value[0] != '\0') {
+        fprintf(stderr, "allocscope_dl_config_get answered without the interposer\n");
+        return 1;
+    }
     if (allocscope_dl()->push != NULL) return 1;
     puts("ok");
     return 0;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "config.h"
+#include "config_table.h"
 
 using namespace allocscope;
 
@@ -223,4 +224,104 @@ TEST_CASE("the trace file is named after the rank when known, else the pid") {
     CHECK(trace_file_name(c, 4321) == "rank17.trace");
     CHECK(trace_file_name(parse({{"SLURM_PROCID", "9"}}), 1) == "rank9.trace");
     CHECK(trace_file_name(parse({{"RANK", "bad"}}), 77) == "pid77.trace");
+}
+
+// ------------------------------------------------------------ the table
+
+TEST_CASE("every variable of the table has its documented default when unset") {
+    const Config c = parse({});
+    for (const ConfigVariable& v : kConfigVariables) {
+        CAPTURE(v.name);
+        const std::optional<std::string> value = config_value(c, v.name);
+        REQUIRE(value.has_value());
+        if (v.name == "ALLOCSCOPE_HOST") {
+            CHECK(*value == host_name());  // computed: the machine's name
+        } else {
+            CHECK(*value == v.default_value);
+        }
+        CHECK_FALSE(v.doc.empty());
+        CHECK_FALSE(v.read.empty());
+    }
+}
+
+TEST_CASE("a name outside the table has no value") {
+    CHECK_FALSE(config_value(parse({}), "ALLOCSCOPE_UNKNOWN").has_value());
+    CHECK_FALSE(config_value(parse({}), "RANK").has_value());
+    CHECK(find_config_variable("ALLOCSCOPE_UNKNOWN") == nullptr);
+    CHECK(find_config_variable("ALLOCSCOPE_LOG") != nullptr);
+}
+
+TEST_CASE("every variable of the table reads its value from the environment") {
+    // One set value per kind, and the text config_value gives back for it.
+    const std::map<ConfigKind, std::pair<std::string, std::string>> set_value{
+        {ConfigKind::flag, {"yes", "1"}},
+        {ConfigKind::stack_depth, {"7", "7"}},
+        {ConfigKind::log_level, {"debug", "debug"}},
+        {ConfigKind::path, {"/some/path", "/some/path"}},
+        {ConfigKind::text, {"node-3", "node-3"}},
+        {ConfigKind::plugin_list, {"peak,leaks", "peak,leaks"}},
+        {ConfigKind::plugin_options, {"peak.top=3", "peak.top=3"}},
+        {ConfigKind::size, {"1M", "1048576"}},
+        {ConfigKind::steps, {"first=2, every=10", "first=2,every=10,window=2"}},
+    };
+    for (const ConfigVariable& v : kConfigVariables) {
+        CAPTURE(v.name);
+        const auto& [text, parsed] = set_value.at(v.kind);
+        const Config c = parse({{std::string(v.name), text}});
+        CHECK(c.warnings.empty());
+        CHECK(config_value(c, v.name) == parsed);
+    }
+}
+
+TEST_CASE(
+    "switches of every reader take 1/true/yes and 0/false/no, keep their default when empty, and "
+    "warn on anything else") {
+    for (const ConfigVariable& v : kConfigVariables) {
+        if (v.kind != ConfigKind::flag) continue;
+        CAPTURE(v.name);
+        for (const char* on : {"1", "true", "yes"})
+            CHECK(config_value(parse({{std::string(v.name), on}}), v.name) == "1");
+        for (const char* off : {"0", "false", "no"})
+            CHECK(config_value(parse({{std::string(v.name), off}}), v.name) == "0");
+        CHECK(config_value(parse({{std::string(v.name), ""}}), v.name) == v.default_value);
+        const Config bad = parse({{std::string(v.name), "on"}});
+        check_one_warning(bad, std::string(v.name), "1, 0, true, false, yes, no");
+        CHECK(config_value(bad, v.name) == v.default_value);
+    }
+}
+
+TEST_CASE("ALLOCSCOPE_PROVENANCE_STEPS is all, or first, every and window") {
+    CHECK(parse({{"ALLOCSCOPE_PROVENANCE_STEPS", "all"}}).provenance_steps ==
+          ProvenanceSteps{0, 0, 0});
+    CHECK(parse({{"ALLOCSCOPE_PROVENANCE_STEPS", "first=1,every=0"}}).provenance_steps ==
+          ProvenanceSteps{1, 0, 0});
+    CHECK(parse({{"ALLOCSCOPE_PROVENANCE_STEPS", "window=5,every=50"}}).provenance_steps ==
+          ProvenanceSteps{4, 50, 5});
+    CHECK(parse({{"ALLOCSCOPE_PROVENANCE_STEPS", ""}}).warnings.empty());
+    for (const char* bad : {"first=0", "every=3,window=4", "first=x", "first=1,first=2", "some"}) {
+        CAPTURE(bad);
+        const Config c = parse({{"ALLOCSCOPE_PROVENANCE_STEPS", bad}});
+        CHECK(c.provenance_steps == ProvenanceSteps{});
+        check_one_warning(c, "ALLOCSCOPE_PROVENANCE_STEPS", "first=N[,every=N[,window=N]]");
+    }
+}
+
+TEST_CASE("the markdown table has one row per variable, with its default and reader") {
+    const std::string md = config_markdown();
+    size_t rows = 0;
+    for (size_t at = 0; (at = md.find("\n| `ALLOCSCOPE_", at)) != std::string::npos; ++at)
+        ++rows;
+    CHECK(rows == kConfigVariables.size());
+    CHECK(contains(md, "| `ALLOCSCOPE_STACK_DEPTH` | `24` | "));
+    CHECK(contains(md, "| `ALLOCSCOPE_HOST` | the machine's name | "));
+    CHECK(contains(md, "`ALLOCSCOPE_TORCH_BRIDGE`"));
+    CHECK(contains(md, "`ALLOCSCOPE_CUDA_DRIVER_LIB`"));
+}
+
+TEST_CASE("the stack depth's documented limit is the parser's") {
+    const ConfigVariable* depth = find_config_variable("ALLOCSCOPE_STACK_DEPTH");
+    REQUIRE(depth != nullptr);
+    CHECK(contains(std::string(depth->doc),
+                   "at most `" + std::to_string(Config::kMaxStackDepth) + "`"));
+    CHECK(depth->default_value == std::to_string(Config::kDefaultStackDepth));
 }

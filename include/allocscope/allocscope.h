@@ -193,6 +193,26 @@ void allocscope_block_alloc_frames(void* ptr, size_t size, int device, void* str
  * NULL unregisters. */
 void allocscope_set_outer_frames(size_t (*provider)(uint64_t* out, size_t max));
 
+/* Configuration: the value of environment variable `name` (an
+ * ALLOCSCOPE_* variable of docs/ENVIRONMENT.md) as liballocscope.so parsed
+ * it, once, when first used: its default when unset or invalid (the
+ * interposer warns once about an invalid value). Components that run inside
+ * the traced process (the PyTorch bridge, the Python package) ask here
+ * instead of reading the environment, so that every variable has one parser
+ * and one set of accepted spellings.
+ *
+ * The text is canonical: switches "1" or "0" (whatever of 1/true/yes,
+ * 0/false/no was written), numbers in decimal (ALLOCSCOPE_MAX_TRACE_SIZE in
+ * bytes), ALLOCSCOPE_LOG "quiet", "info" or "debug", lists comma-separated
+ * (ALLOCSCOPE_PLUGINS "none" when off), ALLOCSCOPE_PROVENANCE_STEPS "all" or
+ * "first=F,every=E,window=W", paths as given ("" when unset and found
+ * elsewhere). It is copied into `out` (NUL-terminated, cut to `size`; `out`
+ * may be NULL when `size` is 0). Returns the text's full length, or -1 when
+ * `name` is not such a variable (then `out` holds ""). Variables may be
+ * added in later versions, never removed or given another text for the same
+ * meaning. */
+int64_t allocscope_config_get(const char* name, char* out, size_t size);
+
 /* Checks: detection plugins (plugin_v1.h) run on a stretch of this
  * process's own allocation events, for a program's test suite to assert on
  * (include/allocscope/doctest.h wraps them for doctest).

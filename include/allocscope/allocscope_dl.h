@@ -41,6 +41,7 @@ typedef struct allocscope_dl_table {
     uint64_t (*check_begin)(const char*, const char*, char*, size_t);
     int (*check_end)(uint64_t, allocscope_check_visitor, void*, char*, size_t);
     void (*allocator_counters)(int, uint64_t, uint64_t, uint64_t);
+    int64_t (*config_get)(const char*, char*, size_t);
 } allocscope_dl_table;
 
 static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
@@ -56,6 +57,7 @@ static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
     *(void**)&t->check_begin = dlsym(RTLD_DEFAULT, "allocscope_check_begin");
     *(void**)&t->check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
     *(void**)&t->allocator_counters = dlsym(RTLD_DEFAULT, "allocscope_allocator_counters");
+    *(void**)&t->config_get = dlsym(RTLD_DEFAULT, "allocscope_config_get");
 }
 
 /* The resolved table; members are NULL when the interposer is absent.
@@ -136,6 +138,16 @@ static inline void allocscope_dl_allocator_counters(int device, uint64_t allocat
                                                     uint64_t reserved, uint64_t device_used) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->allocator_counters) t->allocator_counters(device, allocated, reserved, device_used);
+}
+
+/* Configuration: without the interposer (or with one older than
+ * allocscope_config_get) returns -1 with "" in `out`: nothing is recorded
+ * then, whatever the variable says. */
+static inline int64_t allocscope_dl_config_get(const char* name, char* out, size_t size) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->config_get) return t->config_get(name, out, size);
+    if (out && size > 0) out[0] = '\0';
+    return -1;
 }
 
 /* Checks: without the interposer, begin returns 0 and end -1, both saying

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "build_report.h"
+#include "config.h"
 #include "findings.h"
 #include "findings_reader.h"
 #include "report.h"
@@ -31,6 +32,12 @@ int replay_command(const std::vector<std::string>& args);
 int check_command(const std::vector<std::string>& args);
 int diff_command(const std::vector<std::string>& args);
 int export_command(const std::vector<std::string>& args);
+int config_command(const std::vector<std::string>& args);
+
+// The ALLOCSCOPE_* variables of this process's environment, parsed once
+// (core/config_table.h) as liballocscope.so parses them: the CLI reads its
+// own variables (ALLOCSCOPE_LIB, ALLOCSCOPE_PLUGIN_DIR, ...) from here.
+const Config& environment_config();
 
 // --- reports (cmd_report.cpp) ---
 

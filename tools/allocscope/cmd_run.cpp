@@ -171,9 +171,9 @@ std::string exe_dir() {
 }
 
 std::string find_interposer() {
-    if (const char* lib = std::getenv("ALLOCSCOPE_LIB"); lib && *lib) {
-        if (access(lib, R_OK) != 0) {
-            throw std::runtime_error(std::string("ALLOCSCOPE_LIB=") + lib +
+    if (const std::string& lib = environment_config().lib; !lib.empty()) {
+        if (access(lib.c_str(), R_OK) != 0) {
+            throw std::runtime_error("ALLOCSCOPE_LIB=" + lib +
                                      " is not readable: " + std::strerror(errno));
         }
         return fs::absolute(lib).string();
@@ -210,9 +210,9 @@ std::string find_python_dir() {
 // installed, <build>/tools/torch_bridge in a build tree; "" when not built.
 std::string find_torch_bridge(const std::string& lib) {
     std::error_code ec;
-    if (const char* env = std::getenv("ALLOCSCOPE_TORCH_BRIDGE"); env && *env) {
-        if (access(env, R_OK) != 0) {
-            throw std::runtime_error(std::string("ALLOCSCOPE_TORCH_BRIDGE=") + env +
+    if (const std::string& env = environment_config().torch_bridge; !env.empty()) {
+        if (access(env.c_str(), R_OK) != 0) {
+            throw std::runtime_error("ALLOCSCOPE_TORCH_BRIDGE=" + env +
                                      " is not readable: " + std::strerror(errno));
         }
         return fs::absolute(env).string();
@@ -408,44 +408,11 @@ void add_cross_rank_findings(const fs::path& out_dir, const Report& report, Find
 
 namespace {
 
-// What is wrong with a --provenance-steps value (the grammar of
-// tools/python/allocscope/torch/_provenance.py, parse_steps), "" if nothing.
-std::string provenance_steps_problem(const std::string& spec) {
-    if (spec == "all") return {};
-    uint64_t values[3] = {4, 100, 2};  // first, every, window
-    bool seen[3] = {false, false, false};
-    static constexpr std::string_view kKeys[] = {"first", "every", "window"};
-    std::string_view rest = spec;
-    while (true) {
-        const size_t comma = rest.find(',');
-        const std::string_view part = rest.substr(0, comma);
-        const size_t eq = part.find('=');
-        const std::string_view key = part.substr(0, eq);
-        const auto k = std::find(std::begin(kKeys), std::end(kKeys), key) - std::begin(kKeys);
-        if (eq == std::string_view::npos || k == 3 || seen[k])
-            return "'" + std::string(part) +
-                   "' is not a key=value of first, every or window, each once (all, or "
-                   "first=N[,every=N[,window=N]])";
-        seen[k] = true;
-        const std::string_view value = part.substr(eq + 1);
-        if (value.empty() || value.size() > 12 ||
-            !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
-            return std::string(key) + "='" + std::string(value) + "' is not a whole number";
-        values[k] = std::stoull(std::string(value));
-        if (comma == std::string_view::npos) break;
-        rest.remove_prefix(comma + 1);
-    }
-    if (values[0] < 1) return "first must be at least 1 (all observes every step)";
-    if (values[1] > 0 && (values[2] < 1 || values[2] > values[1]))
-        return "window must be from 1 to every (" + std::to_string(values[1]) + ")";
-    return {};
-}
-
 // The plugin directory liballocscope.so at `lib` uses when
 // ALLOCSCOPE_PLUGIN_DIR is unset (interposer/live_plugins.cpp):
 // <libdir>/allocscope/plugins installed, <build>/plugins in a build tree.
 std::string interposer_plugin_dir(const std::string& lib) {
-    if (const char* dir = std::getenv("ALLOCSCOPE_PLUGIN_DIR"); dir && *dir) return dir;
+    if (const std::string& dir = environment_config().plugin_dir; !dir.empty()) return dir;
     const fs::path libdir = fs::path(lib).parent_path();
     std::vector<std::string> candidates{(libdir / "allocscope" / "plugins").string()};
     if (libdir.filename() == "interposer")
@@ -568,7 +535,8 @@ int run_command(const std::vector<std::string>& args) {
                })
         .value({"--provenance-steps"},
                [&provenance_steps](const std::string& v) {
-                   if (const std::string problem = provenance_steps_problem(v); !problem.empty())
+                   ProvenanceSteps steps;
+                   if (std::string problem; !parse_provenance_steps(v, steps, problem))
                        return "--provenance-steps '" + v + "': " + problem;
                    provenance_steps = v;
                    return std::string();
@@ -578,11 +546,14 @@ int run_command(const std::vector<std::string>& args) {
     const std::vector<std::string>& command = parser.positionals();
     if (command.empty()) return fail("run needs a command to run (" + parser.see_help() + ")");
     if (!stack_depth.empty()) {
-        char* end = nullptr;
-        long v = std::strtol(stack_depth.c_str(), &end, 10);
-        if (*end != '\0' || v < 0 || v > 128) {
-            return fail("--stack-depth expects an integer from 0 to 128, got '" + stack_depth +
-                        "'");
+        // The interposer's own reading of ALLOCSCOPE_STACK_DEPTH decides.
+        const Config parsed = parse_config([&stack_depth](const char* name) {
+            return std::string_view(name) == "ALLOCSCOPE_STACK_DEPTH" ? stack_depth.c_str()
+                                                                      : nullptr;
+        });
+        if (!parsed.warnings.empty()) {
+            return fail("--stack-depth expects an integer from 0 to " +
+                        std::to_string(Config::kMaxStackDepth) + ", got '" + stack_depth + "'");
         }
     }
     if (!plugins.empty()) {
@@ -594,8 +565,8 @@ int run_command(const std::vector<std::string>& args) {
         }
         if (off && check) return fail("--check needs plugins, but --plugins is none");
     }
-    std::string options_env;
-    if (const char* env = std::getenv("ALLOCSCOPE_PLUGIN_OPTIONS"); env && *env) options_env = env;
+    std::string options_env =
+        config_value(environment_config(), "ALLOCSCOPE_PLUGIN_OPTIONS").value_or("");
     for (const std::string& o : plugin_options) {
         std::string key, value, problem;
         if (!parse_plugin_option(o, key, value, problem)) return fail("--plugin-option " + problem);
@@ -608,16 +579,12 @@ int run_command(const std::vector<std::string>& args) {
         }
         plugin_dir = fs::absolute(plugin_dir).string();
     }
-    if (out.empty()) {
-        const char* env = std::getenv("ALLOCSCOPE_OUT");
-        out = env && *env ? env : "allocscope-out";
-    }
+    if (out.empty()) out = environment_config().out_dir;
     fs::path out_dir = fs::absolute(out).lexically_normal();
     std::string per_host_reason = per_host ? "--per-host" : multi_node_reason(command);
     if (!per_host_reason.empty()) {
         // The name the traces record (ALLOCSCOPE_HOST, else the machine's).
-        const std::string host =
-            parse_config([](const char* name) { return std::getenv(name); }).host;
+        const std::string host = environment_config().host;
         const fs::path shared = out_dir;
         out_dir /= host_dir_name(host);
         std::fprintf(stderr,

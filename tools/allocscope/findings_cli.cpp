@@ -20,7 +20,7 @@ namespace allocscope::cli {
 namespace fs = std::filesystem;
 
 std::string cli_plugin_dir() {
-    if (const char* dir = std::getenv("ALLOCSCOPE_PLUGIN_DIR"); dir && *dir) return dir;
+    if (const std::string& dir = environment_config().plugin_dir; !dir.empty()) return dir;
     char buf[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
     if (n <= 0) return {};

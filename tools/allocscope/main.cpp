@@ -54,6 +54,10 @@ commands:
                     exit 3 when a findings file holds a finding at or above
                     the severity (default error), 4 when not everything was
                     checked, 0 otherwise
+  config [--markdown]
+                    the ALLOCSCOPE_* variables as this environment sets them
+                    (exit 2 when one would be ignored), or their table
+                    (docs/ENVIRONMENT.md)
 
   options take their value as "--opt value" or "--opt=value"; 2 is the
   exit status of bad input everywhere
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
         if (command == "diff") return diff_command(args);
         if (command == "export") return export_command(args);
         if (command == "check") return check_command(args);
+        if (command == "config") return config_command(args);
     } catch (const std::exception& e) {
         return fail(e.what());
     }

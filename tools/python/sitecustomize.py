@@ -103,7 +103,11 @@ class _AllocscopeTorchFinder:
 
 
 def _allocscope_install():
-    if os.environ.get("ALLOCSCOPE_PYTHON") != "1":
+    # Read from the environment, not asked of liballocscope.so: this runs in
+    # every Python process of the run, and one that never imports torch
+    # loads nothing of allocscope (docs/ENVIRONMENT.md). The switch spellings
+    # are core's (core/config.cpp, parse_switch).
+    if os.environ.get("ALLOCSCOPE_PYTHON") not in ("1", "true", "yes"):
         return
     if "torch" in sys.modules:  # imported already (e.g. by a .pth file)
         _allocscope_torch_imported()

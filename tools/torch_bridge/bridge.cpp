@@ -76,6 +76,7 @@
 #include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include "config_text.h"
 #include "per_step.h"
 #include "python_frames.h"
 
@@ -232,12 +233,10 @@ size_t outer_frames(uint64_t* out, size_t max) noexcept {
 void provide_python_frames() {
     static std::atomic<bool> done{false};
     if (done.exchange(true)) return;
-    const char* log = std::getenv("ALLOCSCOPE_LOG");
-    g_cost.on = log && std::strcmp(log, "debug") == 0;
-    const char* py_stacks = std::getenv("ALLOCSCOPE_PYTHON_STACKS");
-    const char* depth = std::getenv("ALLOCSCOPE_STACK_DEPTH");
-    const bool python_stacks = !(py_stacks && std::strcmp(py_stacks, "0") == 0) &&
-                               !(depth && std::strcmp(depth, "0") == 0);
+    using allocscope::torch_bridge::config_text;
+    g_cost.on = config_text("ALLOCSCOPE_LOG") == "debug";
+    const bool python_stacks = config_text("ALLOCSCOPE_PYTHON_STACKS") != "0" &&
+                               config_text("ALLOCSCOPE_STACK_DEPTH") != "0";
     if (!python_stacks) return;
     g_python_frame.store(
         reinterpret_cast<PythonFrame>(dlsym(RTLD_DEFAULT, "allocscope_python_frame")));

@@ -134,6 +134,7 @@
 
 #include <allocscope/allocscope.h>
 
+#include "config_text.h"
 #include "per_step.h"
 
 #define ALLOCSCOPE_BRIDGE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -858,8 +859,7 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
     }
     s.forward = forward_kind;
     s.backward = backward_kind;
-    const char* log = std::getenv("ALLOCSCOPE_LOG");
-    s.debug = log && std::strcmp(log, "debug") == 0;
+    s.debug = allocscope::torch_bridge::config_text("ALLOCSCOPE_LOG") == "debug";
     try {
         Gate& g = gate();
         std::lock_guard lock(g.mu);
@@ -871,9 +871,8 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
         // enable() installs before any module runs, so no thread is in a
         // scope yet. ALLOCSCOPE_PROVENANCE_GATE=0 keeps it open (to measure
         // what the gate saves, and whether it loses anything).
-        const char* open = std::getenv("ALLOCSCOPE_PROVENANCE_GATE");
         const bool hooks = allocscope::torch_bridge::g_tags_through_hooks.load();
-        if (hooks && !(open && std::strcmp(open, "0") == 0)) {
+        if (hooks && allocscope::torch_bridge::config_text("ALLOCSCOPE_PROVENANCE_GATE") != "0") {
             at::disableCallback(g.handle);
             g.enabled = false;
             g_gating.store(true);

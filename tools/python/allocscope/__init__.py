@@ -6,6 +6,9 @@ through ctypes. The library is not loaded by this package: it is the one
 lookup in the process (ctypes.CDLL(None)), or, when ALLOCSCOPE_LIB names it and
 it is already loaded under that path, by that path (never loaded afresh: a
 tracer that starts in the middle of a process would miss what came before).
+ALLOCSCOPE_LIB is the one variable read here from the environment: the library
+has to be found before it can be asked; every other ALLOCSCOPE_* value comes
+from the library, parsed once (config()).
 When it is absent every call does nothing; the first call says so once on
 stderr.
 
@@ -48,6 +51,8 @@ __all__ = [
     "scope",
     "rank",
     "library_path",
+    "config",
+    "config_on",
     "check",
     "CheckFailed",
     "Finding",
@@ -86,6 +91,7 @@ _SIGNATURES = {
     "allocator_counters": ([ctypes.c_int, _u64, _u64, _u64], None),
     "check_begin": ([_str, _str, _str, ctypes.c_size_t], _u64),
     "check_end": ([_u64, _ptr, _ptr, _str, ctypes.c_size_t], ctypes.c_int),
+    "config_get": ([_str, _str, ctypes.c_size_t], ctypes.c_int64),
 }
 
 
@@ -315,6 +321,32 @@ def rank():
     return None
 
 
+def config(name):
+    """The value of ALLOCSCOPE_* variable `name` as liballocscope.so parsed it
+    (allocscope_config_get in allocscope.h; docs/ENVIRONMENT.md): its default
+    when unset or invalid, in canonical text (switches "1" or "0", whatever of
+    1/true/yes, 0/false/no was written). None when the library is not loaded
+    in this process (nothing is recorded then) or does not know `name`."""
+    if not available():
+        return None
+    size = 256
+    while True:
+        out = ctypes.create_string_buffer(size)
+        n = _api.config_get(_b(name), out, size)
+        if n < 0:
+            return None
+        if n < size:
+            return out.value.decode("utf-8", "surrogateescape")
+        size = n + 1
+
+
+def config_on(name):
+    """Whether switch `name` is on as liballocscope.so parsed it: True
+    unless it says "0" (the switches read here are on by default; without
+    the library nothing is recorded whatever they say)."""
+    return config(name) != "0"
+
+
 def library_path():
     """The path liballocscope.so is mapped from in this process, or None."""
     try:
@@ -325,7 +357,7 @@ def library_path():
                     return parts[5].rstrip("\n")
     except OSError:
         pass
-    return os.environ.get("ALLOCSCOPE_LIB") if available() else None
+    return config("ALLOCSCOPE_LIB") or None
 
 
 # ------------------------------------------------------------------ checks

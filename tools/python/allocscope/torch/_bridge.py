@@ -22,7 +22,7 @@ _after_attach = []
 
 
 def _bridge_candidates():
-    path = os.environ.get("ALLOCSCOPE_TORCH_BRIDGE")
+    path = _allocscope.config("ALLOCSCOPE_TORCH_BRIDGE")
     if path:
         return [path]
     name = "liballocscope_torch_bridge.so"
@@ -134,7 +134,7 @@ def _attach():
     asynchronous = _allocator_backend() == "cudaMallocAsync"
     # (Under cudaMallocAsync attaching records no blocks: it registers the
     # Python frames and tells provenance that tensors are allocations.)
-    if os.environ.get("ALLOCSCOPE_TORCH_BLOCKS", "1") == "0" and not asynchronous:
+    if not _allocscope.config_on("ALLOCSCOPE_TORCH_BLOCKS") and not asynchronous:
         _say(
             "bridge",
             "the PyTorch bridge is not attached (ALLOCSCOPE_TORCH_BLOCKS=0): per-tensor "

@@ -1,7 +1,6 @@
 """allocscope.torch's enable() and disable(): installing and removing the
 hooks, naming the models passed in, choosing the tag calls."""
 
-import os
 import warnings
 import weakref
 
@@ -55,13 +54,13 @@ def enable(model=None, optimizer=None):
         _enabled = True
         from torch.nn.modules import module as nn_module
 
-        debug = os.environ.get("ALLOCSCOPE_LOG") == "debug"
+        debug = _allocscope.config("ALLOCSCOPE_LOG") == "debug"
         if _hooks._ops is None:
             _hooks._ops, how = _make_ops(_allocscope._get())
             if debug:
                 _say("ops", "tag calls through %s" % how)
         timed = _timed if debug else (lambda f: f)
-        if os.environ.get("ALLOCSCOPE_PYTHON_MODULES", "1") != "0":
+        if _allocscope.config_on("ALLOCSCOPE_PYTHON_MODULES"):
             # torch >= 2.5 warns at every torch.compile(module) call that global
             # hooks fire for the OptimizedModule too: these are allocscope's,
             # and the wrapper shares its module's name.
@@ -82,7 +81,7 @@ def enable(model=None, optimizer=None):
             _provenance_off(str(e))
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
-        _hooks._backward_hooks = os.environ.get("ALLOCSCOPE_PYTHON_BACKWARD", "1") != "0"
+        _hooks._backward_hooks = _allocscope.config_on("ALLOCSCOPE_PYTHON_BACKWARD")
         if timed is _timed:
             _hooks._backward_enter = _timed(_hooks._backward_enter)
             _hooks._backward_leave = _timed(_hooks._backward_leave)

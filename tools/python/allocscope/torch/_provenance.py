@@ -20,18 +20,16 @@ _status = None  # "on" or "off: <why>" once decided
 _marked = None  # the status last marked in the trace
 _registering = False  # parameters are being registered: the process trains
 
-_SWITCH = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-
 # The steps the op observer runs in (tools/torch_bridge/provenance.cpp,
 # "Steps"): the first FIRST, then WINDOW in every EVERY.
 DEFAULT_STEPS = (4, 100, 2)
-_STEPS_HELP = ("accepted: all, or first=N[,every=N[,window=N]] (the default first=4,every=100,"
-               "window=2; every=0: none after the first; window at most every)")
 
 
 def parse_steps(raw):
     """ALLOCSCOPE_PROVENANCE_STEPS's value as (first, every, window), first
-    0 for every step; raises ValueError naming what is wrong."""
+    0 for every step; raises ValueError naming what is wrong. The grammar of
+    core/config.cpp's parse_provenance_steps, which liballocscope.so applies
+    to the variable; here it reads the text the library gives back."""
     text = raw.strip().lower()
     if text == "all":
         return (0, 0, 0)
@@ -61,34 +59,14 @@ def parse_steps(raw):
 
 
 def _steps():
-    """The schedule from ALLOCSCOPE_PROVENANCE_STEPS; a bad value says so
-    in one line and keeps the default."""
-    raw = os.environ.get("ALLOCSCOPE_PROVENANCE_STEPS")
-    if raw is None or raw.strip() == "":
-        return DEFAULT_STEPS
+    """The schedule from ALLOCSCOPE_PROVENANCE_STEPS as liballocscope.so
+    parsed it (core/config.cpp, parse_provenance_steps: a bad value is named
+    there in one line and the default kept)."""
+    raw = _allocscope.config("ALLOCSCOPE_PROVENANCE_STEPS")
     try:
-        return parse_steps(raw)
-    except ValueError as e:
-        _say("provenance steps", "ALLOCSCOPE_PROVENANCE_STEPS=%r: %s; %s; the default is used"
-             % (raw, e, _STEPS_HELP))
+        return parse_steps(raw) if raw else DEFAULT_STEPS
+    except ValueError:  # a library whose text this package does not read
         return DEFAULT_STEPS
-
-
-def _wanted():
-    """ALLOCSCOPE_PROVENANCE: on unless 0, false or no (core's switch
-    values); any other value says so in one line and keeps it on."""
-    raw = os.environ.get("ALLOCSCOPE_PROVENANCE")
-    if raw is None or raw == "":
-        return True
-    on = _SWITCH.get(raw.strip().lower())
-    if on is None:
-        _say(
-            "provenance value",
-            "ALLOCSCOPE_PROVENANCE=%r: accepted values are 1, 0, true, false, yes, no; "
-            "provenance stays on" % raw,
-        )
-        return True
-    return on
 
 
 def _off(why, say=True):
@@ -130,9 +108,9 @@ def _install_provenance():
     global _provenance_param, _status
     if _provenance_param is not None:
         return True
-    if not _wanted():
+    if not _allocscope.config_on("ALLOCSCOPE_PROVENANCE"):
         return _off("turned off (ALLOCSCOPE_PROVENANCE=0, or allocscope run --no-provenance)", say=False)
-    if os.environ.get("ALLOCSCOPE_PYTHON_MODULES", "1") == "0":
+    if not _allocscope.config_on("ALLOCSCOPE_PYTHON_MODULES"):
         return _off("it needs the module hooks (ALLOCSCOPE_PYTHON_MODULES=0)")
     path = _bridge_path()
     if path is None:
@@ -162,7 +140,7 @@ def _install_provenance():
     _provenance_param = param
     _status = "on"
     note_status()
-    if os.environ.get("ALLOCSCOPE_LOG") == "debug":
+    if _allocscope.config("ALLOCSCOPE_LOG") == "debug":
         _say("provenance on", "provenance: the op observer of %s is installed" % path)
     return True
 

@@ -6,6 +6,8 @@ import ctypes
 import os
 import types
 
+import allocscope as _allocscope
+
 from ._bridge import _bridge_path
 from ._common import _BACKWARD, _FORWARD, _say
 from ._hooks import _python_forward_post
@@ -30,7 +32,7 @@ class _CtypesOps:
 def _make_ops(api):
     """The tag calls and how they are made: the bridge's builtins where it is
     built (unless ALLOCSCOPE_BRIDGE_HOOKS=0), else _CtypesOps over `api`."""
-    if os.environ.get("ALLOCSCOPE_BRIDGE_HOOKS", "1") != "0":
+    if _allocscope.config_on("ALLOCSCOPE_BRIDGE_HOOKS"):
         path = _bridge_path()
         if path is not None:
             try:
