@@ -1011,6 +1011,35 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
     CHECK(count_lines(replay.err, "plugin test-throw disabled") == 1);
 }
 
+TEST_CASE("a version 1 plugin runs live in a traced program through the v1 adapter") {
+    TempDir s;
+    const fs::path out = s / "out";
+    ShellResult run =
+        run_shell(cli() + " run --out " + out.string() + " --plugin-dir " + plugin_dir() +
+                  " --plugins test-count,test-legacy -- " + program() + " script");
+    INFO(run.err);
+    CHECK(run.status == 0);
+    CHECK(count_lines(run.err, "disabled") == 0);
+    const FindingsFile live = read_findings_file((out / "findings.json").string());
+    REQUIRE(live.ranks.size() == 1);
+    CHECK(live.ranks[0].plugins == std::vector<std::string>{"test-count", "test-legacy"});
+    CHECK(live.ranks[0].disabled.empty());
+    const Finding* v2 = find_finding(live.findings, "test-count");
+    const Finding* v1 = find_finding(live.findings, "test-legacy");
+    REQUIRE(v2 != nullptr);
+    REQUIRE(v1 != nullptr);
+    auto f2 = fields(v2->summary);
+    auto f1 = fields(v1->summary);
+    // Every event version 2 got, less the kinds version 1 lacks.
+    CHECK(std::stoull(f1["events"]) + std::stoull(f2["derived"]) == std::stoull(f2["events"]));
+    CHECK(std::stoull(f1["alloc"]) > 0);
+    CHECK(f1["alloc"] == f2["alloc"]);
+    CHECK(f1["free"] == f2["free"]);
+    CHECK(f1["derived"] == "0");
+    CHECK(f1["oom_address_sum"] == "0");
+    CHECK(v1->evidence == v2->evidence);
+}
+
 TEST_CASE("replay delivers the baseline trace of the same rank first") {
     TempDir s;
     fs::create_directories(s / "base");
