@@ -16,7 +16,7 @@
 
 namespace allocscope {
 
-// Values match allocscope_severity_v1.
+// Values match allocscope_severity_v2.
 enum class Severity : uint8_t { info = 0, warning = 1, error = 2 };
 
 std::string_view to_string(Severity severity) noexcept;
@@ -37,7 +37,8 @@ struct Finding {
     std::string summary;
     std::vector<Evidence> evidence;
     // How the claim was established: "proven", "corroborated", "size-only";
-    // "" when the plugin does not say (plugin_v1.h, allocscope_finding_v1).
+    // "" when the plugin does not say (plugin_v2.h, allocscope_finding_v2)
+    // or is a version 1 plugin (plugin_v1.h has no basis).
     std::string basis;
 
     bool operator==(const Finding&) const = default;

@@ -1,5 +1,6 @@
 // The plugin host's event stream (core/plugin_host.h): events of the
-// interposer's ring or of a recorded trace become allocscope_event_v1 with
+// interposer's ring or of a recorded trace become allocscope_event_v2 (and,
+// through the v1 adapter, allocscope_event_v1) with
 // interned tags, the live table the plugins read is kept, and step changes
 // and events are delivered to every enabled plugin.
 #include <allocscope/allocscope.h>
@@ -52,6 +53,40 @@ std::string PluginHost::ProvenanceSteps::text() const {
     if (all.empty()) out += "none";
     return out + " of " + std::to_string(on_step) + "–" + std::to_string(last_step);
 }
+
+namespace {
+
+// The v1 adapter's event: version 1's fields. Kinds version 1 did not have
+// (DERIVED) never get here: they are out of every version 1 plugin's mask
+// (PluginHost::install).
+allocscope_event_v1 to_v1(const allocscope_event_v2& ev) {
+    allocscope_event_v1 v1{};
+    v1.seq = ev.seq;
+    v1.t_ns = ev.t_ns;
+    v1.step = ev.step;
+    // Version 1's OOM event had no address (0); version 2's carries the
+    // device's free bytes there.
+    v1.address = ev.kind == ALLOCSCOPE_EVENT_OOM ? 0 : ev.address;
+    v1.size = ev.size;
+    v1.kind = ev.kind;
+    v1.level = ev.level;
+    v1.source = ev.source;
+    v1.device = ev.device;
+    v1.tid = ev.tid;
+    v1.stack_id = ev.stack_id;
+    v1.layer = ev.layer;
+    v1.phase = ev.phase;
+    v1.alloc_seq = ev.alloc_seq;
+    v1.alloc_step = ev.alloc_step;
+    v1.alloc_layer = ev.alloc_layer;
+    v1.alloc_phase = ev.alloc_phase;
+    v1.alloc_stack_id = ev.alloc_stack_id;
+    v1.param_index = ev.param_index;
+    v1.text = ev.text;
+    return v1;
+}
+
+}  // namespace
 
 PluginHost::LiveSet& PluginHost::live(Level level) {
     return live_[level == Level::block ? 1 : 0];
@@ -118,7 +153,8 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
             !provenance_steps_.on_mark(text.text, e.step))
             provenance_ = std::string(text.text.substr(kMark.size()));
     }
-    allocscope_event_v1 ev{};
+    allocscope_event_v2 ev{};
+    ev.struct_size = sizeof ev;
     ev.seq = e.seq;
     ev.t_ns = e.t_ns;
     ev.step = e.step;
@@ -131,7 +167,7 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     ev.tid = e.tid;
     ev.stack_id = e.stack;
     // Interned tag strings: the same text always at the same address, which
-    // plugin_v1.h promises plugins (they may key by pointer).
+    // plugin_v2.h promises plugins (they may key by pointer).
     ev.layer = strings_.at(layer).c_str();
     ev.phase = strings_.at(phase).c_str();
     ev.alloc_layer = ev.alloc_phase = strings_.at(0).c_str();  // "", interned too
@@ -194,9 +230,8 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     if (step_changed) {
         step_ = e.step;
         for (auto& in : instances_) {
-            if (in->enabled && in->plugin->on_step) {
-                invoke(*in, "on_step",
-                       [&] { return in->plugin->on_step(in->state, step_, source); });
+            if (in->enabled && in->on_step) {
+                invoke(*in, "on_step", [&] { return in->on_step(in->state, step_, source); });
             }
         }
     }
@@ -207,9 +242,17 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     }
     // A kind outside the mask's 32 bits reaches no plugin.
     const uint32_t bit = ev.kind < 32 ? ALLOCSCOPE_EVENT_BIT(ev.kind) : 0u;
+    // Version 1 plugins get the event through the v1 adapter, made once.
+    allocscope_event_v1 v1{};
+    bool v1_made = false;
     for (auto& in : instances_) {
-        if (in->enabled && in->plugin->on_event && (in->plugin->event_mask & bit)) {
+        if (!in->enabled || (in->event_mask & bit) == 0) continue;
+        if (in->plugin && in->plugin->on_event) {
             invoke(*in, "on_event", [&] { return in->plugin->on_event(in->state, &ev); });
+        } else if (in->plugin_v1 && in->plugin_v1->on_event) {
+            if (!v1_made) v1 = to_v1(ev);
+            v1_made = true;
+            invoke(*in, "on_event", [&] { return in->plugin_v1->on_event(in->state, &v1); });
         }
     }
 }

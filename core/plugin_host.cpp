@@ -1,5 +1,6 @@
 // The plugin host, loading and the host table (core/plugin_host.h): finding
-// plugins, loading and checking them, their allocscope_host_v1 callbacks,
+// plugins, loading and checking them (version 2, and version 1 through the
+// v1 adapter), their allocscope_host_v2 / _v1 callbacks,
 // findings and statuses. The event stream is core/plugin_feed.cpp.
 #include "plugin_host.h"
 
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -30,26 +32,49 @@ std::string cstr(const char* s) {
 }
 
 // The names a plugin's descriptor may be exported under, newest first (as
-// NCCL looks for ncclNetPlugin_v9, then _v8, ...). The unversioned name of
-// plugins built before the name carried the version is the last resort;
-// install() checks abi_version whichever name it came by.
-constexpr const char* kDescriptorSymbols[] = {ALLOCSCOPE_PLUGIN_SYMBOL,
-                                              ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED};
+// NCCL looks for ncclNetPlugin_v9, then _v8, ...): version 2's, then version
+// 1's, whose plugins built before the name carried the version export the
+// unversioned allocscope_plugin (plugin_v1.h as released). The first name
+// found is the plugin's: one that exports several is loaded by the newest.
+struct DescriptorName {
+    const char* symbol;
+    uint32_t version;  // the layout the symbol names
+};
+constexpr DescriptorName kDescriptorNames[] = {
+    {ALLOCSCOPE_PLUGIN_V2_SYMBOL, 2},
+    {"allocscope_plugin_v1", 1},
+    {ALLOCSCOPE_PLUGIN_SYMBOL, 1},  // plugin_v1.h's "allocscope_plugin"
+};
 
-const allocscope_plugin_v1* find_descriptor(void* handle) {
-    for (const char* name : kDescriptorSymbols) {
+struct FoundDescriptor {
+    const void* descriptor = nullptr;
+    const DescriptorName* name = nullptr;
+};
+
+FoundDescriptor find_descriptor(void* handle) {
+    for (const DescriptorName& name : kDescriptorNames) {
         dlerror();
-        if (void* sym = dlsym(handle, name)) return static_cast<const allocscope_plugin_v1*>(sym);
+        if (void* sym = dlsym(handle, name.symbol)) return {sym, &name};
     }
-    return nullptr;
+    return {};
 }
 
 std::string descriptor_names() {
     std::string out;
-    for (const char* name : kDescriptorSymbols)
-        out += (out.empty() ? "" : ", ") + std::string(name);
+    for (const DescriptorName& name : kDescriptorNames)
+        out += (out.empty() ? "" : ", ") + std::string(name.symbol);
     return out;
 }
+
+// A finding of a version 1 plugin built between version 1's release and
+// version 2 (plugin_v1.h then had these two fields appended, read when
+// struct_size covers them): the same layout as version 2's tail.
+struct FindingV1Appended {
+    allocscope_finding_v1 base;
+    const char* basis;
+    const char* const* evidence_notes;
+};
+static_assert(offsetof(FindingV1Appended, basis) == sizeof(allocscope_finding_v1));
 
 }  // namespace
 
@@ -198,22 +223,27 @@ void PluginHost::load(const std::vector<std::string>& entries, const std::string
             continue;
         }
         in.handle = handle;
-        const allocscope_plugin_v1* descriptor = find_descriptor(handle);
-        if (!descriptor) {
+        const FoundDescriptor found = find_descriptor(handle);
+        if (!found.descriptor) {
             reject(in, t.path +
-                           " does not export '" ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED
+                           " does not export '" ALLOCSCOPE_PLUGIN_SYMBOL
                            "' under any name this allocscope knows (" +
                            descriptor_names() + ")");
             continue;
         }
-        install(in, descriptor);
+        if (found.name->version == 2) {
+            install(in, static_cast<const allocscope_plugin_v2*>(found.descriptor));
+        } else {
+            install(in, static_cast<const allocscope_plugin_v1*>(found.descriptor),
+                    found.name->symbol);
+        }
     }
     // A misspelt plugin name in an option would otherwise go unnoticed.
     for (const auto& [key, value] : settings_.options) {
         const std::string name = key.substr(0, key.find('.'));
         bool known = false;
         for (const auto& in : instances_)
-            known = known || (in->plugin && in->name == name) || in->entry == name;
+            known = known || (in->installed() && in->name == name) || in->entry == name;
         if (!known) {
             // Kept as a plugin that did not load, so that the findings say
             // what was not checked (and --check does not pass).
@@ -225,7 +255,7 @@ void PluginHost::load(const std::vector<std::string>& entries, const std::string
     }
 }
 
-void PluginHost::add(const allocscope_plugin_v1* plugin, const std::string& origin) {
+void PluginHost::add(const allocscope_plugin_v2* plugin, const std::string& origin) {
     Instance& in = new_instance(origin, "");
     if (!plugin) {
         reject(in, "null plugin descriptor");
@@ -234,13 +264,48 @@ void PluginHost::add(const allocscope_plugin_v1* plugin, const std::string& orig
     install(in, plugin);
 }
 
-void PluginHost::install(Instance& in, const allocscope_plugin_v1* p) {
+void PluginHost::add(const allocscope_plugin_v1* plugin, const std::string& origin) {
+    Instance& in = new_instance(origin, "");
+    if (!plugin) {
+        reject(in, "null plugin descriptor");
+        return;
+    }
+    install(in, plugin, "allocscope_plugin_v1");
+}
+
+void PluginHost::install(Instance& in, const allocscope_plugin_v2* p) {
     // abi_version first: a plugin of another version has another layout, so
     // its struct_size says nothing useful.
-    if (p->abi_version != ALLOCSCOPE_PLUGIN_ABI_VERSION) {
-        reject(in, "plugin ABI version " + std::to_string(p->abi_version) +
-                       ", this allocscope supports version " +
-                       std::to_string(ALLOCSCOPE_PLUGIN_ABI_VERSION));
+    if (p->abi_version != ALLOCSCOPE_PLUGIN_V2_ABI_VERSION) {
+        reject(in, "plugin ABI version " + std::to_string(p->abi_version) + " under the name " +
+                       ALLOCSCOPE_PLUGIN_V2_SYMBOL + ", expected " +
+                       std::to_string(ALLOCSCOPE_PLUGIN_V2_ABI_VERSION));
+        return;
+    }
+    if (p->struct_size != sizeof(allocscope_plugin_v2)) {
+        reject(in, "struct_size " + std::to_string(p->struct_size) + ", expected " +
+                       std::to_string(sizeof(allocscope_plugin_v2)) +
+                       " (built against another plugin_v2.h)");
+        return;
+    }
+    if (!admit(in, p->name)) return;
+    in.plugin = p;
+    in.on_step = p->on_step;
+    in.finish = p->finish;
+    in.event_mask = p->event_mask;
+    in.enabled = true;
+    if (p->init) {
+        invoke(in, "init", [&] { return p->init(&in.api, &in.state); });
+    }
+    start(in);
+}
+
+// The v1 adapter's side of loading: version 1's layout, its own host table
+// (whose emit takes a version 1 finding).
+void PluginHost::install(Instance& in, const allocscope_plugin_v1* p, const char* symbol) {
+    if (p->abi_version != 1) {
+        reject(in, "plugin ABI version " + std::to_string(p->abi_version) + " under the name " +
+                       symbol + ", expected 1");
         return;
     }
     if (p->struct_size != sizeof(allocscope_plugin_v1)) {
@@ -249,23 +314,49 @@ void PluginHost::install(Instance& in, const allocscope_plugin_v1* p) {
                        " (built against another plugin_v1.h)");
         return;
     }
-    if (!p->name || !valid_plugin_name(p->name)) {
+    if (!admit(in, p->name)) return;
+    in.plugin_v1 = p;
+    in.on_step = p->on_step;
+    in.finish = p->finish;
+    // Kinds version 1 did not have never reach a version 1 plugin.
+    in.event_mask = p->event_mask & ALLOCSCOPE_EVENT_ALL;
+    in.api_v1.struct_size = sizeof(allocscope_host_v1);
+    in.api_v1.abi_version = 1;
+    in.api_v1.ctx = &in;
+    in.api_v1.rank = in.api.rank;
+    in.api_v1.world_size = in.api.world_size;
+    in.api_v1.has_baseline = in.api.has_baseline;
+    in.api_v1.param_count = &cb_param_count;
+    in.api_v1.param = &cb_param;
+    in.api_v1.live_foreach = &cb_live_foreach;
+    in.api_v1.live_bytes = &cb_live_bytes;
+    in.api_v1.option = &cb_option;
+    in.api_v1.emit = &cb_emit_v1;
+    in.api_v1.log = &cb_log;
+    in.enabled = true;
+    if (p->init) {
+        invoke(in, "init", [&] { return p->init(&in.api_v1, &in.state); });
+    }
+    start(in);
+}
+
+bool PluginHost::admit(Instance& in, const char* name) {
+    if (!name || !valid_plugin_name(name)) {
         reject(in, "invalid plugin name" +
-                       (p->name ? " '" + one_line(p->name) + "'" : std::string(" (null)")) +
+                       (name ? " '" + one_line(name) + "'" : std::string(" (null)")) +
                        ": expected [a-z0-9-]+");
-        return;
+        return false;
     }
     for (const auto& other : instances_) {
-        if (other.get() != &in && other->name == p->name && other->plugin) {
-            reject(in, "a plugin named '" + std::string(p->name) + "' is already loaded" +
+        if (other.get() != &in && other->name == name && other->installed()) {
+            reject(in, "a plugin named '" + std::string(name) + "' is already loaded" +
                            (other->path.empty() ? std::string() : " from " + other->path));
-            return;
+            return false;
         }
     }
-    in.plugin = p;
-    in.name = p->name;
-    in.api.struct_size = sizeof(allocscope_host_v1);
-    in.api.abi_version = ALLOCSCOPE_PLUGIN_ABI_VERSION;
+    in.name = name;
+    in.api.struct_size = sizeof(allocscope_host_v2);
+    in.api.abi_version = ALLOCSCOPE_PLUGIN_V2_ABI_VERSION;
     in.api.ctx = &in;
     in.api.rank = settings_.rank;
     in.api.world_size = settings_.world_size;
@@ -277,10 +368,10 @@ void PluginHost::install(Instance& in, const allocscope_plugin_v1* p) {
     in.api.option = &cb_option;
     in.api.emit = &cb_emit;
     in.api.log = &cb_log;
-    in.enabled = true;
-    if (p->init) {
-        invoke(in, "init", [&] { return p->init(&in.api, &in.state); });
-    }
+    return true;
+}
+
+void PluginHost::start(Instance& in) {
     if (in.enabled) reject_unread_options(in);
 }
 
@@ -305,14 +396,14 @@ void PluginHost::reject_unread_options(Instance& in) {
 }
 
 // A plugin disabled before its stream began: finish lets it free what its
-// init made (a plugin's state lives until finish, plugin_v1.h). What it
+// init made (a plugin's state lives until finish, plugin_v2.h). What it
 // reports then is dropped (it is no longer enabled), and how it fails does
 // not matter: it is disabled already.
 void PluginHost::release(Instance& in) {
-    if (in.finished || !in.plugin || !in.plugin->finish) return;
+    if (in.finished || !in.installed() || !in.finish) return;
     in.finished = true;
     try {
-        (void)in.plugin->finish(in.state);
+        (void)in.finish(in.state);
     } catch (...) {
     }
 }
@@ -322,8 +413,8 @@ void PluginHost::finish() {
     finished_ = true;
     for (auto& in : instances_) {
         if (!in->enabled) continue;
-        if (in->plugin->finish) {
-            invoke(*in, "finish", [&] { return in->plugin->finish(in->state); });
+        if (in->finish) {
+            invoke(*in, "finish", [&] { return in->finish(in->state); });
         }
         in->finished = in->enabled;
     }
@@ -376,12 +467,12 @@ size_t PluginHost::cb_param_count(void* ctx) {
     return static_cast<Instance*>(ctx)->host->params_.size();
 }
 
-const allocscope_param_v1* PluginHost::cb_param(void* ctx, size_t index) {
+const allocscope_param_v2* PluginHost::cb_param(void* ctx, size_t index) {
     const PluginHost* h = static_cast<Instance*>(ctx)->host;
     return index < h->params_.size() ? &h->params_[index].view : nullptr;
 }
 
-size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_visitor_v1 visit,
+size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_visitor_v2 visit,
                                    void* user) {
     PluginHost* h = static_cast<Instance*>(ctx)->host;
     if (!visit) return 0;
@@ -390,7 +481,7 @@ size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_vi
         if (level != 0 && level != lv) continue;
         const bool stopped = h->live(static_cast<Level>(lv))
                                  .by_address.any_of([&](uint64_t address, const LiveSet::Live& r) {
-                                     allocscope_live_v1 live{};
+                                     allocscope_live_v2 live{};
                                      live.address = address;
                                      live.size = r.size;
                                      live.alloc_seq = r.seq;
@@ -429,7 +520,7 @@ const char* PluginHost::cb_option(void* ctx, const char* key) {
     }
 }
 
-void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
+void PluginHost::cb_emit(void* ctx, const allocscope_finding_v2* f) {
     Instance* in = static_cast<Instance*>(ctx);
     if (!in->enabled || in->finished || !in->invalid_emit.empty()) return;
     // A malformed finding means the plugin's idea of the ABI is off; it is
@@ -438,11 +529,50 @@ void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
         in->invalid_emit = "emitted a null finding";
         return;
     }
-    if (f->struct_size < ALLOCSCOPE_FINDING_V1_BASE_SIZE) {
+    if (f->struct_size < sizeof(allocscope_finding_v2)) {
         in->invalid_emit = "emitted a finding with struct_size " + std::to_string(f->struct_size) +
-                           ", expected at least " + std::to_string(ALLOCSCOPE_FINDING_V1_BASE_SIZE);
+                           ", expected at least " + std::to_string(sizeof(allocscope_finding_v2));
         return;
     }
+    store_finding(in, *f);
+}
+
+// The v1 adapter's emit: version 1's finding, whose fields version 2 added
+// stay empty, unless the plugin was built against plugin_v1.h as it was
+// between the versions, with basis and evidence notes appended (read when
+// its struct_size covers them).
+void PluginHost::cb_emit_v1(void* ctx, const allocscope_finding_v1* f) {
+    Instance* in = static_cast<Instance*>(ctx);
+    if (!in->enabled || in->finished || !in->invalid_emit.empty()) return;
+    if (!f) {
+        in->invalid_emit = "emitted a null finding";
+        return;
+    }
+    if (f->struct_size < sizeof(allocscope_finding_v1)) {
+        in->invalid_emit = "emitted a finding with struct_size " + std::to_string(f->struct_size) +
+                           ", expected at least " + std::to_string(sizeof(allocscope_finding_v1));
+        return;
+    }
+    allocscope_finding_v2 out{};
+    out.struct_size = sizeof out;
+    out.severity = f->severity;
+    out.layer = f->layer;
+    out.phase = f->phase;
+    out.bytes = f->bytes;
+    out.count = f->count;
+    out.summary = f->summary;
+    out.evidence = f->evidence;
+    out.evidence_count = f->evidence_count;
+    if (f->struct_size >= sizeof(FindingV1Appended)) {
+        const auto* appended = reinterpret_cast<const FindingV1Appended*>(f);
+        out.basis = appended->basis;
+        out.evidence_notes = appended->evidence_notes;
+    }
+    store_finding(in, out);
+}
+
+void PluginHost::store_finding(Instance* in, const allocscope_finding_v2& finding) {
+    const allocscope_finding_v2* f = &finding;
     if (f->severity > ALLOCSCOPE_SEVERITY_ERROR) {
         in->invalid_emit = "emitted a finding with invalid severity " + std::to_string(f->severity);
         return;
@@ -463,13 +593,11 @@ void PluginHost::cb_emit(void* ctx, const allocscope_finding_v1* f) {
         out.bytes = f->bytes;
         out.count = f->count;
         out.summary = cstr(f->summary);
-        // Fields appended to the struct: read only when it has them.
-        const bool extended = f->struct_size >= sizeof(allocscope_finding_v1);
-        const char* const* notes = extended ? f->evidence_notes : nullptr;
-        if (extended) out.basis = cstr(f->basis);
+        out.basis = cstr(f->basis);
+        const char* const* notes = f->evidence_notes;
         out.evidence.reserve(f->evidence_count);
         for (size_t i = 0; i < f->evidence_count; ++i) {
-            const allocscope_evidence_v1& e = f->evidence[i];
+            const allocscope_evidence_v2& e = f->evidence[i];
             out.evidence.push_back({e.size, cstr(e.layer), cstr(e.phase), e.step, e.alloc_seq,
                                     e.free_seq, e.stack_id, notes ? cstr(notes[i]) : ""});
         }

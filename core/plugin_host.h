@@ -1,8 +1,15 @@
-// The host side of the detection plugin ABI (include/allocscope/plugin_v1.h):
-// loads plugins, drives them with one rank's event stream and collects their
-// findings. The same class runs live (the interposer's writer thread) and
-// offline (`allocscope replay`, tests), so both deliver exactly the same
-// calls for the same stream.
+// The host side of the detection plugin ABI (include/allocscope/plugin_v2.h,
+// and version 1's plugin_v1.h through a v1 adapter): loads plugins, drives them with one rank's
+// event stream and collects their findings. The same class runs live (the interposer's writer
+// thread) and offline (`allocscope replay`, tests), so both deliver exactly the same calls for the
+// same stream.
+//
+// A plugin's descriptor is looked up newest version first: allocscope_plugin_v2,
+// then version 1's allocscope_plugin_v1 and allocscope_plugin. A version 1
+// plugin is driven through the v1 adapter: it gets version 1 events (none of
+// a kind version 1 did not have, such as DERIVED; an OOM event's address 0,
+// as version 1 had it) and its findings get the fields version 1 lacked
+// empty (no basis, no evidence notes).
 //
 // A plugin that cannot be loaded (no library, no symbol, another ABI version
 // or struct size, an invalid name, a name already loaded), whose init,
@@ -38,7 +45,7 @@
 // Not thread-safe: one thread drives one host.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 
 #include <cstdint>
 #include <deque>
@@ -119,6 +126,8 @@ class PluginHost {
     void load(const std::vector<std::string>& entries, const std::string& dir);
     // A plugin descriptor already in memory (a plugin compiled into a test);
     // checked and initialized like a loaded one.
+    void add(const allocscope_plugin_v2* plugin, const std::string& origin);
+    // The same for a version 1 descriptor (driven through the v1 adapter).
     void add(const allocscope_plugin_v1* plugin, const std::string& origin);
 
     // Delivers one event with its strings resolved.
@@ -148,7 +157,11 @@ class PluginHost {
     void warn(const std::string& line) const;
     Instance& new_instance(const std::string& entry, const std::string& path);
     void reject(Instance& in, const std::string& reason);
-    void install(Instance& in, const allocscope_plugin_v1* plugin);
+    void install(Instance& in, const allocscope_plugin_v2* plugin);
+    void install(Instance& in, const allocscope_plugin_v1* plugin, const char* symbol);
+    // What both versions check and set up; false when `in` was rejected.
+    bool admit(Instance& in, const char* name);
+    void start(Instance& in);
     void disable(Instance& in, const std::string& reason);
     void reject_unread_options(Instance& in);
     void release(Instance& in);
@@ -162,14 +175,17 @@ class PluginHost {
     // The host's id of string `id` of a caller's table (cached per table).
     uint32_t host_string(std::span<const std::string> strings, uint32_t id);
 
-    // allocscope_host_v1 callbacks; ctx is the Instance.
+    // allocscope_host_v2 (and _v1) callbacks; ctx is the Instance.
     static size_t cb_param_count(void* ctx);
-    static const allocscope_param_v1* cb_param(void* ctx, size_t index);
-    static size_t cb_live_foreach(void* ctx, uint32_t level, allocscope_live_visitor_v1 visit,
+    static const allocscope_param_v2* cb_param(void* ctx, size_t index);
+    static size_t cb_live_foreach(void* ctx, uint32_t level, allocscope_live_visitor_v2 visit,
                                   void* user);
     static uint64_t cb_live_bytes(void* ctx, uint32_t level);
     static const char* cb_option(void* ctx, const char* key);
-    static void cb_emit(void* ctx, const allocscope_finding_v1* finding);
+    static void cb_emit(void* ctx, const allocscope_finding_v2* finding);
+    static void cb_emit_v1(void* ctx, const allocscope_finding_v1* finding);
+    // A finding (version 2's fields) stored for `in`, or why it is invalid.
+    static void store_finding(Instance* in, const allocscope_finding_v2& finding);
     static void cb_log(void* ctx, const char* message);
 
     HostSettings settings_;

@@ -3,7 +3,7 @@
 // plugin_feed.cpp (the event stream). Not for anything else to include.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <allocscope/sdk/flat_map.h>
 
 #include <cstdint>
@@ -27,8 +27,17 @@ inline std::string one_line(std::string_view text) {
 
 struct PluginHost::Instance {
     PluginHost* host = nullptr;
-    allocscope_host_v1 api{};
-    const allocscope_plugin_v1* plugin = nullptr;
+    allocscope_host_v2 api{};
+    allocscope_host_v1 api_v1{};  // a version 1 plugin's host table
+    // The descriptor: a version 2 plugin's, or a version 1 plugin's (driven
+    // through the v1 adapter); exactly one is set once it is installed.
+    const allocscope_plugin_v2* plugin = nullptr;
+    const allocscope_plugin_v1* plugin_v1 = nullptr;
+    // Both versions' calls that share a signature, and the event mask.
+    allocscope_plugin_status (*on_step)(void* state, uint64_t step, uint32_t source) = nullptr;
+    allocscope_plugin_status (*finish)(void* state) = nullptr;
+    uint32_t event_mask = 0;
+    bool installed() const noexcept { return plugin || plugin_v1; }
     void* handle = nullptr;  // dlopen handle, nullptr for add()
     void* state = nullptr;
     std::string entry;
@@ -63,7 +72,7 @@ struct PluginHost::LiveSet {
 
 struct PluginHost::StoredParam {
     std::string layer, name, dtype;
-    allocscope_param_v1 view{};
+    allocscope_param_v2 view{};
 };
 
 template <typename Call>

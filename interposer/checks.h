@@ -5,7 +5,7 @@
 // A check is a private PluginHost with its own plugin instances, fed by the
 // writer thread with the events between the check's begin and its end, as
 // the run's live plugins are fed with all of them. Plugins are loaded,
-// driven and finished on the writer thread only (plugin_v1.h promises that
+// driven and finished on the writer thread only (plugin_v2.h promises that
 // no call comes from the program's threads); the program's thread that
 // begins or ends a check waits for the writer to do it.
 //

@@ -392,11 +392,11 @@ TEST_CASE("broken plugins are disabled with one message each; the good one's fin
         const std::string r = reason(entry);
         CHECK_MESSAGE(contains(r, part), entry << ": " << r);
     };
-    reason_has("test-abi2", "plugin ABI version 2, this allocscope supports version 1");
+    reason_has("test-abi2", "plugin ABI version 2 under the name allocscope_plugin_v1, expected 1");
     reason_has("test-badsize",
-               "struct_size 24, expected " + std::to_string(sizeof(allocscope_plugin_v1)));
+               "struct_size 24, expected " + std::to_string(sizeof(allocscope_plugin_v2)));
     reason_has("test-nosym", "does not export 'allocscope_plugin'");
-    reason_has("test-nosym", "(allocscope_plugin_v1, allocscope_plugin)");
+    reason_has("test-nosym", "(allocscope_plugin_v2, allocscope_plugin_v1, allocscope_plugin)");
     reason_has("test-dup", "a plugin named 'test-count' is already loaded");
     reason_has("test-missing", "no allocscope-plugin-test-missing.so in");
     reason_has("/nonexistent/x.so", "cannot load /nonexistent/x.so");
@@ -502,33 +502,100 @@ TEST_CASE("an empty list loads every plugin in the directory") {
     // Sorted by file name; entries are the names the files give.
     CHECK(names == std::vector<std::string>{"test-abi2", "test-badsize", "test-both", "test-count",
                                             "test-dup", "test-error", "test-legacy", "test-nosym",
-                                            "test-throw"});
+                                            "test-throw", "test-v1"});
     std::vector<std::string> enabled;
     for (const PluginStatus& s : host.statuses()) {
         if (s.enabled) enabled.push_back(s.name);
     }
     CHECK(enabled == std::vector<std::string>{"test-both", "test-count", "test-error",
-                                              "test-legacy", "test-throw"});
+                                              "test-legacy", "test-throw", "test-v1"});
     CHECK(discover_plugins("").empty());
     CHECK(discover_plugins("/nonexistent").empty());
 }
 
-TEST_CASE("a plugin exporting only the unversioned allocscope_plugin still loads and runs") {
-    Captured c;
-    PluginHost host(settings_for(c));
-    host.load({"test-legacy"}, plugin_dir());
-    REQUIRE(host.enabled_count() == 1);
-    standard_stream().feed(host);
-    host.finish();
-    CHECK(c.warnings.empty());
-    const Finding* f = find_finding(host.findings(), "test-legacy");
-    REQUIRE(f != nullptr);
-    CHECK(f->count == 12);  // as test-count's: the same plugin under the old name
+TEST_CASE("a version 1 plugin built against the released plugin_v1.h loads and runs") {
+    // test-legacy and test-v1 are test-count built against
+    // tests/plugins/v1_frozen (plugin_v1.h as released) alone, exported as
+    // that header says (allocscope_plugin) and under the versioned name
+    // (allocscope_plugin_v1): the v1 adapter drives both.
+    for (const std::string name : {"test-legacy", "test-v1"}) {
+        CAPTURE(name);
+        Captured c;
+        PluginHost host(settings_for(c));
+        host.load({name, "test-count"}, plugin_dir());
+        REQUIRE(host.enabled_count() == 2);
+        standard_stream().feed(host);
+        host.finish();
+        CHECK(c.warnings.empty());
+        const Finding* v1 = find_finding(host.findings(), name);
+        const Finding* v2 = find_finding(host.findings(), "test-count");
+        REQUIRE(v1 != nullptr);
+        REQUIRE(v2 != nullptr);
+        // The stream has no kind version 1 lacks: the same counts and
+        // live table, and the finding's evidence as version 2's. Only the
+        // OOM event's address differs (version 2: the device's free bytes).
+        CHECK(v1->count == 12);
+        CHECK(v1->count == v2->count);
+        auto f1 = fields(v1->summary);
+        auto f2 = fields(v2->summary);
+        for (const char* key : {"alloc", "free", "oom", "push", "pop", "step", "param", "mark",
+                                "freed_alloc_seq_sum", "on_step", "live_bytes", "hash"}) {
+            CAPTURE(key);
+            CHECK(f1[key] == f2[key]);
+        }
+        CHECK(f1["oom_address_sum"] == "0");
+        CHECK(v1->evidence == v2->evidence);
+        CHECK(v1->basis == "");
+    }
 }
 
-TEST_CASE("the versioned descriptor allocscope_plugin_v1 is taken before the unversioned name") {
-    // test-both's allocscope_plugin says ABI version 2, which the host
-    // refuses; its allocscope_plugin_v1 is a good version-1 descriptor.
+TEST_CASE("a version 1 plugin never gets a kind version 1 did not have, nor an OOM's free bytes") {
+    Stream run;
+    run.set_step(1);
+    run.push("layers.0", "forward");
+    run.param("layers.0", "weight", 4096, "bf16", 4096);  // seq 3
+    run.alloc(0x9000, 4096, Level::block);                // seq 4
+    run.derived(0x9000, 0, "abs -> amax -> _to_copy");    // seq 5
+    Event& oom = run.add(EventKind::oom);                 // seq 6
+    oom.size = 8192;
+    oom.level = Level::block;
+    oom.address = 3 * 4096;  // version 2: the device's free bytes
+    run.pop();
+    Captured c;
+    PluginHost host(settings_for(c, {{"test-count.transcript", "1"}, {"test-v1.transcript", "1"}}));
+    // test-v1 asks for every kind it knows (ALLOCSCOPE_EVENT_ALL of version
+    // 1); test-count for version 2's.
+    host.load({"test-count", "test-v1"}, plugin_dir());
+    REQUIRE(host.enabled_count() == 2);
+    run.feed(host);
+    host.finish();
+    CHECK(c.warnings.empty());
+    std::map<std::string, std::vector<const Finding*>> by_plugin;
+    for (const Finding& f : host.findings())
+        by_plugin[f.plugin].push_back(&f);
+    REQUIRE(by_plugin["test-count"].size() == 2);
+    REQUIRE(by_plugin["test-v1"].size() == 2);
+    auto v2 = fields(by_plugin["test-count"][0]->summary);
+    auto v1 = fields(by_plugin["test-v1"][0]->summary);
+    CHECK(v2["derived"] == "1");
+    CHECK(v1["derived"] == "0");
+    CHECK(v2["oom"] == "1");
+    CHECK(v1["oom"] == "1");
+    CHECK(v2["oom_address_sum"] == std::to_string(3 * 4096));
+    CHECK(v1["oom_address_sum"] == "0");
+    CHECK(std::stoull(v2["events"]) == std::stoull(v1["events"]) + 1);
+    // In order, the DERIVED event (seq 5) left out.
+    const std::string& t2 = by_plugin["test-count"][1]->summary;
+    const std::string& t1 = by_plugin["test-v1"][1]->summary;
+    CHECK(contains(t2, "rD5:9000<0=layers.0.weight:abs -> amax -> _to_copy"));
+    CHECK_FALSE(contains(t1, "rD5"));
+    CHECK(contains(t1, "rA4"));
+    CHECK(contains(t1, "rO6"));
+}
+
+TEST_CASE("a plugin exporting version 2 and version 1 descriptors is loaded by the newest") {
+    // test-both exports allocscope_plugin_v2 ("test-both") and a good
+    // allocscope_plugin_v1 ("test-both-v1"): only the first is taken.
     Captured c;
     PluginHost host(settings_for(c));
     host.load({"test-both"}, plugin_dir());
@@ -536,22 +603,25 @@ TEST_CASE("the versioned descriptor allocscope_plugin_v1 is taken before the unv
     standard_stream().feed(host);
     host.finish();
     CHECK(c.warnings.empty());
+    REQUIRE(host.statuses().size() == 1);
+    CHECK(host.statuses()[0].name == "test-both");
     CHECK(find_finding(host.findings(), "test-both") != nullptr);
+    CHECK(find_finding(host.findings(), "test-both-v1") == nullptr);
 }
 
 namespace {
 
 struct InlineState {
-    const allocscope_host_v1* host;
+    const allocscope_host_v2* host;
     uint64_t frees_with_alloc = 0;
 };
 
-allocscope_plugin_status inline_init(const allocscope_host_v1* host, void** state) {
+allocscope_plugin_status inline_init(const allocscope_host_v2* host, void** state) {
     *state = new InlineState{host};
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-allocscope_plugin_status inline_event(void* state, const allocscope_event_v1* e) {
+allocscope_plugin_status inline_event(void* state, const allocscope_event_v2* e) {
     auto* s = static_cast<InlineState*>(state);
     // The event mask keeps everything but FREE away.
     if (e->kind != ALLOCSCOPE_EVENT_FREE) return ALLOCSCOPE_PLUGIN_ERROR;
@@ -561,7 +631,7 @@ allocscope_plugin_status inline_event(void* state, const allocscope_event_v1* e)
 
 allocscope_plugin_status inline_finish(void* state) {
     auto* s = static_cast<InlineState*>(state);
-    allocscope_finding_v1 f{};
+    allocscope_finding_v2 f{};
     f.struct_size = sizeof f;
     f.severity = ALLOCSCOPE_SEVERITY_WARNING;
     f.count = s->frees_with_alloc;
@@ -574,8 +644,8 @@ allocscope_plugin_status inline_finish(void* state) {
 }  // namespace
 
 TEST_CASE("a descriptor in memory is checked and driven like a loaded one") {
-    allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
-                           ALLOCSCOPE_PLUGIN_ABI_VERSION,
+    allocscope_plugin_v2 p{sizeof(allocscope_plugin_v2),
+                           ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                            "inline-frees",
                            "counts frees of known allocations",
                            ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE),
@@ -586,7 +656,7 @@ TEST_CASE("a descriptor in memory is checked and driven like a loaded one") {
     Captured c;
     PluginHost host(settings_for(c, {}, 1));
     host.add(&p, "inline");
-    allocscope_plugin_v1 bad = p;
+    allocscope_plugin_v2 bad = p;
     bad.name = "Not Valid";
     host.add(&bad, "bad");
     standard_stream().feed(host);
@@ -603,17 +673,17 @@ namespace {
 
 // Sums the bytes of the ALLOC events it sees and of the live table at finish.
 struct BytesState {
-    const allocscope_host_v1* host;
+    const allocscope_host_v2* host;
     uint64_t alloc_bytes = 0;
     uint64_t allocs = 0;
 };
 
-allocscope_plugin_status bytes_init(const allocscope_host_v1* host, void** state) {
+allocscope_plugin_status bytes_init(const allocscope_host_v2* host, void** state) {
     *state = new BytesState{host};
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-allocscope_plugin_status bytes_event(void* state, const allocscope_event_v1* e) {
+allocscope_plugin_status bytes_event(void* state, const allocscope_event_v2* e) {
     auto* s = static_cast<BytesState*>(state);
     s->alloc_bytes += e->size;
     ++s->allocs;
@@ -622,7 +692,7 @@ allocscope_plugin_status bytes_event(void* state, const allocscope_event_v1* e) 
 
 allocscope_plugin_status bytes_finish(void* state) {
     std::unique_ptr<BytesState> s(static_cast<BytesState*>(state));
-    allocscope_finding_v1 f{};
+    allocscope_finding_v2 f{};
     f.struct_size = sizeof f;
     f.severity = ALLOCSCOPE_SEVERITY_INFO;
     f.bytes = s->alloc_bytes;
@@ -639,8 +709,8 @@ allocscope_plugin_status bytes_finish(void* state) {
 TEST_CASE(
     "plugins see runtime segments, driver mappings and blocks; not handles, VA or libraries' "
     "driver allocations") {
-    const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
-                                 ALLOCSCOPE_PLUGIN_ABI_VERSION,
+    const allocscope_plugin_v2 p{sizeof(allocscope_plugin_v2),
+                                 ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                                  "bytes",
                                  "sums allocation bytes",
                                  ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC),
@@ -685,10 +755,10 @@ TEST_CASE(
 
 namespace {
 
-// Checks plugin_v1.h's promise about tag strings: one address per text for
+// Checks plugin_v2.h's promise about tag strings: one address per text for
 // the host's life (both streams), still readable at finish.
 struct InternState {
-    const allocscope_host_v1* host;
+    const allocscope_host_v2* host;
     std::map<std::string, const char*> first;  // text -> the address it came at
     uint64_t seen = 0;
     uint64_t moved = 0;  // a text at another address than before
@@ -701,18 +771,18 @@ void intern_check(InternState& s, const char* text) {
     s.moved += !added && it->second != text;
 }
 
-allocscope_plugin_status intern_init(const allocscope_host_v1* host, void** state) {
+allocscope_plugin_status intern_init(const allocscope_host_v2* host, void** state) {
     *state = new InternState{host, {}, 0, 0};
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-allocscope_plugin_status intern_event(void* state, const allocscope_event_v1* e) {
+allocscope_plugin_status intern_event(void* state, const allocscope_event_v2* e) {
     auto* s = static_cast<InternState*>(state);
     for (const char* text : {e->layer, e->phase, e->alloc_layer, e->alloc_phase})
         intern_check(*s, text);
     s->host->live_foreach(
         s->host->ctx, 0,
-        [](void* user, const allocscope_live_v1* l) {
+        [](void* user, const allocscope_live_v2* l) {
             intern_check(*static_cast<InternState*>(user), l->layer);
             intern_check(*static_cast<InternState*>(user), l->phase);
             return 0;
@@ -729,7 +799,7 @@ allocscope_plugin_status intern_finish(void* state) {
     const std::string summary =
         "texts=" + std::to_string(s->first.size()) + " seen=" + std::to_string(s->seen) +
         " moved=" + std::to_string(s->moved) + " unreadable=" + std::to_string(unreadable);
-    allocscope_finding_v1 f{};
+    allocscope_finding_v2 f{};
     f.struct_size = sizeof f;
     f.severity = ALLOCSCOPE_SEVERITY_INFO;
     f.summary = summary.c_str();
@@ -740,11 +810,11 @@ allocscope_plugin_status intern_finish(void* state) {
 }  // namespace
 
 TEST_CASE("tag strings come interned: one address per text until finish, over both streams") {
-    const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
-                                 ALLOCSCOPE_PLUGIN_ABI_VERSION,
+    const allocscope_plugin_v2 p{sizeof(allocscope_plugin_v2),
+                                 ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                                  "intern-check",
                                  "checks the addresses of tag strings",
-                                 ALLOCSCOPE_EVENT_ALL,
+                                 ALLOCSCOPE_EVENT_V2_ALL,
                                  intern_init,
                                  intern_event,
                                  nullptr,
@@ -789,13 +859,13 @@ namespace {
 // (kind, seq) of every event delivered, in order.
 std::vector<std::pair<uint32_t, uint64_t>> g_delivered;
 
-allocscope_plugin_status order_init(const allocscope_host_v1*, void** state) {
+allocscope_plugin_status order_init(const allocscope_host_v2*, void** state) {
     *state = nullptr;
     g_delivered.clear();
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-allocscope_plugin_status order_event(void*, const allocscope_event_v1* e) {
+allocscope_plugin_status order_event(void*, const allocscope_event_v2* e) {
     g_delivered.emplace_back(e->kind, e->seq);
     return ALLOCSCOPE_PLUGIN_OK;
 }
@@ -804,11 +874,11 @@ allocscope_plugin_status order_finish(void*) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-const allocscope_plugin_v1 kOrderPlugin{sizeof(allocscope_plugin_v1),
-                                        ALLOCSCOPE_PLUGIN_ABI_VERSION,
+const allocscope_plugin_v2 kOrderPlugin{sizeof(allocscope_plugin_v2),
+                                        ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                                         "order",
                                         "records the order of events",
-                                        ALLOCSCOPE_EVENT_ALL,
+                                        ALLOCSCOPE_EVENT_V2_ALL,
                                         order_init,
                                         order_event,
                                         nullptr,
@@ -939,6 +1009,35 @@ TEST_CASE("live plugins in a traced program find what replay finds on its trace"
     CHECK(count_lines(replay.out, "warning test-count  " + who + "  ") == 1);
     CHECK(count->pid == std::stoul(traces[0].stem().string().substr(3)));
     CHECK(count_lines(replay.err, "plugin test-throw disabled") == 1);
+}
+
+TEST_CASE("a version 1 plugin runs live in a traced program through the v1 adapter") {
+    TempDir s;
+    const fs::path out = s / "out";
+    ShellResult run =
+        run_shell(cli() + " run --out " + out.string() + " --plugin-dir " + plugin_dir() +
+                  " --plugins test-count,test-legacy -- " + program() + " script");
+    INFO(run.err);
+    CHECK(run.status == 0);
+    CHECK(count_lines(run.err, "disabled") == 0);
+    const FindingsFile live = read_findings_file((out / "findings.json").string());
+    REQUIRE(live.ranks.size() == 1);
+    CHECK(live.ranks[0].plugins == std::vector<std::string>{"test-count", "test-legacy"});
+    CHECK(live.ranks[0].disabled.empty());
+    const Finding* v2 = find_finding(live.findings, "test-count");
+    const Finding* v1 = find_finding(live.findings, "test-legacy");
+    REQUIRE(v2 != nullptr);
+    REQUIRE(v1 != nullptr);
+    auto f2 = fields(v2->summary);
+    auto f1 = fields(v1->summary);
+    // Every event version 2 got, less the kinds version 1 lacks.
+    CHECK(std::stoull(f1["events"]) + std::stoull(f2["derived"]) == std::stoull(f2["events"]));
+    CHECK(std::stoull(f1["alloc"]) > 0);
+    CHECK(f1["alloc"] == f2["alloc"]);
+    CHECK(f1["free"] == f2["free"]);
+    CHECK(f1["derived"] == "0");
+    CHECK(f1["oom_address_sum"] == "0");
+    CHECK(v1->evidence == v2->evidence);
 }
 
 TEST_CASE("replay delivers the baseline trace of the same rank first") {
@@ -1247,59 +1346,103 @@ TEST_CASE("a derived event reaches plugins with the host's index of its paramete
 
 namespace {
 
-// Emits one finding with basis and evidence notes, its struct_size from the
-// "size" option: "base" (a plugin built before they were appended) or full.
+// Emits one finding with basis and evidence notes: a version 2 plugin, or a
+// version 1 plugin, whose finding as released has neither ("released") or,
+// built against plugin_v1.h as it was between the versions, has them
+// appended ("appended").
+template <class Host>
 struct NotesState {
-    const allocscope_host_v1* host;
-    const char* size;  // options are read in init (plugins/README.md)
+    const Host* host;
+    const char* layout;  // options are read in init (plugins/README.md)
 };
 
-allocscope_plugin_status notes_init(const allocscope_host_v1* host, void** state) {
-    *state = new NotesState{host, host->option(host->ctx, "size")};
+template <class Host>
+allocscope_plugin_status notes_init(const Host* host, void** state) {
+    *state = new NotesState<Host>{host, host->option(host->ctx, "layout")};
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-allocscope_plugin_status notes_event(void*, const allocscope_event_v1*) {
+allocscope_plugin_status notes_event(void*, const allocscope_event_v2*) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
+
+allocscope_plugin_status notes_event_v1(void*, const allocscope_event_v1*) {
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+const allocscope_evidence_v2 kNotesEvidence[2] = {{512, "layers.0", "forward", 1, 4, 0, 0},
+                                                  {1024, "layers.0", "forward", 1, 5, 9, 0}};
+const char* const kNotes[2] = {"derived from layers.0.weight: cast", nullptr};
 
 allocscope_plugin_status notes_finish(void* state) {
-    std::unique_ptr<NotesState> s(static_cast<NotesState*>(state));
-    const char* size = s->size;
-    const allocscope_evidence_v1 ev[2] = {{512, "layers.0", "forward", 1, 4, 0, 0},
-                                          {1024, "layers.0", "forward", 1, 5, 9, 0}};
-    const char* notes[2] = {"derived from layers.0.weight: cast", nullptr};
-    allocscope_finding_v1 f{};
-    f.struct_size =
-        size && std::string(size) == "base" ? ALLOCSCOPE_FINDING_V1_BASE_SIZE : sizeof f;
+    std::unique_ptr<NotesState<allocscope_host_v2>> s(
+        static_cast<NotesState<allocscope_host_v2>*>(state));
+    allocscope_finding_v2 f{};
+    f.struct_size = sizeof f;
     f.severity = ALLOCSCOPE_SEVERITY_ERROR;
     f.summary = "notes";
-    f.evidence = ev;
+    f.evidence = kNotesEvidence;
     f.evidence_count = 2;
     f.basis = "proven";
-    f.evidence_notes = notes;
+    f.evidence_notes = kNotes;
     s->host->emit(s->host->ctx, &f);
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status notes_finish_v1(void* state) {
+    std::unique_ptr<NotesState<allocscope_host_v1>> s(
+        static_cast<NotesState<allocscope_host_v1>*>(state));
+    struct Appended {
+        allocscope_finding_v1 base;
+        const char* basis;
+        const char* const* evidence_notes;
+    } f{};
+    f.base.struct_size = s->layout && std::string(s->layout) == "appended"
+                             ? uint32_t{sizeof f}
+                             : uint32_t{sizeof f.base};
+    f.base.severity = ALLOCSCOPE_SEVERITY_ERROR;
+    f.base.summary = "notes";
+    f.base.evidence = kNotesEvidence;
+    f.base.evidence_count = 2;
+    f.basis = "proven";
+    f.evidence_notes = kNotes;
+    s->host->emit(s->host->ctx, &f.base);
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
 }  // namespace
 
-TEST_CASE("a finding's basis and evidence notes are kept, and read only when its size has them") {
-    const allocscope_plugin_v1 p{sizeof(allocscope_plugin_v1),
-                                 ALLOCSCOPE_PLUGIN_ABI_VERSION,
+TEST_CASE("a finding's basis and evidence notes are kept; a version 1 finding's only if appended") {
+    const allocscope_plugin_v2 p{sizeof(allocscope_plugin_v2),
+                                 ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                                  "notes",
                                  "emits basis and notes",
                                  0,
-                                 notes_init,
+                                 notes_init<allocscope_host_v2>,
                                  notes_event,
                                  nullptr,
                                  notes_finish};
-    for (const char* size : {"full", "base"}) {
-        CAPTURE(size);
+    const allocscope_plugin_v1 p1{sizeof(allocscope_plugin_v1),
+                                  1,
+                                  "notes",
+                                  "emits basis and notes (version 1)",
+                                  0,
+                                  notes_init<allocscope_host_v1>,
+                                  notes_event_v1,
+                                  nullptr,
+                                  notes_finish_v1};
+    for (const char* layout : {"v2", "released", "appended"}) {
+        CAPTURE(layout);
+        const bool v2 = std::string(layout) == "v2";
         Captured c;
-        PluginHost host(settings_for(c, {{"notes.size", size}}));
-        host.add(&p, "inline");
+        PluginHost host(settings_for(c, {{"notes.layout", layout}}));
+        if (v2) {
+            host.add(&p, "inline");
+        } else {
+            host.add(&p1, "inline");
+        }
         host.finish();
+        CHECK(c.warnings.empty());
         REQUIRE(host.findings().size() == 1);
         const Finding& f = host.findings()[0];
         // The largest first: the 1,024 B allocation, given second; each
@@ -1308,11 +1451,11 @@ TEST_CASE("a finding's basis and evidence notes are kept, and read only when its
         CHECK(f.evidence[0].size == 1024);
         CHECK(f.evidence[0].note == "");
         CHECK(f.evidence[1].size == 512);
-        if (std::string(size) == "full") {
+        if (std::string(layout) != "released") {
             CHECK(f.basis == "proven");
             CHECK(f.evidence[1].note == "derived from layers.0.weight: cast");
         } else {
-            // An older plugin's finding ends before them: not read.
+            // Version 1 as released has neither: the defaults.
             CHECK(f.basis == "");
             CHECK(f.evidence[1].note == "");
         }
@@ -1321,4 +1464,40 @@ TEST_CASE("a finding's basis and evidence notes are kept, and read only when its
         file.findings = host.findings();
         CHECK(parse_findings(to_json(file), "test") == file);
     }
+}
+
+TEST_CASE("a version 2 finding shorter than allocscope_finding_v2 disables its plugin") {
+    struct Short {
+        static allocscope_plugin_status init(const allocscope_host_v2* host, void** state) {
+            *state = const_cast<allocscope_host_v2*>(host);
+            return ALLOCSCOPE_PLUGIN_OK;
+        }
+        static allocscope_plugin_status finish(void* state) {
+            const auto* host = static_cast<const allocscope_host_v2*>(state);
+            allocscope_finding_v2 f{};
+            f.struct_size = offsetof(allocscope_finding_v2, basis);
+            f.summary = "short";
+            host->emit(host->ctx, &f);
+            return ALLOCSCOPE_PLUGIN_OK;
+        }
+    };
+    const allocscope_plugin_v2 p{sizeof(allocscope_plugin_v2),
+                                 ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
+                                 "short",
+                                 "emits a short finding",
+                                 0,
+                                 Short::init,
+                                 nullptr,
+                                 nullptr,
+                                 Short::finish};
+    Captured c;
+    PluginHost host(settings_for(c));
+    host.add(&p, "inline");
+    host.finish();
+    CHECK(host.findings().empty());
+    REQUIRE(c.warnings.size() == 1);
+    CHECK(contains(c.warnings[0], "plugin short disabled: emitted a finding with struct_size " +
+                                      std::to_string(offsetof(allocscope_finding_v2, basis)) +
+                                      ", expected at least " +
+                                      std::to_string(sizeof(allocscope_finding_v2))));
 }

@@ -213,7 +213,7 @@ void allocscope_set_outer_frames(size_t (*provider)(uint64_t* out, size_t max));
  * meaning. */
 int64_t allocscope_config_get(const char* name, char* out, size_t size);
 
-/* Checks: detection plugins (plugin_v1.h) run on a stretch of this
+/* Checks: detection plugins (plugin_v2.h) run on a stretch of this
  * process's own allocation events, for a program's test suite to assert on
  * (include/allocscope/doctest.h wraps them for doctest).
  *
@@ -235,7 +235,7 @@ uint64_t allocscope_check_begin(const char* plugins, const char* options, char* 
 
 typedef struct allocscope_check_finding {
     const char* plugin;
-    uint32_t severity; /* 0 info, 1 warning, 2 error (allocscope_severity_v1) */
+    uint32_t severity; /* 0 info, 1 warning, 2 error (allocscope_severity_v2) */
     int32_t rank;      /* -1: no rank */
     const char* layer; /* "" when not attributed to a layer */
     const char* phase;

@@ -29,7 +29,7 @@
 #pragma once
 
 #include <allocscope/allocscope_dl.h>
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -41,7 +41,7 @@ namespace allocscope::testing {
 
 struct Finding {
     std::string plugin;
-    uint32_t severity = ALLOCSCOPE_SEVERITY_INFO;  // allocscope_severity_v1
+    uint32_t severity = ALLOCSCOPE_SEVERITY_INFO;  // allocscope_severity_v2
     int32_t rank = -1;
     std::string layer;
     std::string phase;

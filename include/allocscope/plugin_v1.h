@@ -1,14 +1,21 @@
 /* allocscope detection plugin ABI, version 1 (frozen).
  *
- * A plugin is a shared library that exports exactly one symbol, the
- * versioned descriptor `allocscope_plugin_v1` (ALLOCSCOPE_PLUGIN_SYMBOL):
+ * Frozen: these are the declarations as version 1 was released, and they
+ * never change. New plugins are written against version 2,
+ * <allocscope/plugin_v2.h> (the event struct carries its size, the DERIVED
+ * event kind, a finding's basis and evidence notes, an OOM event's address
+ * is the device's free bytes). allocscope keeps loading version 1 plugins
+ * through its v1 adapter: they get the events version 1 had (no DERIVED;
+ * an OOM event's address is 0), and their findings get no basis and no
+ * evidence notes. The host looks for `allocscope_plugin_v2` first, then
+ * `allocscope_plugin_v1`, then `allocscope_plugin` (this header's name);
+ * a plugin that exports several is loaded by the newest.
  *
- *     ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = { sizeof(allocscope_plugin_v1), ... };
+ * A plugin is a shared library that exports exactly one symbol,
  *
- * and nothing else. The host looks for the newest versioned name it knows
- * first (as NCCL does for ncclNetPlugin_v9, _v8, ...); plugins built before
- * the name was versioned export `allocscope_plugin`
- * (ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED), which the host still loads. The host (the interposer,
+ *     const allocscope_plugin_v1 allocscope_plugin = { ... };
+ *
+ * (ALLOCSCOPE_PLUGIN_SYMBOL), and nothing else. The host (the interposer,
  * live inside the traced process, or `allocscope replay`, offline on
  * recorded traces) loads it with dlopen, checks struct_size and abi_version,
  * and drives it:
@@ -38,13 +45,6 @@
  * returns. Strings are UTF-8, NUL-terminated; an untagged allocation has
  * layer "" and phase "".
  *
- * Tag strings are interned: an event's layer, phase, alloc_layer and
- * alloc_phase, and a live record's layer and phase, point into the host's
- * string table, where the same text is
- * always at the same address and stays valid until finish() returns (both
- * streams of baseline mode included). A plugin may keep these pointers and
- * key its state by them instead of hashing the text of every event.
- *
  * Baseline mode (the reference test's method: compare a run against a
  * baseline run, e.g. FP8 against bf16): when host->has_baseline is set, the
  * host first delivers the baseline run's whole stream (the same rank's)
@@ -65,8 +65,7 @@ extern "C" {
 #endif
 
 #define ALLOCSCOPE_PLUGIN_ABI_VERSION 1u
-#define ALLOCSCOPE_PLUGIN_SYMBOL "allocscope_plugin_v1"
-#define ALLOCSCOPE_PLUGIN_SYMBOL_UNVERSIONED "allocscope_plugin"
+#define ALLOCSCOPE_PLUGIN_SYMBOL "allocscope_plugin"
 
 typedef enum allocscope_plugin_status {
     ALLOCSCOPE_PLUGIN_OK = 0,
@@ -84,19 +83,12 @@ typedef enum allocscope_event_kind_v1 {
     ALLOCSCOPE_EVENT_TAG_POP = 7,
     ALLOCSCOPE_EVENT_STEP = 8,
     ALLOCSCOPE_EVENT_PARAM = 9,
-    ALLOCSCOPE_EVENT_MARK = 10,
-    /* Provenance: the allocation at `address` holds bytes computed from the
-     * parameter `param_index` (a quantized copy, a transpose, a scale);
-     * `text` says how ("layers.3.fc1.weight -> abs -> amax -> _to_copy"),
-     * "" when not known. Sources: allocscope_derived() (a program or its
-     * framework declares it) and the PyTorch bridge's op observer. Only
-     * plugins whose event_mask asks for it get it. */
-    ALLOCSCOPE_EVENT_DERIVED = 11
+    ALLOCSCOPE_EVENT_MARK = 10
 } allocscope_event_kind_v1;
 
 /* event_mask bit of a kind. */
 #define ALLOCSCOPE_EVENT_BIT(kind) (1u << (unsigned)(kind))
-#define ALLOCSCOPE_EVENT_ALL 0xFFEu
+#define ALLOCSCOPE_EVENT_ALL 0x7FEu
 
 typedef enum allocscope_level_v1 {
     ALLOCSCOPE_LEVEL_NONE = 0,    /* tag, step, param, mark events */
@@ -119,8 +111,7 @@ typedef struct allocscope_event_v1 {
     uint64_t seq;     /* global order within the stream */
     uint64_t t_ns;    /* monotonic ns since the stream began */
     uint64_t step;    /* the training step current at the event */
-    uint64_t address; /* ALLOC/FREE/MAP/UNMAP; OOM: the device's free bytes as the
-                       * allocator measured them, 0 when not known */
+    uint64_t address; /* ALLOC/FREE/MAP/UNMAP */
     uint64_t size;    /* ALLOC/OOM: requested bytes; FREE: the freed allocation's */
     uint32_t kind;    /* allocscope_event_kind_v1 */
     uint32_t level;   /* allocscope_level_v1 */
@@ -139,8 +130,8 @@ typedef struct allocscope_event_v1 {
     const char* alloc_layer;
     const char* alloc_phase;
     uint32_t alloc_stack_id;
-    uint32_t param_index; /* PARAM, DERIVED: index for host->param() */
-    const char* text;     /* MARK: the note; DERIVED: how; otherwise "" */
+    uint32_t param_index; /* PARAM: index for host->param() */
+    const char* text;     /* MARK: the note; otherwise "" */
 } allocscope_event_v1;
 
 typedef struct allocscope_param_v1 {
@@ -182,28 +173,9 @@ typedef struct allocscope_finding_v1 {
     uint64_t bytes;
     uint64_t count;
     const char* summary; /* one line */
-    /* Any order: the host keeps the finding's evidence largest first
-     * (equal sizes in the order given), so the first is the allocation
-     * that holds the most bytes. */
     const allocscope_evidence_v1* evidence;
     size_t evidence_count;
-    /* Appended; read only when struct_size covers them (a plugin built
-     * against an older header emits ALLOCSCOPE_FINDING_V1_BASE_SIZE bytes).
-     * basis: how the finding's claim was established, for detectors that
-     * infer what an allocation is: "proven" (provenance: the bytes were
-     * computed from the named parameters), "corroborated" (two independent
-     * signals), "size-only" (sizes alone: ambiguous), "baseline" (measured
-     * against a baseline run's stream); NULL or "" when not applicable.
-     * evidence_notes: NULL, or one string per evidence entry (NULL or ""
-     * for none): what that allocation is and why it is alive
-     * ("layers.3.fc1.weight -> abs -> amax -> _to_copy"). */
-    const char* basis;
-    const char* const* evidence_notes;
 } allocscope_finding_v1;
-
-/* The size of allocscope_finding_v1 before `basis` was appended. */
-#define ALLOCSCOPE_FINDING_V1_BASE_SIZE \
-    (offsetof(allocscope_finding_v1, evidence_count) + sizeof(size_t))
 
 /* Return non-zero to stop the iteration. */
 typedef int (*allocscope_live_visitor_v1)(void* user, const allocscope_live_v1* live);
@@ -243,26 +215,6 @@ typedef struct allocscope_plugin_v1 {
     allocscope_plugin_status (*on_step)(void* state, uint64_t step, uint32_t source);
     allocscope_plugin_status (*finish)(void* state);
 } allocscope_plugin_v1;
-
-/* Defines the plugin's descriptor under the symbol name
- * ALLOCSCOPE_PLUGIN_SYMBOL, exported with default visibility, in C and C++:
- *
- *     ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
- *         sizeof(allocscope_plugin_v1), ALLOCSCOPE_PLUGIN_ABI_VERSION, "my-plugin",
- *         "what it finds", ALLOCSCOPE_EVENT_ALL, my_init, my_on_event, my_on_step,
- *         my_finish,
- *     };
- *
- * The symbol is named by an asm label: the C identifier allocscope_plugin_v1
- * is the type. */
-#ifdef __cplusplus
-#define ALLOCSCOPE_PLUGIN_LINKAGE_ extern "C"
-#else
-#define ALLOCSCOPE_PLUGIN_LINKAGE_
-#endif
-#define ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR                               \
-    ALLOCSCOPE_PLUGIN_LINKAGE_ __attribute__((visibility("default"))) \
-    const allocscope_plugin_v1 allocscope_plugin_v1_descriptor __asm__("allocscope_plugin_v1")
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 // The C++ plugin SDK in one include: every header of allocscope/sdk/, each
-// one concern, on the C ABI of allocscope/plugin_v1.h. Header-only; each
+// one concern, on the C ABI of allocscope/plugin_v2.h. Header-only; each
 // plugin is its own shared module, so nothing here is shared at run time.
 // A plugin may include only the headers it uses:
 //   adapter.h         a C++ class as a plugin (ALLOCSCOPE_DEFINE_PLUGIN)
@@ -18,7 +18,7 @@
 //   weight_params.h   WeightParams (registered parameters matched by size)
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <allocscope/sdk/adapter.h>
 #include <allocscope/sdk/evidence.h>
 #include <allocscope/sdk/evidence_watch.h>

@@ -119,7 +119,7 @@ class RetentionByLayer {
 // live when it came: a later ALLOC at the address replaces the record.
 class WeightDetector {
   public:
-    WeightDetector(const allocscope_host_v1& host, const char* threshold_key,
+    WeightDetector(const allocscope_host_v2& host, const char* threshold_key,
                    uint64_t default_threshold, WeightSizeRules rules, uint64_t default_min_numel)
         : host_(host),
           threshold_(option_bytes(host, threshold_key, default_threshold)),
@@ -137,7 +137,7 @@ class WeightDetector {
     WeightDetector(const WeightDetector&) = delete;
     WeightDetector& operator=(const WeightDetector&) = delete;
 
-    void on_event(const allocscope_event_v1& e) {
+    void on_event(const allocscope_event_v2& e) {
         enter(e.source);
         switch (e.kind) {
             case ALLOCSCOPE_EVENT_ALLOC:
@@ -158,7 +158,7 @@ class WeightDetector {
                 break;
             case ALLOCSCOPE_EVENT_PARAM:
                 any_param_ = true;
-                if (const allocscope_param_v1* p = host_.param(host_.ctx, e.param_index))
+                if (const allocscope_param_v2* p = host_.param(host_.ctx, e.param_index))
                     params_.add(*p);
                 break;
             case ALLOCSCOPE_EVENT_DERIVED:
@@ -202,9 +202,9 @@ class WeightDetector {
     };
 
     virtual void enter(uint32_t source) = 0;
-    virtual void on_alloc(const allocscope_event_v1& e) = 0;
-    virtual void on_push(const allocscope_event_v1& e) = 0;
-    virtual void on_pop(const allocscope_event_v1& e) = 0;
+    virtual void on_alloc(const allocscope_event_v2& e) = 0;
+    virtual void on_push(const allocscope_event_v2& e) = 0;
+    virtual void on_pop(const allocscope_event_v2& e) = 0;
     // A record became proven (its state is already State::proven).
     virtual void on_proven(const Proven& p) = 0;
 
@@ -215,7 +215,7 @@ class WeightDetector {
     const std::string& text(uint32_t id) const { return strings_.text(id); }
     uint64_t live_bytes() const { return host_.live_bytes(host_.ctx, level_.level()); }
 
-    void on_free(const allocscope_event_v1& e) {
+    void on_free(const allocscope_event_v2& e) {
         bool switched = false;
         // Filtered by level: a segment and its first block share an address.
         if (!level_.follow(e, &switched)) return;
@@ -230,7 +230,7 @@ class WeightDetector {
     // the host knows. Any registered parameter counts, whatever min_numel
     // (a declaration is evidence by itself; allocscope_derived() registers
     // an unknown parameter without sizes).
-    void on_derived(const allocscope_event_v1& e) {
+    void on_derived(const allocscope_event_v2& e) {
         saw_derived_ = true;
         if (!analyzing()) return;
         Record* r = live_.find(e.address);
@@ -247,7 +247,7 @@ class WeightDetector {
     // unproven allocation says nothing (the observer was not looking), so
     // no size is matched. What the observed steps proved stands: per layer
     // the detectors report the step that kept the most.
-    void on_mark(const allocscope_event_v1& e) {
+    void on_mark(const allocscope_event_v2& e) {
         if (!e.text || e.source != ALLOCSCOPE_SOURCE_RUN) return;
         constexpr std::string_view kMark = ALLOCSCOPE_PROVENANCE_MARK;
         const std::string_view text = e.text;
@@ -260,7 +260,7 @@ class WeightDetector {
 
     // Records an allocation of the analysed phase (the caller dropped any
     // record at the address first); `match`: its size match as a candidate.
-    void record(const allocscope_event_v1& e, uint32_t module,
+    void record(const allocscope_event_v2& e, uint32_t module,
                 const std::optional<WeightParams::Match>& match) {
         Origin origin;
         if (match) {
@@ -370,7 +370,7 @@ class WeightDetector {
     std::string note(const WeightHeld& h, std::string_view why) const {
         std::string out;
         if (h.origin.proven) {
-            const allocscope_param_v1* p = host_.param(host_.ctx, h.origin.param);
+            const allocscope_param_v2* p = host_.param(host_.ctx, h.origin.param);
             out = "derived from " + param_text(p);
             if (h.origin.how != 0) out += ": " + text(h.origin.how);
         } else if (h.origin.param != Origin::kNoParam) {
@@ -469,7 +469,7 @@ class WeightDetector {
         f.evidence = capped_evidence(std::move(f.evidence));
     }
 
-    const allocscope_host_v1& host_;
+    const allocscope_host_v2& host_;
     const uint64_t threshold_;
     LevelFilter level_;
     Interner strings_;
@@ -497,7 +497,7 @@ class WeightDetector {
     // has no module.
     const ParamIds* param_ids(uint32_t index) {
         if (index < param_ids_.size() && param_ids_[index].known) return &param_ids_[index];
-        const allocscope_param_v1* p = host_.param(host_.ctx, index);
+        const allocscope_param_v2* p = host_.param(host_.ctx, index);
         if (!p || !p->layer || !*p->layer) return nullptr;
         if (index >= param_ids_.size()) param_ids_.resize(std::size_t(index) + 1);
         ParamIds& ids = param_ids_[index];
@@ -506,7 +506,7 @@ class WeightDetector {
         ids.known = true;
         return &ids;
     }
-    static std::string param_text(const allocscope_param_v1* p) {
+    static std::string param_text(const allocscope_param_v2* p) {
         if (!p) return "an unknown parameter";
         std::string out = p->layer ? p->layer : "";
         if (p->name && *p->name) out += std::string(".") + p->name;

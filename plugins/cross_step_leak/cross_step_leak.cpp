@@ -80,12 +80,12 @@ struct Group {
 
 class CrossStepLeak {
   public:
-    explicit CrossStepLeak(const allocscope_host_v1& host)
+    explicit CrossStepLeak(const allocscope_host_v2& host)
         : host_(host),
           steps_(option_count(host, "steps", 3, 1, 1000000)),
           min_growth_(option_bytes(host, "min_growth", 0)) {}
 
-    void on_event(const allocscope_event_v1& e) {
+    void on_event(const allocscope_event_v2& e) {
         if (e.source != ALLOCSCOPE_SOURCE_RUN) return;
         if (e.kind == ALLOCSCOPE_EVENT_STEP) {
             sample(e.step);
@@ -221,7 +221,7 @@ class CrossStepLeak {
         } visit{this, &grown, {}};
         host_.live_foreach(
             host_.ctx, 0,
-            [](void* user, const allocscope_live_v1* l) {
+            [](void* user, const allocscope_live_v2* l) {
                 auto& v = *static_cast<Visit*>(user);
                 const uint32_t layer = v.self->strings_.tag(l->layer);
                 const uint32_t phase = v.self->strings_.tag(l->phase);
@@ -249,7 +249,7 @@ class CrossStepLeak {
         }
     }
 
-    const allocscope_host_v1& host_;
+    const allocscope_host_v2& host_;
     uint64_t steps_;
     uint64_t min_growth_;
     Interner strings_;

@@ -108,10 +108,10 @@ struct Level {
 
 class PeakOwner {
   public:
-    explicit PeakOwner(const allocscope_host_v1& host)
+    explicit PeakOwner(const allocscope_host_v2& host)
         : host_(host), top_(option_count(host, "top", 10, 1, 100000)) {}
 
-    void on_event(const allocscope_event_v1& e) {
+    void on_event(const allocscope_event_v2& e) {
         if (e.source != ALLOCSCOPE_SOURCE_RUN) return;
         Level* l = level(e.level);
         if (!l) return;
@@ -305,7 +305,7 @@ class PeakOwner {
         report_groups(l, l.stacks, "stack");
     }
 
-    const allocscope_host_v1& host_;
+    const allocscope_host_v2& host_;
     uint64_t top_;
     Interner strings_;
     std::vector<Member> top_members_;

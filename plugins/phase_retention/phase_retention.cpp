@@ -166,14 +166,14 @@ struct Stream {
 
 class PhaseRetention {
   public:
-    explicit PhaseRetention(const allocscope_host_v1& host)
+    explicit PhaseRetention(const allocscope_host_v2& host)
         : host_(host),
           budget_(option_bytes(host, "budget", 0)),
           repeat_(option_count(host, "repeat", 2, 1, 1000000)) {
         if (host.option(host.ctx, "tolerance")) tolerance_ = option_bytes(host, "tolerance", 0);
     }
 
-    void on_event(const allocscope_event_v1& e) {
+    void on_event(const allocscope_event_v2& e) {
         const bool baseline = e.source == ALLOCSCOPE_SOURCE_BASELINE;
         Stream& s = baseline ? baseline_ : run_;
         switch (e.kind) {
@@ -271,7 +271,7 @@ class PhaseRetention {
         return strings_.text(keys_[key].second) == "forward" ? kForwardTolerance : kOtherTolerance;
     }
 
-    void push(Stream& s, const allocscope_event_v1& e, bool baseline) {
+    void push(Stream& s, const allocscope_event_v2& e, bool baseline) {
         std::vector<Scope>& stack = s.threads[e.tid];
         const uint32_t layer = strings_.tag(e.layer);
         const uint32_t phase = strings_.base_phase(strings_.tag(e.phase));
@@ -300,7 +300,7 @@ class PhaseRetention {
         stack.push_back({id, k.scopes++, e.step, true});
     }
 
-    void pop(Stream& s, const allocscope_event_v1& e, bool baseline) {
+    void pop(Stream& s, const allocscope_event_v2& e, bool baseline) {
         std::vector<Scope>* stack = s.threads.find(e.tid);
         if (!stack || stack->empty()) return;  // began mid-scope
         const Scope scope = stack->back();
@@ -308,7 +308,7 @@ class PhaseRetention {
         if (scope.starts) end_scope(s, scope, baseline);
     }
 
-    void alloc(Stream& s, const allocscope_event_v1& e) {
+    void alloc(Stream& s, const allocscope_event_v2& e) {
         const int li = level_index(e.level);
         if (li < 0) return;
         if (li == 0) s.saw_block = true;
@@ -364,7 +364,7 @@ class PhaseRetention {
         s.records.erase(seq);
     }
 
-    void free(Stream& s, const allocscope_event_v1& e, bool baseline) {
+    void free(Stream& s, const allocscope_event_v2& e, bool baseline) {
         if (e.alloc_seq == 0) return;  // allocated before the stream began
         if (!baseline) watch_.on_free(e.alloc_seq, e.seq);
         const Record* r = s.records.find(e.alloc_seq);
@@ -511,7 +511,7 @@ class PhaseRetention {
         }
     }
 
-    const allocscope_host_v1& host_;
+    const allocscope_host_v2& host_;
     uint64_t budget_;
     uint64_t repeat_;
     std::optional<uint64_t> tolerance_;

@@ -51,7 +51,7 @@ constexpr uint64_t kDefaultMinNumel = 4096;
 
 class TransposeCacheRetention final : public WeightDetector {
   public:
-    explicit TransposeCacheRetention(const allocscope_host_v1& host)
+    explicit TransposeCacheRetention(const allocscope_host_v2& host)
         : WeightDetector(
               host, "backward_threshold", kDefaultBackwardThreshold,
               WeightSizeRules{.bf16_copy = false,
@@ -121,7 +121,7 @@ class TransposeCacheRetention final : public WeightDetector {
         source_ = source;
     }
 
-    void on_alloc(const allocscope_event_v1& e) override {
+    void on_alloc(const allocscope_event_v2& e) override {
         bool switched = false;
         if (!level_.follow(e, &switched)) return;
         if (switched) {
@@ -156,7 +156,7 @@ class TransposeCacheRetention final : public WeightDetector {
         proven_window_.push_back({p.address, p.seq, layer_of(p.tid, p.module, p.numbered)});
     }
 
-    void on_push(const allocscope_event_v1& e) override {
+    void on_push(const allocscope_event_v2& e) override {
         Thread& t = threads_[e.tid];
         const uint32_t phase = base_phase(e.phase);
         if (phase == backward_) {
@@ -185,7 +185,7 @@ class TransposeCacheRetention final : public WeightDetector {
         t.frames.push_back({strings_.tag(e.layer), backward});
     }
 
-    void on_pop(const allocscope_event_v1& e) override {
+    void on_pop(const allocscope_event_v2& e) override {
         auto it = threads_.find(e.tid);
         if (it == threads_.end() || it->second.frames.empty()) return;
         it->second.open_backward -= it->second.frames.back().backward;

@@ -48,7 +48,7 @@ constexpr uint64_t kDefaultMinNumel = 4096;
 
 class WeightCopyAccumulation final : public WeightDetector {
   public:
-    explicit WeightCopyAccumulation(const allocscope_host_v1& host)
+    explicit WeightCopyAccumulation(const allocscope_host_v2& host)
         : WeightDetector(
               host, "forward_threshold", kDefaultForwardThreshold,
               WeightSizeRules{.bf16_copy = true, .sharded = false, .world = 0, .gradients = false},
@@ -136,7 +136,7 @@ class WeightCopyAccumulation final : public WeightDetector {
         source_ = source;
     }
 
-    void on_alloc(const allocscope_event_v1& e) override {
+    void on_alloc(const allocscope_event_v2& e) override {
         bool switched = false;
         if (!level_.follow(e, &switched)) return;
         if (switched) drop_candidates();
@@ -160,7 +160,7 @@ class WeightCopyAccumulation final : public WeightDetector {
     // Whether an allocation is made in forward: tagged with a forward phase
     // on a thread outside backward, or untagged while a forward scope is
     // open on some thread.
-    bool in_forward(const allocscope_event_v1& e) {
+    bool in_forward(const allocscope_event_v2& e) {
         if (base_phase(e.phase) == forward_) {
             auto it = threads_.find(e.tid);
             return it == threads_.end() || it->second.open_backward == 0;
@@ -170,7 +170,7 @@ class WeightCopyAccumulation final : public WeightDetector {
 
     void on_proven(const Proven& p) override { waiting_.push_back(p); }
 
-    void on_push(const allocscope_event_v1& e) override {
+    void on_push(const allocscope_event_v2& e) override {
         Thread& t = threads_[e.tid];
         Frame f;
         f.layer = strings_.tag(e.layer);
@@ -200,7 +200,7 @@ class WeightCopyAccumulation final : public WeightDetector {
         t.frames.push_back(std::move(f));
     }
 
-    void on_pop(const allocscope_event_v1& e) override {
+    void on_pop(const allocscope_event_v2& e) override {
         auto it = threads_.find(e.tid);
         if (it == threads_.end() || it->second.frames.empty()) return;
         Thread& t = it->second;

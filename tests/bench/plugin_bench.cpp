@@ -26,11 +26,11 @@ using namespace allocscope;
 
 // A plugin that takes every event and does nothing with it: the host's own
 // cost (live table, tag strings, the event view, one call per event).
-allocscope_plugin_status null_init(const allocscope_host_v1*, void** state) {
+allocscope_plugin_status null_init(const allocscope_host_v2*, void** state) {
     *state = nullptr;
     return ALLOCSCOPE_PLUGIN_OK;
 }
-allocscope_plugin_status null_event(void*, const allocscope_event_v1*) {
+allocscope_plugin_status null_event(void*, const allocscope_event_v2*) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
 allocscope_plugin_status null_step(void*, uint64_t, uint32_t) {
@@ -39,11 +39,11 @@ allocscope_plugin_status null_step(void*, uint64_t, uint32_t) {
 allocscope_plugin_status null_finish(void*) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
-const allocscope_plugin_v1 null_plugin = {sizeof(allocscope_plugin_v1),
-                                          ALLOCSCOPE_PLUGIN_ABI_VERSION,
+const allocscope_plugin_v2 null_plugin = {sizeof(allocscope_plugin_v2),
+                                          ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                                           "null",
                                           "does nothing",
-                                          ALLOCSCOPE_EVENT_ALL,
+                                          ALLOCSCOPE_EVENT_V2_ALL,
                                           null_init,
                                           null_event,
                                           null_step,

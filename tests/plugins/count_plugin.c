@@ -3,24 +3,44 @@
  * offline). With option transcript=1 a second finding's summary lists every
  * call in order, for tests of delivery order.
  *
+ * A version 2 plugin (allocscope_plugin_v2), or with TEST_V1 a version 1
+ * plugin built against plugin_v1.h as version 1 was released
+ * (tests/plugins/v1_frozen, the only allocscope header on its include
+ * path), exported as that header says, `allocscope_plugin`, or with
+ * TEST_V1_VERSIONED as `allocscope_plugin_v1`.
+ *
  * Built several times with other TEST_* macros for the host's rejection
  * tests: TEST_ABI_VERSION (wrong ABI version), TEST_STRUCT_SIZE (wrong
- * struct size), TEST_NAME (another name); and for the descriptor's symbol
- * name: TEST_UNVERSIONED_SYMBOL exports it as `allocscope_plugin`, the name
- * before it carried the version, instead of `allocscope_plugin_v1`;
- * TEST_BOTH_SYMBOLS exports both, the unversioned one with an ABI version
- * the host refuses (so only the versioned one can load). */
+ * struct size), TEST_NAME (another name); TEST_BOTH_SYMBOLS (version 2)
+ * also exports a good version 1 descriptor, "test-both-v1", as
+ * `allocscope_plugin_v1`, so that the host must pick the newest. */
+#ifdef TEST_V1
 #include <allocscope/plugin_v1.h>
+#define V_(type) type##_v1
+#define TEST_DEFAULT_ABI 1u
+#define TEST_ALL ALLOCSCOPE_EVENT_ALL
+#ifdef TEST_V1_VERSIONED
+#define TEST_SYMBOL "allocscope_plugin_v1"
+#else
+#define TEST_SYMBOL ALLOCSCOPE_PLUGIN_SYMBOL
+#endif
+#else
+#include <allocscope/plugin_v2.h>
+#define V_(type) type##_v2
+#define TEST_DEFAULT_ABI ALLOCSCOPE_PLUGIN_V2_ABI_VERSION
+#define TEST_ALL ALLOCSCOPE_EVENT_V2_ALL
+#define TEST_SYMBOL ALLOCSCOPE_PLUGIN_V2_SYMBOL
+#endif
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #ifndef TEST_ABI_VERSION
-#define TEST_ABI_VERSION ALLOCSCOPE_PLUGIN_ABI_VERSION
+#define TEST_ABI_VERSION TEST_DEFAULT_ABI
 #endif
 #ifndef TEST_STRUCT_SIZE
-#define TEST_STRUCT_SIZE sizeof(allocscope_plugin_v1)
+#define TEST_STRUCT_SIZE sizeof(V_(allocscope_plugin))
 #endif
 #ifndef TEST_NAME
 #define TEST_NAME "test-count"
@@ -48,9 +68,10 @@ static int buf_append(buffer* b, const char* text) {
 }
 
 typedef struct {
-    const allocscope_host_v1* host;
+    const V_(allocscope_host) * host;
     uint64_t events;
     uint64_t by_kind[12];
+    uint64_t oom_address_sum; /* an OOM event's address: 0 for version 1 */
     uint64_t baseline_events, run_events;
     int order_violated; /* a baseline call after a run call */
     uint64_t alloc_bytes, freed_bytes, freed_alloc_seq_sum, unknown_frees;
@@ -80,7 +101,7 @@ static void note_source(count_state* s, uint32_t source) {
     }
 }
 
-static allocscope_plugin_status count_init(const allocscope_host_v1* host, void** state) {
+static allocscope_plugin_status count_init(const V_(allocscope_host) * host, void** state) {
     count_state* s = calloc(1, sizeof *s);
     if (!s) return ALLOCSCOPE_PLUGIN_ERROR;
     s->host = host;
@@ -108,7 +129,7 @@ static allocscope_plugin_status count_init(const allocscope_host_v1* host, void*
 
 static const char kKindLetter[] = "?AFMUOPpSRKD";
 
-static allocscope_plugin_status count_on_event(void* state, const allocscope_event_v1* e) {
+static allocscope_plugin_status count_on_event(void* state, const V_(allocscope_event) * e) {
     count_state* s = state;
     note_source(s, e->source);
     ++s->events;
@@ -118,6 +139,11 @@ static allocscope_plugin_status count_on_event(void* state, const allocscope_eve
         ++s->run_events;
     }
     if (e->kind < 12) ++s->by_kind[e->kind];
+    if (e->kind == ALLOCSCOPE_EVENT_OOM) s->oom_address_sum += e->address;
+#ifndef TEST_V1
+    /* The host's event is at least as large as this plugin's. */
+    if (e->struct_size < sizeof *e) return ALLOCSCOPE_PLUGIN_ERROR;
+#endif
     if (e->seq > s->max_seq) s->max_seq = e->seq;
     if (e->stack_id) ++s->stacks_seen;
     hash_str(s, e->layer);
@@ -143,7 +169,7 @@ static allocscope_plugin_status count_on_event(void* state, const allocscope_eve
                      e->alloc_layer, e->alloc_phase);
             break;
         case ALLOCSCOPE_EVENT_PARAM: {
-            const allocscope_param_v1* p = s->host->param(s->host->ctx, e->param_index);
+            const V_(allocscope_param)* p = s->host->param(s->host->ctx, e->param_index);
             if (p) {
                 hash_str(s, p->layer);
                 hash_str(s, p->name);
@@ -159,13 +185,15 @@ static allocscope_plugin_status count_on_event(void* state, const allocscope_eve
             snprintf(token, sizeof token, "%c%c%" PRIu64 ":%s", e->source ? 'b' : 'r',
                      kKindLetter[e->kind], e->seq, e->text);
             break;
+#ifndef TEST_V1
         case ALLOCSCOPE_EVENT_DERIVED: {
-            const allocscope_param_v1* p = s->host->param(s->host->ctx, e->param_index);
+            const V_(allocscope_param)* p = s->host->param(s->host->ctx, e->param_index);
             snprintf(token, sizeof token, "%c%c%" PRIu64 ":%" PRIx64 "<%u=%s.%s:%s",
                      e->source ? 'b' : 'r', kKindLetter[e->kind], e->seq, e->address,
                      e->param_index, p ? p->layer : "?", p ? p->name : "?", e->text);
             break;
         }
+#endif
         default:
             snprintf(token, sizeof token, "%c%c%" PRIu64, e->source ? 'b' : 'r',
                      e->kind < 12 ? kKindLetter[e->kind] : '?', e->seq);
@@ -193,16 +221,16 @@ static allocscope_plugin_status count_on_step(void* state, uint64_t step, uint32
 }
 
 typedef struct {
-    allocscope_evidence_v1* items;
+    V_(allocscope_evidence) * items;
     char (*strings)[2][64];
     size_t n, cap;
 } live_list;
 
-static int collect(void* user, const allocscope_live_v1* live) {
+static int collect(void* user, const V_(allocscope_live) * live) {
     live_list* l = user;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 16;
-        allocscope_evidence_v1* items = realloc(l->items, cap * sizeof *items);
+        V_(allocscope_evidence)* items = realloc(l->items, cap * sizeof *items);
         if (!items) return 1;
         l->items = items;
         char(*strings)[2][64] = realloc(l->strings, cap * sizeof *strings);
@@ -210,7 +238,7 @@ static int collect(void* user, const allocscope_live_v1* live) {
         l->strings = strings;
         l->cap = cap;
     }
-    allocscope_evidence_v1* e = &l->items[l->n];
+    V_(allocscope_evidence)* e = &l->items[l->n];
     snprintf(l->strings[l->n][0], 64, "%s", live->layer);
     snprintf(l->strings[l->n][1], 64, "%s", live->phase);
     e->size = live->size;
@@ -223,14 +251,14 @@ static int collect(void* user, const allocscope_live_v1* live) {
 }
 
 static int by_seq(const void* a, const void* b) {
-    const allocscope_evidence_v1* x = a;
-    const allocscope_evidence_v1* y = b;
+    const V_(allocscope_evidence)* x = a;
+    const V_(allocscope_evidence)* y = b;
     return x->alloc_seq < y->alloc_seq ? -1 : x->alloc_seq > y->alloc_seq;
 }
 
 static allocscope_plugin_status count_finish(void* state) {
     count_state* s = state;
-    const allocscope_host_v1* h = s->host;
+    const V_(allocscope_host)* h = s->host;
     live_list live = {0};
     size_t visited = h->live_foreach(h->ctx, 0, collect, &live);
     /* The strings travel with their entries through the sort. */
@@ -253,15 +281,16 @@ static allocscope_plugin_status count_finish(void* state) {
              " last_step=%" PRIu64 " baseline=%" PRIu64 " run=%" PRIu64
              " order=%s params=%zu"
              " live=%zu live_bytes=%" PRIu64 " segment_bytes=%" PRIu64 " block_bytes=%" PRIu64
-             " stacks=%u max_seq=%" PRIu64 " hash=%016" PRIx64,
+             " stacks=%u max_seq=%" PRIu64 " hash=%016" PRIx64 " oom_address_sum=%" PRIu64,
              s->events, s->by_kind[1], s->by_kind[2], s->by_kind[5], s->by_kind[6], s->by_kind[7],
              s->by_kind[8], s->by_kind[9], s->by_kind[10], s->by_kind[11], s->alloc_bytes,
              s->freed_bytes, s->freed_alloc_seq_sum, s->unknown_frees, s->steps, s->step_sum,
              s->last_step, s->baseline_events, s->run_events, s->order_violated ? "violated" : "ok",
              h->param_count(h->ctx), visited, h->live_bytes(h->ctx, 0),
              h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_SEGMENT),
-             h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_BLOCK), s->stacks_seen, s->max_seq, s->hash);
-    allocscope_finding_v1 f;
+             h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_BLOCK), s->stacks_seen, s->max_seq, s->hash,
+             s->oom_address_sum);
+    V_(allocscope_finding) f;
     memset(&f, 0, sizeof f);
     f.struct_size = sizeof f;
     f.severity = s->severity;
@@ -274,7 +303,7 @@ static allocscope_plugin_status count_finish(void* state) {
     f.evidence_count = live.n < s->max_evidence ? live.n : s->max_evidence;
     h->emit(h->ctx, &f);
     if (s->transcript_on) {
-        allocscope_finding_v1 t;
+        V_(allocscope_finding) t;
         memset(&t, 0, sizeof t);
         t.struct_size = sizeof t;
         t.severity = ALLOCSCOPE_SEVERITY_INFO;
@@ -289,20 +318,32 @@ static allocscope_plugin_status count_finish(void* state) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-#ifdef TEST_UNVERSIONED_SYMBOL
-__attribute__((visibility("default"))) const allocscope_plugin_v1 allocscope_plugin = {
-#else
-ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
-#endif
-    TEST_STRUCT_SIZE,     TEST_ABI_VERSION, TEST_NAME,      "counts events (test plugin)",
-    ALLOCSCOPE_EVENT_ALL, count_init,       count_on_event, count_on_step,
-    count_finish,
+/* The one exported symbol (an asm label: TEST_SYMBOL). */
+__attribute__((visibility("default"))) const V_(allocscope_plugin) test_descriptor
+    __asm__(TEST_SYMBOL) = {
+        TEST_STRUCT_SIZE, TEST_ABI_VERSION, TEST_NAME,      "counts events (test plugin)",
+        TEST_ALL,         count_init,       count_on_event, count_on_step,
+        count_finish,
 };
 
 #ifdef TEST_BOTH_SYMBOLS
-__attribute__((visibility("default"))) const allocscope_plugin_v1 allocscope_plugin = {
-    TEST_STRUCT_SIZE,     2,          TEST_NAME,      "counts events (test plugin, ABI 2)",
-    ALLOCSCOPE_EVENT_ALL, count_init, count_on_event, count_on_step,
-    count_finish,
+/* A good version 1 descriptor too, under its versioned name: the host
+ * takes allocscope_plugin_v2, the newest, and ignores this one. */
+static allocscope_plugin_status v1_init(const allocscope_host_v1* host, void** state) {
+    (void)host;
+    *state = NULL;
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+__attribute__((visibility("default")))
+const allocscope_plugin_v1 test_descriptor_v1 __asm__("allocscope_plugin_v1") = {
+    sizeof(allocscope_plugin_v1),
+    1,
+    "test-both-v1",
+    "the version 1 descriptor (test plugin)",
+    ALLOCSCOPE_EVENT_ALL,
+    v1_init,
+    NULL,
+    NULL,
+    NULL,
 };
 #endif

@@ -3,12 +3,12 @@
  * event, step, finish; default event) at the fail_at-th such call (default
  * 3). Its state is freed before it fails, as the host makes no further
  * calls. */
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
-    const allocscope_host_v1* host;
+    const allocscope_host_v2* host;
     char fail_in[16];
     unsigned long fail_at;
     unsigned long events, steps;
@@ -19,7 +19,7 @@ static allocscope_plugin_status fail(error_state* s) {
     return ALLOCSCOPE_PLUGIN_ERROR;
 }
 
-static allocscope_plugin_status error_init(const allocscope_host_v1* host, void** state) {
+static allocscope_plugin_status error_init(const allocscope_host_v2* host, void** state) {
     error_state* s = calloc(1, sizeof *s);
     if (!s) return ALLOCSCOPE_PLUGIN_ERROR;
     s->host = host;
@@ -32,11 +32,11 @@ static allocscope_plugin_status error_init(const allocscope_host_v1* host, void*
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-static allocscope_plugin_status error_on_event(void* state, const allocscope_event_v1* e) {
+static allocscope_plugin_status error_on_event(void* state, const allocscope_event_v2* e) {
     error_state* s = state;
     ++s->events;
     if (s->events == 1) {
-        allocscope_finding_v1 f;
+        allocscope_finding_v2 f;
         memset(&f, 0, sizeof f);
         f.struct_size = sizeof f;
         f.severity = ALLOCSCOPE_SEVERITY_WARNING;
@@ -67,12 +67,12 @@ static allocscope_plugin_status error_finish(void* state) {
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
-    sizeof(allocscope_plugin_v1),
-    ALLOCSCOPE_PLUGIN_ABI_VERSION,
+ALLOCSCOPE_PLUGIN_V2_DESCRIPTOR = {
+    sizeof(allocscope_plugin_v2),
+    ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
     "test-error",
     "fails on purpose (test plugin)",
-    ALLOCSCOPE_EVENT_ALL,
+    ALLOCSCOPE_EVENT_V2_ALL,
     error_init,
     error_on_event,
     error_on_step,

@@ -1,3 +1,3 @@
 /* Test library "test-nosym": a shared library without a plugin descriptor
- * symbol (neither allocscope_plugin_v1 nor allocscope_plugin). */
+ * symbol (none of allocscope_plugin_v2, allocscope_plugin_v1, allocscope_plugin). */
 __attribute__((visibility("default"))) int allocscope_plugin_v0 = 1;

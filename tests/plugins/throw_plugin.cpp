@@ -1,7 +1,7 @@
 // Test plugin "test-throw": a C++ plugin whose on_event throws on its
 // second event (it frees its state first: the host makes no further calls).
 // Option `what=bad-finding` makes it emit an invalid finding instead.
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 
 #include <cstring>
 #include <stdexcept>
@@ -9,12 +9,12 @@
 namespace {
 
 struct State {
-    const allocscope_host_v1* host;
+    const allocscope_host_v2* host;
     unsigned events = 0;
     bool bad_finding = false;
 };
 
-allocscope_plugin_status throw_init(const allocscope_host_v1* host, void** state) {
+allocscope_plugin_status throw_init(const allocscope_host_v2* host, void** state) {
     auto* s = new State{host};
     const char* what = host->option(host->ctx, "what");
     s->bad_finding = what && std::strcmp(what, "bad-finding") == 0;
@@ -22,11 +22,11 @@ allocscope_plugin_status throw_init(const allocscope_host_v1* host, void** state
     return ALLOCSCOPE_PLUGIN_OK;
 }
 
-allocscope_plugin_status throw_on_event(void* state, const allocscope_event_v1*) {
+allocscope_plugin_status throw_on_event(void* state, const allocscope_event_v2*) {
     auto* s = static_cast<State*>(state);
     if (++s->events < 2) return ALLOCSCOPE_PLUGIN_OK;
     if (s->bad_finding) {
-        allocscope_finding_v1 f{};
+        allocscope_finding_v2 f{};
         f.struct_size = sizeof f;
         f.severity = 7;
         f.summary = "severity out of range";
@@ -45,12 +45,12 @@ allocscope_plugin_status throw_finish(void* state) {
 
 }  // namespace
 
-ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {
-    sizeof(allocscope_plugin_v1),
-    ALLOCSCOPE_PLUGIN_ABI_VERSION,
+ALLOCSCOPE_PLUGIN_V2_DESCRIPTOR = {
+    sizeof(allocscope_plugin_v2),
+    ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
     "test-throw",
     "throws (test plugin)",
-    ALLOCSCOPE_EVENT_ALL,
+    ALLOCSCOPE_EVENT_V2_ALL,
     throw_init,
     throw_on_event,
     nullptr,

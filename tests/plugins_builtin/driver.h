@@ -1,4 +1,4 @@
-// A minimal allocscope_host_v1 for the built-in plugins' tests: a Stream is a
+// A minimal allocscope_host_v2 for the built-in plugins' tests: a Stream is a
 // synthetic event list written like a training loop's calls, and a Driver
 // loads nothing itself but drives a plugin (loaded with load_plugin, from the
 // module path the test's meson definition puts in the environment) through
@@ -21,8 +21,8 @@
 //   * DERIVED events name a parameter the same stream registered earlier
 //     (Stream::derived); param_index is that registration's host index, as
 //     core/plugin_host.cpp maps a trace's parameter indices;
-//   * findings' appended fields (basis, evidence notes) read when the
-//     plugin's struct_size covers them;
+//   * a finding whose struct_size is short of allocscope_finding_v2 has its
+//     basis and evidence notes left unread (the host refuses it);
 //   * options ("<key>" of this plugin), rank and world size, findings (copied,
 //     with plugin name and rank) and log lines collected;
 //   * a call that fails disables the plugin: nothing more is delivered,
@@ -33,7 +33,7 @@
 // ... in order of first use), so evidence carries non-zero stacks.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <allocscope/sdk/evidence.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -59,14 +59,14 @@ namespace allocscope::test {
 // The plugin struct of the module at the path in environment variable
 // `variable`. The module stays loaded for the life of the process. Throws
 // when the variable is unset or the module cannot be loaded.
-inline const allocscope_plugin_v1* load_plugin(const char* variable) {
+inline const allocscope_plugin_v2* load_plugin(const char* variable) {
     const char* path = std::getenv(variable);
     if (!path) throw std::runtime_error(std::string(variable) + " is not set (see meson.build)");
     void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle) throw std::runtime_error(std::string("dlopen ") + path + ": " + dlerror());
     auto* plugin =
-        static_cast<const allocscope_plugin_v1*>(dlsym(handle, ALLOCSCOPE_PLUGIN_SYMBOL));
-    if (!plugin) throw std::runtime_error(std::string(path) + ": no " ALLOCSCOPE_PLUGIN_SYMBOL);
+        static_cast<const allocscope_plugin_v2*>(dlsym(handle, ALLOCSCOPE_PLUGIN_V2_SYMBOL));
+    if (!plugin) throw std::runtime_error(std::string(path) + ": no " ALLOCSCOPE_PLUGIN_V2_SYMBOL);
     return plugin;
 }
 
@@ -273,23 +273,23 @@ struct CollectedFinding {
 
 class Driver {
   public:
-    explicit Driver(const allocscope_plugin_v1* plugin) : plugin_(*plugin) {
+    explicit Driver(const allocscope_plugin_v2* plugin) : plugin_(*plugin) {
         host_.struct_size = sizeof host_;
-        host_.abi_version = ALLOCSCOPE_PLUGIN_ABI_VERSION;
+        host_.abi_version = ALLOCSCOPE_PLUGIN_V2_ABI_VERSION;
         host_.ctx = this;
         host_.rank = 0;
         host_.world_size = 1;
         host_.param_count = [](void* ctx) { return self(ctx).params_.size(); };
-        host_.param = [](void* ctx, size_t i) -> const allocscope_param_v1* {
+        host_.param = [](void* ctx, size_t i) -> const allocscope_param_v2* {
             Driver& d = self(ctx);
             return i < d.params_.size() ? &d.params_[i].view : nullptr;
         };
-        host_.live_foreach = [](void* ctx, uint32_t level, allocscope_live_visitor_v1 visit,
+        host_.live_foreach = [](void* ctx, uint32_t level, allocscope_live_visitor_v2 visit,
                                 void* user) -> size_t {
             size_t n = 0;
             for (const auto& [key, r] : self(ctx).live_) {
                 if (level != 0 && r.level != level) continue;
-                const allocscope_live_v1 l{r.address,
+                const allocscope_live_v2 l{r.address,
                                            r.size,
                                            r.seq,
                                            r.step,
@@ -314,7 +314,7 @@ class Driver {
             auto it = options.find(key);
             return it == options.end() ? nullptr : it->second.c_str();
         };
-        host_.emit = [](void* ctx, const allocscope_finding_v1* f) { self(ctx).collect(*f); };
+        host_.emit = [](void* ctx, const allocscope_finding_v2* f) { self(ctx).collect(*f); };
         host_.log = [](void* ctx, const char* message) {
             Driver& d = self(ctx);
             d.logs_.push_back(std::string(d.plugin_.name) + ": " + message);
@@ -352,7 +352,7 @@ class Driver {
     };
     struct Param {
         std::string layer, name, dtype;
-        allocscope_param_v1 view{};
+        allocscope_param_v2 view{};
     };
 
     static Driver& self(void* ctx) { return *static_cast<Driver*>(ctx); }
@@ -360,8 +360,8 @@ class Driver {
     bool drive(const Stream* baseline, const Stream& stream) {
         if (ran_) throw std::logic_error("a Driver runs once");
         ran_ = true;
-        if (plugin_.struct_size < sizeof(allocscope_plugin_v1) ||
-            plugin_.abi_version != ALLOCSCOPE_PLUGIN_ABI_VERSION) {
+        if (plugin_.struct_size < sizeof(allocscope_plugin_v2) ||
+            plugin_.abi_version != ALLOCSCOPE_PLUGIN_V2_ABI_VERSION) {
             failed_ = "abi";
             return false;
         }
@@ -391,7 +391,8 @@ class Driver {
                     return;
                 }
             }
-            allocscope_event_v1 e{};
+            allocscope_event_v2 e{};
+            e.struct_size = sizeof e;
             e.seq = s.seq;
             e.t_ns = s.seq * 1000;
             e.step = s.step;
@@ -440,7 +441,7 @@ class Driver {
         }
     }
 
-    void collect(const allocscope_finding_v1& f) {
+    void collect(const allocscope_finding_v2& f) {
         if (dropping_) return;
         CollectedFinding c;
         c.plugin = plugin_.name;
@@ -451,11 +452,11 @@ class Driver {
         c.bytes = f.bytes;
         c.count = f.count;
         c.summary = f.summary ? f.summary : "";
-        const bool extended = f.struct_size >= sizeof(allocscope_finding_v1);
+        const bool extended = f.struct_size >= sizeof(allocscope_finding_v2);
         const char* const* notes = extended ? f.evidence_notes : nullptr;
         if (extended && f.basis) c.basis = f.basis;
         for (size_t i = 0; i < f.evidence_count; ++i) {
-            const allocscope_evidence_v1& e = f.evidence[i];
+            const allocscope_evidence_v2& e = f.evidence[i];
             c.evidence.push_back({e.size, e.layer ? e.layer : "", e.phase ? e.phase : "", e.step,
                                   e.alloc_seq, e.free_seq, e.stack_id,
                                   notes && notes[i] ? notes[i] : ""});
@@ -463,12 +464,12 @@ class Driver {
         findings_.push_back(std::move(c));
     }
 
-    const allocscope_plugin_v1& plugin_;
-    allocscope_host_v1 host_{};
+    const allocscope_plugin_v2& plugin_;
+    allocscope_host_v2 host_{};
     std::map<std::string, std::string> options_;
     std::map<std::pair<uint32_t, uint64_t>, Live> live_;
     std::deque<Param> params_;
-    // Tag strings as plugin_v1.h promises them: one address per text, valid
+    // Tag strings as plugin_v2.h promises them: one address per text, valid
     // until finish (node-based: elements never move).
     const char* interned(const std::string& text) { return tags_.insert(text).first->c_str(); }
     std::unordered_set<std::string> tags_;

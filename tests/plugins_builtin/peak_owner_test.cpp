@@ -70,14 +70,14 @@ struct Scenario {
 }  // namespace
 
 TEST_CASE("the plugin struct: ABI, name, the event kinds it needs, one exported symbol") {
-    const allocscope_plugin_v1* p = plugin();
-    CHECK(p->struct_size == sizeof(allocscope_plugin_v1));
-    CHECK(p->abi_version == ALLOCSCOPE_PLUGIN_ABI_VERSION);
+    const allocscope_plugin_v2* p = plugin();
+    CHECK(p->struct_size == sizeof(allocscope_plugin_v2));
+    CHECK(p->abi_version == ALLOCSCOPE_PLUGIN_V2_ABI_VERSION);
     CHECK(std::string(p->name) == "peak-owner");
     CHECK(p->event_mask == (ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE)));
     CHECK(allocscope::test::plugin_symbols_without_asan() ==
-          std::vector<std::string>{"allocscope_plugin_v1"});
+          std::vector<std::string>{"allocscope_plugin_v2"});
 }
 
 TEST_CASE("owners at the peak, by tag, phase and stack, with their biggest allocations") {

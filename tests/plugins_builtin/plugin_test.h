@@ -18,8 +18,8 @@ namespace allocscope::test {
 
 using Options = std::map<std::string, std::string>;
 
-inline const allocscope_plugin_v1* plugin() {
-    static const allocscope_plugin_v1* p = load_plugin("ALLOCSCOPE_TEST_PLUGIN");
+inline const allocscope_plugin_v2* plugin() {
+    static const allocscope_plugin_v2* p = load_plugin("ALLOCSCOPE_TEST_PLUGIN");
     return p;
 }
 

@@ -254,16 +254,16 @@ const CollectedFinding* find_layer(const Outcome& d, const std::string& layer) {
 
 }  // namespace
 
-TEST_CASE("the module exports exactly one dynamic symbol, allocscope_plugin_v1") {
+TEST_CASE("the module exports exactly one dynamic symbol, allocscope_plugin_v2") {
     // exports.map hides everything else, sanitizer instrumentation and the
     // libstdc++ template instantiations (default visibility) included.
-    CHECK(allocscope::test::plugin_symbols() == std::vector<std::string>{"allocscope_plugin_v1"});
+    CHECK(allocscope::test::plugin_symbols() == std::vector<std::string>{"allocscope_plugin_v2"});
 }
 
 TEST_CASE("the plugin struct: ABI, name, and only the event kinds it needs") {
-    const allocscope_plugin_v1* p = plugin();
-    CHECK(p->struct_size == sizeof(allocscope_plugin_v1));
-    CHECK(p->abi_version == ALLOCSCOPE_PLUGIN_ABI_VERSION);
+    const allocscope_plugin_v2* p = plugin();
+    CHECK(p->struct_size == sizeof(allocscope_plugin_v2));
+    CHECK(p->abi_version == ALLOCSCOPE_PLUGIN_V2_ABI_VERSION);
     CHECK(std::string(p->name) == "transpose-cache-retention");
     CHECK(p->event_mask == (ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_ALLOC) |
                             ALLOCSCOPE_EVENT_BIT(ALLOCSCOPE_EVENT_FREE) |

@@ -15,10 +15,10 @@ using namespace allocscope::plugins;
 
 class Probe {
   public:
-    explicit Probe(const allocscope_host_v1& host)
+    explicit Probe(const allocscope_host_v2& host)
         : host_(host), level_(option_level(host, "level")) {}
 
-    void on_event(const allocscope_event_v1& e) {
+    void on_event(const allocscope_event_v2& e) {
         if (e.kind != ALLOCSCOPE_EVENT_ALLOC && e.kind != ALLOCSCOPE_EVENT_FREE) return;
         bool switched = false;
         if (!level_.follow(e, &switched) || e.kind != ALLOCSCOPE_EVENT_ALLOC) return;
@@ -47,7 +47,7 @@ class Probe {
         uint64_t allocations = 0;
         uint64_t bytes = 0;
     };
-    const allocscope_host_v1& host_;
+    const allocscope_host_v2& host_;
     LevelFilter level_;
     Interner strings_;
     std::map<uint32_t, Count> by_phase_;

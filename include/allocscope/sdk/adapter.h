@@ -1,10 +1,10 @@
 // Plugin SDK: the adapter from a C++ class to the C ABI
-// (allocscope/plugin_v1.h): trampolines that turn exceptions into errors
+// (allocscope/plugin_v2.h): trampolines that turn exceptions into errors
 // logged through the host, and ALLOCSCOPE_DEFINE_PLUGIN, which defines the
 // plugin's one exported symbol.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 
 #include <exception>
 #include <memory>
@@ -13,15 +13,15 @@
 namespace allocscope::plugins {
 
 // C ABI trampolines for a class T with
-//   explicit T(const allocscope_host_v1& host);
-//   void on_event(const allocscope_event_v1& event);
+//   explicit T(const allocscope_host_v2& host);
+//   void on_event(const allocscope_event_v2& event);
 //   void on_step(uint64_t step, uint32_t source);
 //   void finish();
 // An exception becomes ALLOCSCOPE_PLUGIN_ERROR and is logged through the
 // host, so the host disables the plugin with the reason.
 template <class T>
 struct Adapter {
-    static void log_exception(const allocscope_host_v1* host, const char* call) noexcept {
+    static void log_exception(const allocscope_host_v2* host, const char* call) noexcept {
         try {
             throw;
         } catch (const std::exception& e) {
@@ -31,10 +31,10 @@ struct Adapter {
         }
     }
     struct State {
-        const allocscope_host_v1* host;
+        const allocscope_host_v2* host;
         std::unique_ptr<T> plugin;
     };
-    static allocscope_plugin_status init(const allocscope_host_v1* host, void** state) noexcept {
+    static allocscope_plugin_status init(const allocscope_host_v2* host, void** state) noexcept {
         try {
             auto s = std::make_unique<State>(State{host, std::make_unique<T>(*host)});
             *state = s.release();
@@ -44,7 +44,7 @@ struct Adapter {
             return ALLOCSCOPE_PLUGIN_ERROR;
         }
     }
-    static allocscope_plugin_status on_event(void* state, const allocscope_event_v1* e) noexcept {
+    static allocscope_plugin_status on_event(void* state, const allocscope_event_v2* e) noexcept {
         auto* s = static_cast<State*>(state);
         try {
             s->plugin->on_event(*e);
@@ -79,11 +79,12 @@ struct Adapter {
 }  // namespace allocscope::plugins
 
 // Defines the one exported symbol of a plugin built from class `Class`
-// (ALLOCSCOPE_PLUGIN_SYMBOL, the versioned allocscope_plugin_v1).
+// (ALLOCSCOPE_PLUGIN_V2_SYMBOL, allocscope_plugin_v2, with default
+// visibility: build with -fvisibility=hidden, plugins/README.md).
 #define ALLOCSCOPE_DEFINE_PLUGIN(Class, plugin_name, plugin_description, mask) \
-    ALLOCSCOPE_PLUGIN_V1_DESCRIPTOR = {                                        \
-        sizeof(allocscope_plugin_v1),                                          \
-        ALLOCSCOPE_PLUGIN_ABI_VERSION,                                         \
+    ALLOCSCOPE_PLUGIN_V2_DESCRIPTOR = {                                        \
+        sizeof(allocscope_plugin_v2),                                          \
+        ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,                                      \
         plugin_name,                                                           \
         plugin_description,                                                    \
         mask,                                                                  \

@@ -3,7 +3,7 @@
 // cap.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <allocscope/sdk/evidence.h>
 
 #include <algorithm>
@@ -15,22 +15,22 @@
 namespace allocscope::plugins {
 
 struct Finding {
-    allocscope_severity_v1 severity = ALLOCSCOPE_SEVERITY_WARNING;
+    allocscope_severity_v2 severity = ALLOCSCOPE_SEVERITY_WARNING;
     std::string layer;
     std::string phase;
     uint64_t bytes = 0;
     uint64_t count = 0;
     std::string summary;
     std::vector<Evidence> evidence;
-    // How the claim was established (allocscope_finding_v1::basis): "proven",
+    // How the claim was established (allocscope_finding_v2::basis): "proven",
     // "size-only", "baseline"; "" when not applicable.
     std::string basis;
 };
 
 // Hands a Finding to the host (which copies it), with its basis and, when
 // any evidence has one, the evidence notes.
-inline void emit(const allocscope_host_v1& host, const Finding& f) {
-    std::vector<allocscope_evidence_v1> ev;
+inline void emit(const allocscope_host_v2& host, const Finding& f) {
+    std::vector<allocscope_evidence_v2> ev;
     std::vector<const char*> notes;
     ev.reserve(f.evidence.size());
     notes.reserve(f.evidence.size());
@@ -41,7 +41,7 @@ inline void emit(const allocscope_host_v1& host, const Finding& f) {
         notes.push_back(e.note.c_str());
         any_note = any_note || !e.note.empty();
     }
-    allocscope_finding_v1 out{};
+    allocscope_finding_v2 out{};
     out.struct_size = sizeof out;
     out.severity = uint32_t(f.severity);
     out.layer = f.layer.c_str();

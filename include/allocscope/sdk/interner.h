@@ -29,7 +29,7 @@ class Interner {
         return id;
     }
     // A tag string of an event or live record. The host interns those
-    // (plugin_v1.h): one address per text, valid until finish. So the
+    // (plugin_v2.h): one address per text, valid until finish. So the
     // address is the key, and each distinct one is hashed by text once.
     uint32_t tag(const char* text) {
         if (!text) return 0;

@@ -2,7 +2,7 @@
 // runtime-API segments) a detector follows: the option and the filter.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -17,7 +17,7 @@ namespace allocscope::plugins {
 // once the stream has reported any, segments until then.
 enum class LevelMode { automatic, block, segment };
 
-inline LevelMode option_level(const allocscope_host_v1& host, const char* key) {
+inline LevelMode option_level(const allocscope_host_v2& host, const char* key) {
     const char* text = host.option(host.ctx, key);
     if (!text) return LevelMode::automatic;
     const std::string_view v(text);
@@ -40,7 +40,7 @@ class LevelFilter {
     // Whether an ALLOC/FREE event is of the followed level. Returns true
     // and sets *switched when auto mode moves to blocks on this event (the
     // caller drops what it holds of segments).
-    bool follow(const allocscope_event_v1& e, bool* switched) {
+    bool follow(const allocscope_event_v2& e, bool* switched) {
         *switched = false;
         if (mode_ == LevelMode::automatic && level_ == ALLOCSCOPE_LEVEL_SEGMENT &&
             e.level == ALLOCSCOPE_LEVEL_BLOCK && e.kind == ALLOCSCOPE_EVENT_ALLOC) {

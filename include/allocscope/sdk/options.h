@@ -4,7 +4,7 @@
 // that message.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -18,7 +18,7 @@ namespace allocscope::plugins {
 // that is not a non-negative integer (optionally with a K/M/G/KiB/MiB/GiB
 // suffix) throws std::invalid_argument naming the option, which disables
 // the plugin with that message.
-inline uint64_t option_bytes(const allocscope_host_v1& host, const char* key, uint64_t fallback) {
+inline uint64_t option_bytes(const allocscope_host_v2& host, const char* key, uint64_t fallback) {
     const char* text = host.option(host.ctx, key);
     if (!text) return fallback;
     std::string_view v(text);
@@ -46,7 +46,7 @@ inline uint64_t option_bytes(const allocscope_host_v1& host, const char* key, ui
     return value * unit;
 }
 
-inline double option_number(const allocscope_host_v1& host, const char* key, double fallback) {
+inline double option_number(const allocscope_host_v2& host, const char* key, double fallback) {
     const char* text = host.option(host.ctx, key);
     if (!text) return fallback;
     char* end = nullptr;
@@ -61,7 +61,7 @@ inline double option_number(const allocscope_host_v1& host, const char* key, dou
 // Option `key` as a plain integer in [min, max], or `fallback` when unset.
 // Anything else throws std::invalid_argument naming the option (the plugin
 // is then disabled with that message).
-inline uint64_t option_count(const allocscope_host_v1& host, const char* key, uint64_t fallback,
+inline uint64_t option_count(const allocscope_host_v2& host, const char* key, uint64_t fallback,
                              uint64_t min, uint64_t max) {
     const char* text = host.option(host.ctx, key);
     if (!text) return fallback;

@@ -2,7 +2,7 @@
 // (TagTracker), so a plugin knows the tag a pop returns to.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,7 @@ struct Tag {
 // (a stream that starts mid-scope) is ignored.
 class TagTracker {
   public:
-    void on_event(const allocscope_event_v1& e) {
+    void on_event(const allocscope_event_v2& e) {
         std::vector<Tag>& stack = stacks_[e.tid];
         if (e.kind == ALLOCSCOPE_EVENT_TAG_PUSH) {
             stack.push_back({e.layer ? e.layer : "", e.phase ? e.phase : ""});

@@ -2,7 +2,7 @@
 // allocation's size against the forms derived from them.
 #pragma once
 
-#include <allocscope/plugin_v1.h>
+#include <allocscope/plugin_v2.h>
 #include <allocscope/sdk/flat_map.h>
 #include <allocscope/sdk/interner.h>
 #include <allocscope/sdk/size_set.h>
@@ -28,15 +28,15 @@ class WeightParams {
         : strings_(strings), rules_(rules), min_numel_(min_numel) {}
 
     // The parameters the host has registered so far.
-    void sync(const allocscope_host_v1& host) {
+    void sync(const allocscope_host_v2& host) {
         const std::size_t n = host.param_count(host.ctx);
         for (std::size_t i = 0; i < n; ++i) {
-            if (const allocscope_param_v1* p = host.param(host.ctx, i)) add(*p);
+            if (const allocscope_param_v2* p = host.param(host.ctx, i)) add(*p);
         }
     }
     // A PARAM event's parameter; one registered again (the baseline's and
     // the run's streams both register it) replaces the earlier entry.
-    void add(const allocscope_param_v1& p) {
+    void add(const allocscope_param_v2& p) {
         const std::string layer = p.layer ? p.layer : "";
         if (layer.empty()) return;
         add_gradient(layer, p);
@@ -124,7 +124,7 @@ class WeightParams {
     // module when it has none): numel and sharded_numel times the dtype's
     // size and the usual gradient dtypes' (bf16/fp16, fp32). A parameter
     // registered again adds its sizes again (the set keeps them once).
-    void add_gradient(const std::string& layer, const allocscope_param_v1& p) {
+    void add_gradient(const std::string& layer, const allocscope_param_v2& p) {
         const std::string_view numbered = numbered_layer(layer);
         SizeSet& sizes = gradient_sizes_[numbered.empty() ? layer : std::string(numbered)];
         const uint64_t element = dtype_bytes(p.dtype ? p.dtype : "");
