@@ -1,3 +1,8 @@
+// The analysis of one trace (analyze/analysis.h): one streamed pass per
+// question over the events (the live set, peaks, sites, tags, timeline,
+// out-of-memory moments, the self-check against the allocator's counters).
+// Longer than 600 lines: the passes share the live-set rules of one replay
+// and are kept beside each other so that they count alike.
 #include "analysis.h"
 
 #include <algorithm>

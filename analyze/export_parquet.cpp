@@ -3,6 +3,8 @@
 // Hive-partitioned Parquet dataset (COPY ... PARTITION_BY (run, rank)).
 // DuckDB is opened at run time through its stable C API (duckdb_api.h), so
 // allocscope neither builds nor links against it; docs/DESIGN.md says why.
+// Longer than 600 lines: one file holds the C API binding, the table schemas
+// and the appenders, which change together when a column is added.
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>

@@ -2,6 +2,8 @@
 // plugins, loading and checking them (version 2, and version 1 through the
 // v1 adapter), their allocscope_host_v2 / _v1 callbacks,
 // findings and statuses. The event stream is core/plugin_feed.cpp.
+// Longer than 600 lines: both ABI versions' checks and the v1 adapter sit
+// with the loading they guard, so that a refusal is decided in one place.
 #include "plugin_host.h"
 
 #include <dlfcn.h>

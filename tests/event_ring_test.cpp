@@ -6,6 +6,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -63,7 +64,9 @@ TEST_CASE(
     // 200 producers want one slot each from a full ring whose consumer frees
     // one slot every 5 ms: the last of them waits about a second, four
     // times the patience. Only a consumer standing still for the whole
-    // patience may cost an event.
+    // patience may cost an event: on a loaded machine the consumer thread
+    // itself may not run for that long (200 waiting producers on 2 cores),
+    // and then, and only then, a drop is what the ring promises.
     std::unique_ptr<EventRing> ring = full_ring();
     constexpr int kProducers = 200;
     constexpr uint64_t kPatience = 250 * kMs;
@@ -86,17 +89,30 @@ TEST_CASE(
     go.store(true);
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t released = 0;
+    auto last_release = t0;
+    std::chrono::steady_clock::duration longest_still{};  // the consumer's longest pause
     while (reserved.load() + dropped.load() < kProducers &&
            std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         // One slot at a time, and only what is published (as the writer).
-        if (ring->published_run(1) == 1) ring->release_until(++released);
+        if (ring->published_run(1) == 1) {
+            ring->release_until(++released);
+            const auto now = std::chrono::steady_clock::now();
+            longest_still = std::max(longest_still, now - last_release);
+            last_release = now;
+        }
     }
     for (std::thread& t : producers)
         t.join();
     const auto waited = std::chrono::steady_clock::now() - t0;
-    MESSAGE("200 producers served in " << std::chrono::duration<double>(waited).count() << " s");
-    CHECK(dropped.load() == 0);
-    CHECK(reserved.load() == kProducers);
-    CHECK(ring->reserved() == EventRing::kCapacity + kProducers);
+    const bool consumer_stood_still =
+        longest_still >= std::chrono::nanoseconds(kPatience) - std::chrono::milliseconds(5);
+    MESSAGE("200 producers served in "
+            << std::chrono::duration<double>(waited).count() << " s; the consumer's longest pause "
+            << std::chrono::duration<double>(longest_still).count() << " s");
+    if (!consumer_stood_still) CHECK(dropped.load() == 0);
+    CHECK(reserved.load() + dropped.load() == kProducers);
+    CHECK(reserved.load() > 0);
+    // Whoever gave up took no seq: no hole in the sequence.
+    CHECK(ring->reserved() == EventRing::kCapacity + uint64_t(reserved.load()));
 }

@@ -3,6 +3,8 @@
 // program's code, all frames under --full, and findings of several ranks
 // shown once; the HTML report's stack labels and findings, which agree with
 // the text; the JSON report's timeline at the HTML one's detail.
+// Longer than 600 lines: one specification of what the renderings print,
+// each case built from its own small trace.
 #include <doctest/doctest.h>
 
 #include <algorithm>

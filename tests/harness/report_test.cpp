@@ -2,6 +2,8 @@
 // writes (report.txt, report.html), what the analysis says about a run
 // (checked against the trace itself), the HTML's escaping, and `allocscope
 // diff` on the reference test's comparisons.
+// Longer than 600 lines: the cases share one harness run per shape, made
+// once for the whole file.
 // Environment (tests/meson.build): E2E_CLI, HARNESS.
 #include <doctest/doctest.h>
 

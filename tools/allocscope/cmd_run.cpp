@@ -1,4 +1,7 @@
 // allocscope run: runs a command with liballocscope.so preloaded.
+// Longer than 600 lines: the help text, the options, the Python and
+// multi-node set-up and the end of a run (replay, findings, reports) are
+// one command's sequence, read top to bottom.
 #include <limits.h>
 #include <signal.h>
 #include <sys/stat.h>

@@ -107,6 +107,8 @@
 #ifndef NDEBUG
 #define NDEBUG 1
 #endif
+// Longer than 600 lines: the observer, its storage map and the step window
+// it runs in are one mechanism with one set of invariants, stated above.
 #include <dlfcn.h>
 #include <time.h>
 
