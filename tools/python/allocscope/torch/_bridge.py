@@ -15,6 +15,9 @@ from ._oom import record_ooms
 _bridge_state = None  # None: not tried; True: attached or not needed; False: failed
 _sees_ooms = False  # the bridge is attached to the native allocator's trace
 _tensors_visible = False  # each tensor is an allocation of its own (bridge.cpp)
+# allocscope_torch_bridge_counters(device) once the bridge is loaded: the
+# allocator's counters for the self-check without memory_stats' dict.
+_counters = None
 # Called after each attach_bridge: what depends on the bridge's outcome
 # (provenance needs _tensors_visible) registers here, so that this module,
 # which finds and attaches the bridge, imports none of it.
@@ -161,6 +164,14 @@ def _attach():
     except (OSError, AttributeError) as e:
         _say("bridge", "the PyTorch bridge %s cannot be loaded: %s" % (path, e))
         return asynchronous
+    global _counters
+    try:
+        counters = lib.allocscope_torch_bridge_counters
+        counters.argtypes = [ctypes.c_int]
+        counters.restype = ctypes.c_int
+        _counters = counters
+    except AttributeError:
+        pass  # an older bridge: _optimizer.py asks torch.cuda.memory_stats
     global _sees_ooms, _tensors_visible
     error = ctypes.create_string_buffer(512)
     rc = attach(error, len(error))

@@ -10,7 +10,7 @@ import torch
 
 import allocscope as _allocscope
 
-from . import _hooks
+from . import _bridge, _hooks
 from ._common import _ANY_GENERATION, _OPTIMIZER, _lock, _say
 
 _primary_optimizer = None  # weakref (set by enable, else the first optimizer that steps)
@@ -58,6 +58,9 @@ def _allocator_counters():
     if not cuda.is_available() or not cuda.is_initialized():
         return
     device = cuda.current_device()
+    counters = _bridge._counters
+    if counters is not None and counters(device) == 0:
+        return
     stats = cuda.memory_stats(device)
     free, total = cuda.mem_get_info(device)
     _allocscope.allocator_counters(
