@@ -323,6 +323,22 @@ AllocatorView allocator_view(const Replay& replay, const SegmentOwners& owners, 
     return v;
 }
 
+// An ALLOCSCOPE_OOM_PARAM_MARK: the parameter the thread was processing,
+// for that thread's last moment of the step (none: the mark is ignored).
+void name_oom_parameter(const TraceTables& t, const Event& e, std::vector<OomMoment>& ooms) {
+    if (e.address >= t.params.size()) return;
+    const ParamRecord& p = t.params[e.address];
+    for (auto m = ooms.rbegin(); m != ooms.rend(); ++m) {
+        if (m->step != e.step) return;
+        if (m->tid != e.tid) continue;
+        const std::string layer = p.layer < t.strings.size() ? t.str(p.layer) : "";
+        const std::string name = p.name < t.strings.size() ? t.str(p.name) : "";
+        m->parameter = layer.empty() ? name : layer + "." + name;
+        m->parameter_count = e.size == 0 ? 1 : e.size;
+        return;
+    }
+}
+
 OomMoment oom_moment(const TraceTables& t, const Event& e, const OomSeed& seed,
                      const LastLayer& last, Tables& tables, const OwnerLive& live,
                      const Replay& replay, const SegmentOwners& owners, Pool owner,
@@ -549,6 +565,10 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         std::find(t.strings.begin(), t.strings.end(), ALLOCSCOPE_COUNTERS_MARK);
     const uint32_t counters_id =
         counters_text == t.strings.end() ? kNone : uint32_t(counters_text - t.strings.begin());
+    const auto oom_param_text =
+        std::find(t.strings.begin(), t.strings.end(), ALLOCSCOPE_OOM_PARAM_MARK);
+    const uint32_t oom_param_id =
+        oom_param_text == t.strings.end() ? kNone : uint32_t(oom_param_text - t.strings.begin());
     uint64_t devices_seen = 0;
     SegmentOwners segment_owners;
     LastLayer last_layer;
@@ -583,6 +603,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
             async_segments = true;
         if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
             devices_seen |= uint64_t{1} << (e.device & 63);
+        if (e.kind == EventKind::mark && e.aux == oom_param_id) name_oom_parameter(t, e, a.ooms);
         if (e.kind == EventKind::mark && e.aux == counters_id) {
             CounterSummary& cs = a.counters;
             if ((devices_seen & (devices_seen - 1)) != 0) {

@@ -173,6 +173,12 @@ struct OomMoment {
     // event of the same step that had one, on any thread. "" where none.
     std::string last_layer;
     std::string last_phase;
+    // The parameter the thread was processing, where the program said
+    // (allocscope_oom_parameter, after the failure on the same thread and
+    // step): "layers.3.fc1.weight", "" where none; parameter_count > 1: the
+    // first of that many processed together.
+    std::string parameter;
+    uint64_t parameter_count = 0;
     uint32_t stack = 0;  // the failing request's stack, 0: none
     uint64_t requested = 0;
     int32_t device = -1;

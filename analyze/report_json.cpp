@@ -80,7 +80,9 @@ void json_oom(std::string& out, const Report& report, const RankReport& r, const
            ", \"t_ns\": " + u(m.t_ns) + ", \"step\": " + u(m.step) + ", \"tid\": " + u(m.tid) +
            ", \"layer\": " + json_quote(m.layer) + ", \"phase\": " + json_quote(m.phase) +
            ", \"last_layer\": " + json_quote(m.last_layer) +
-           ", \"last_phase\": " + json_quote(m.last_phase) + ", \"requested\": " + u(m.requested) +
+           ", \"last_phase\": " + json_quote(m.last_phase) +
+           ", \"parameter\": " + json_quote(m.parameter) +
+           ", \"parameter_count\": " + u(m.parameter_count) + ", \"requested\": " + u(m.requested) +
            ", \"device\": " + std::to_string(m.device) + ", \"device_free\": " + u(m.device_free) +
            ", \"api\": " + json_quote(m.api) +
            ", \"by_allocator\": " + (m.by_allocator ? "true" : "false") +

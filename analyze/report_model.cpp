@@ -130,8 +130,17 @@ std::vector<std::string> counter_lines(const TraceAnalysis& a) {
 std::string oom_headline(const TraceAnalysis& a, const OomMoment& m) {
     std::string line =
         rank_name(a) + ": out of memory at step " + u(m.step) + ", " + tag_text(m.layer, m.phase);
+    std::vector<std::string> where;
+    if (!m.parameter.empty())
+        where.push_back(m.parameter_count > 1
+                            ? "processing " + u(m.parameter_count) +
+                                  " parameters together, the first " + printable(m.parameter)
+                            : "processing parameter " + printable(m.parameter));
     if (!m.last_layer.empty())
-        line += " (after " + tag_text(m.last_layer, m.last_phase) + ", the last layer tagged)";
+        where.push_back("after " + tag_text(m.last_layer, m.last_phase) +
+                        ", the last layer tagged");
+    for (size_t i = 0; i < where.size(); ++i)
+        line += (i == 0 ? " (" : "; ") + where[i] + (i + 1 == where.size() ? ")" : "");
     line += ", " + seconds(m.t_ns) + ": " + human_bytes(m.requested) + " requested";
     if (m.device >= 0) line += " on device " + std::to_string(m.device);
     if (m.segment_asked)

@@ -57,6 +57,46 @@ void register_param(const char* layer, const char* name, uint64_t numel, const c
     emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
 }
 
+namespace {
+
+// The index of parameter (layer, name), registered without sizes where it
+// was not (under defs_mutex); `registered`: it was registered here.
+uint32_t param_locked(const char* layer, const char* name, bool& registered) {
+    const uint32_t layer_id = intern_locked(layer);
+    const uint32_t name_id = intern_locked(name);
+    auto it = g->param_index.find({layer_id, name_id});
+    registered = it == g->param_index.end();
+    return registered ? add_param_locked(layer_id, name_id, 0, 0, 0) : it->second;
+}
+
+}  // namespace
+
+void oom_parameter(const char* layer, const char* name, uint64_t count) noexcept {
+    ApiScope scope;
+    if (!scope.active() || !layer || !name || !*name) return;
+    uint32_t index = 0, mark_id = 0;
+    bool registered = false;
+    try {
+        std::lock_guard lock(g->defs_mutex);
+        index = param_locked(layer, name, registered);
+        mark_id = intern_locked(ALLOCSCOPE_OOM_PARAM_MARK);
+    } catch (...) {
+        return;
+    }
+    const TagEntry tag = current_tag();
+    if (registered) emit_simple(EventKind::param, tag.layer, tag.phase, index, 0);
+    EventRing::Slot* slot = begin_event(EventKind::mark);
+    if (!slot) return;
+    Event& e = slot->event;
+    e.layer = tag.layer;
+    e.phase = tag.phase;
+    e.aux = mark_id;
+    e.address = index;
+    e.size = count == 0 ? 1 : count;
+    e.api = Api::c_api;
+    EventRing::publish(slot);
+}
+
 void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept {
     ApiScope scope;
     if (!scope.active() || !ptr || !layer || !*layer) return;
@@ -65,14 +105,10 @@ void derived(const void* ptr, const char* layer, const char* name, const char* h
     bool registered = false;
     try {
         std::lock_guard lock(g->defs_mutex);
-        const uint32_t layer_id = intern_locked(layer);
-        const uint32_t name_id = intern_locked(name);
-        how_id = intern_locked(how);
-        auto it = g->param_index.find({layer_id, name_id});
-        registered = it == g->param_index.end();
         // Never registered: registered here without sizes, so the
         // declaration still names its parameter.
-        index = registered ? add_param_locked(layer_id, name_id, 0, 0, 0) : it->second;
+        index = param_locked(layer, name, registered);
+        how_id = intern_locked(how);
     } catch (...) {
         return;
     }

@@ -99,6 +99,11 @@ ALLOCSCOPE_EXPORT void allocscope_allocator_counters(int device, uint64_t alloca
     allocscope::recorder::allocator_counters(device, allocated, reserved, device_used);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_oom_parameter(const char* layer, const char* name,
+                                                uint64_t count) {
+    allocscope::recorder::oom_parameter(layer, name, count);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_derived(const void* ptr, const char* layer, const char* name,
                                           const char* how) {
     allocscope::recorder::derived(ptr, layer, name, how);

@@ -132,6 +132,10 @@ void mark(const char* text) noexcept;
 // (allocscope_allocator_counters).
 void allocator_counters(int device, uint64_t allocated, uint64_t reserved,
                         uint64_t device_used) noexcept;
+// A mark ALLOCSCOPE_OOM_PARAM_MARK naming the parameter (or the first of
+// `count`) the thread was processing when it ran out of memory
+// (allocscope_oom_parameter).
+void oom_parameter(const char* layer, const char* name, uint64_t count) noexcept;
 // allocscope_derived: the allocation at `ptr` is derived from parameter
 // (layer, name); `how` may be NULL.
 void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept;

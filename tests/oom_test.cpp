@@ -175,6 +175,58 @@ TEST_CASE(
     CHECK(contains(json, "\"last_layer\": \"layers.1\", \"last_phase\": \"backward\""));
 }
 
+TEST_CASE(
+    "a moment names the parameter its thread was processing when the program says so, on that "
+    "thread and step only") {
+    TempDir t;
+    TraceBuilder b;
+    const uint32_t qkv = b.param("layers.0.qkv", "weight");
+    const uint32_t fc1 = b.param("layers.3.fc1", "bias");
+    const auto processing = [&b](uint32_t param, uint64_t count, uint32_t tid) {
+        Event& e = b.add(EventKind::mark, tid);  // allocscope_oom_parameter
+        e.aux = b.str(ALLOCSCOPE_OOM_PARAM_MARK);
+        e.address = param;
+        e.size = count;
+    };
+    b.segment(0x10000000, 64 * MiB);
+    b.step(1);
+    b.push("layers.1", "backward");
+    b.block(0x10000000, 1 * MiB);
+    b.pop();
+    b.push("", "optimizer");
+    b.block_oom(8 * MiB);  // thread 1
+    b.block_oom(4 * MiB, 0, 2);
+    processing(qkv, 1, 1);
+    b.pop();
+    b.block(0x10100000, 1 * MiB);  // caught: the program went on
+    b.step(2);
+    b.block_oom(8 * MiB);
+    processing(fc1, 48, 1);  // a foreach step's lists
+    b.block(0x10200000, 1 * MiB);
+    b.step(3);
+    b.block_oom(8 * MiB);
+    b.step(4);
+    processing(qkv, 1, 1);  // a later step's mark names no earlier moment
+    const Trace trace = load_trace(b.write(t / "rank0.trace"));
+    const TraceAnalysis a = analyzed(trace);
+    REQUIRE(a.ooms.size() == 4);
+    CHECK(a.ooms[0].parameter == "layers.0.qkv.weight");
+    CHECK(a.ooms[0].parameter_count == 1);
+    CHECK(contains(oom_headline(a, a.ooms[0]),
+                   "at step 1, (untagged) optimizer (processing parameter layers.0.qkv.weight; "
+                   "after layers.1 backward, the last layer tagged), "));
+    CHECK(a.ooms[1].tid == 2);
+    CHECK(a.ooms[1].parameter.empty());  // another thread's moment
+    CHECK(a.ooms[2].parameter == "layers.3.fc1.bias");
+    CHECK(a.ooms[2].parameter_count == 48);
+    CHECK(contains(oom_headline(a, a.ooms[2]),
+                   "(processing 48 parameters together, the first layers.3.fc1.bias), "));
+    CHECK(a.ooms[3].parameter.empty());
+    CHECK_FALSE(contains(oom_headline(a, a.ooms[3]), "processing"));
+    const std::string json = render_json(report_of(trace));
+    CHECK(contains(json, "\"parameter\": \"layers.0.qkv.weight\", \"parameter_count\": 1"));
+}
+
 TEST_CASE("a failed call followed by a successful allocation on its thread was recovered from") {
     TempDir t;
     TraceBuilder b;

@@ -24,6 +24,7 @@ struct TraceBuilder {
     TraceHeader header;
     std::vector<std::string> strings{""};
     std::vector<std::vector<uint64_t>> stacks{{}};
+    std::vector<ParamRecord> params;  // index = param index
     std::vector<Event> events;
     std::map<uint32_t, std::vector<std::pair<uint32_t, uint32_t>>> tags;  // per tid
     uint64_t seq = 0, t_ns = 0;
@@ -45,6 +46,15 @@ struct TraceBuilder {
     uint32_t stack(std::vector<uint64_t> frames) {
         stacks.push_back(std::move(frames));
         return uint32_t(stacks.size() - 1);
+    }
+    // A parameter (allocscope_register_param, without sizes): its index.
+    uint32_t param(const std::string& layer, const std::string& name) {
+        ParamRecord p;
+        p.index = uint32_t(params.size());
+        p.layer = str(layer);
+        p.name = str(name);
+        params.push_back(p);
+        return p.index;
     }
     Event& add(EventKind kind, uint32_t tid) {
         Event e;
@@ -133,6 +143,8 @@ struct TraceBuilder {
             w.string(i, strings[i]);
         for (uint32_t i = 1; i < stacks.size(); ++i)
             w.stack(i, stacks[i]);
+        for (const ParamRecord& p : params)
+            w.param(p);
         for (const Event& e : events)
             w.event(e);
         FooterRecord footer;

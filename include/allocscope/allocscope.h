@@ -172,6 +172,20 @@ void allocscope_block_oom(size_t size, int device, void* stream, uint64_t device
 void allocscope_allocator_counters(int device, uint64_t allocated, uint64_t reserved,
                                    uint64_t device_used);
 
+/* The parameter a program was working on when it ran out of memory, where
+ * the failing request's tag cannot say (an optimizer's step goes through
+ * every parameter between module hooks): `layer` and `name` as
+ * allocscope_register_param names it ("layers.3.fc1", "weight"). `count`
+ * > 1: it was the first of `count` parameters processed together (a
+ * foreach optimizer's lists). Call it on the thread that ran out, after the
+ * failure was recorded (the allocscope.torch shim does, from the
+ * OutOfMemoryError it sees). Recorded as a mark (ALLOCSCOPE_OOM_PARAM_MARK)
+ * whose address is the parameter's index in the param table (registered
+ * here without sizes where it was not) and whose size is `count`; the
+ * report names it in that thread's last out-of-memory moment of the step. */
+#define ALLOCSCOPE_OOM_PARAM_MARK "allocscope: out of memory processing a parameter"
+void allocscope_oom_parameter(const char* layer, const char* name, uint64_t count);
+
 /* Python frames for block allocations (a bridge into a Python program's
  * caching allocator, e.g. tools/torch_bridge). allocscope_python_frame
  * returns a pseudo-address naming the frame (0 when not recording): call it

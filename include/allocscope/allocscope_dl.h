@@ -42,6 +42,7 @@ typedef struct allocscope_dl_table {
     int (*check_end)(uint64_t, allocscope_check_visitor, void*, char*, size_t);
     void (*allocator_counters)(int, uint64_t, uint64_t, uint64_t);
     int64_t (*config_get)(const char*, char*, size_t);
+    void (*oom_parameter)(const char*, const char*, uint64_t);
 } allocscope_dl_table;
 
 static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
@@ -58,6 +59,7 @@ static inline void allocscope_dl_fill_(allocscope_dl_table* t) {
     *(void**)&t->check_end = dlsym(RTLD_DEFAULT, "allocscope_check_end");
     *(void**)&t->allocator_counters = dlsym(RTLD_DEFAULT, "allocscope_allocator_counters");
     *(void**)&t->config_get = dlsym(RTLD_DEFAULT, "allocscope_config_get");
+    *(void**)&t->oom_parameter = dlsym(RTLD_DEFAULT, "allocscope_oom_parameter");
 }
 
 /* The resolved table; members are NULL when the interposer is absent.
@@ -138,6 +140,12 @@ static inline void allocscope_dl_allocator_counters(int device, uint64_t allocat
                                                     uint64_t reserved, uint64_t device_used) {
     const allocscope_dl_table* t = allocscope_dl();
     if (t->allocator_counters) t->allocator_counters(device, allocated, reserved, device_used);
+}
+
+static inline void allocscope_dl_oom_parameter(const char* layer, const char* name,
+                                               uint64_t count) {
+    const allocscope_dl_table* t = allocscope_dl();
+    if (t->oom_parameter) t->oom_parameter(layer, name, count);
 }
 
 /* Configuration: without the interposer (or with one older than

@@ -129,6 +129,52 @@ def test_package_tags_reach_the_trace(scratch):
     assert 1 in steps, "steps %r" % steps
 
 
+OOM_PROGRAM = textwrap.dedent(
+    """
+    import ctypes, os
+    import allocscope
+    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
+    process = ctypes.CDLL(None)
+    malloc = process.cudaMalloc
+    malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    allocscope.register_param("layers.0.qkv", "weight", 4096, "bf16", 2048)
+    allocscope.step(0)
+    with allocscope.scope(None, "optimizer"):
+        p = ctypes.c_void_p()
+        assert malloc(ctypes.byref(p), 8192) == 0
+        allocscope.block_oom(1 << 20, 0, None, 4096)   # the allocator gives up
+        allocscope.oom_parameter("layers.0.qkv", "weight")
+        assert malloc(ctypes.byref(p), 8192) == 0     # caught: the program goes on
+    allocscope.step(1)
+    with allocscope.scope(None, "optimizer"):
+        allocscope.block_oom(1 << 20, 0, None, 4096)
+        allocscope.oom_parameter("layers.9.mlp", "bias", 12)  # never registered
+    print("oom ok")
+    """
+)
+
+
+def test_an_oom_moment_names_the_parameter_the_program_said_it_was_processing(scratch):
+    out = os.path.join(scratch, "out")
+    env = clean_env(SIM_CUDART=SIM_CUDART)
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--", PY, "-c", OOM_PROGRAM], env)
+    assert "oom ok" in p.stdout, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
+    moments = report_moments(out)
+    assert [(m["parameter"], m["parameter_count"]) for m in moments] == [
+        ("layers.0.qkv.weight", 1),
+        ("layers.9.mlp.bias", 12),
+    ], moments
+    assert all(m["phase"] == "optimizer" and m["requested"] == 1 << 20 for m in moments)
+    text = run([CLI, "report", out], clean_env())
+    assert "processing parameter layers.0.qkv.weight" in text.stdout, text.stdout[:2000]
+
+
+def report_moments(out):
+    r = run([CLI, "report", out, "--format", "json"], clean_env())
+    assert r.returncode == 0, "report failed: %s" % r.stderr
+    return json.loads(r.stdout)["out_of_memory"]
+
+
 KEYED_PROGRAM = textwrap.dedent(
     """
     import ctypes, os

@@ -307,8 +307,8 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_counters(int device) {
         reinterpret_cast<Counters>(dlsym(RTLD_DEFAULT, "allocscope_allocator_counters"));
     if (!counters || device < 0) return -1;
     try {
-        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
-            static_cast<c10::DeviceIndex>(device));
+        const auto stats =
+            c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
         // Index 0 of each statistic is StatType::AGGREGATE ("all") in every
         // torch that has the tracker; the enum's namespace moved in 2.5.
         const int64_t allocated = stats.allocated_bytes[0].current;

@@ -48,6 +48,7 @@ __all__ = [
     "block_free",
     "block_oom",
     "allocator_counters",
+    "oom_parameter",
     "scope",
     "rank",
     "library_path",
@@ -89,6 +90,7 @@ _SIGNATURES = {
     "block_free": ([_ptr], None),
     "block_oom": ([ctypes.c_size_t, ctypes.c_int, _ptr, _u64], None),
     "allocator_counters": ([ctypes.c_int, _u64, _u64, _u64], None),
+    "oom_parameter": ([_str, _str, _u64], None),
     "check_begin": ([_str, _str, _str, ctypes.c_size_t], _u64),
     "check_end": ([_u64, _ptr, _ptr, _str, ctypes.c_size_t], ctypes.c_int),
     "config_get": ([_str, _str, ctypes.c_size_t], ctypes.c_int64),
@@ -270,6 +272,16 @@ def block_oom(size, device=0, stream=None, device_free=0):
     api = _get()
     if api is not None:
         api.block_oom(int(size), int(device), stream, int(device_free))
+
+
+def oom_parameter(layer, name, count=1):
+    """Names the parameter (module `layer`, parameter `name`) this thread was
+    processing when it ran out of memory, right after the failure; `count`
+    > 1: the first of that many processed together. The report names it in
+    the thread's out-of-memory moment."""
+    api = _get()
+    if api is not None:
+        api.oom_parameter(_b(layer), _b(name), max(int(count), 1))
 
 
 def allocator_counters(device, allocated, reserved, device_used=0):

@@ -10,7 +10,7 @@ import torch
 
 import allocscope as _allocscope
 
-from . import _provenance
+from . import _params, _provenance
 from ._common import _lock, _say
 
 # id(module) -> (weakref to the module, name, provisional, name as UTF-8 bytes)
@@ -131,6 +131,7 @@ def _register_params(root, prefix):
                 if dtensor is not None and isinstance(p, dtensor):
                     sharded = int(p.to_local().numel())
                 _allocscope.register_param(layer, pname, numel, _dtype_name(p.dtype), sharded)
+                _params.remember(p, layer, pname)  # for out-of-memory errors (_oom.py)
                 provenance_param = _provenance._provenance_param
                 if provenance_param is not None:
                     shape = [int(d) for d in p.shape]  # a DTensor's: the global shape
