@@ -10,7 +10,10 @@ namespace {
 using std::string_view;
 
 // c_prefix: a C function's name (no namespace) starting with the pattern.
-enum class Match { name_prefix, c_prefix, name_exact, file_contains, module_prefix };
+// inductor_code: a file named as PyTorch inductor names the Python modules
+// it generates, "c" and 51 lower-case letters or digits (a base32 code
+// hash), ".py", wherever its cache directory is (TORCHINDUCTOR_CACHE_DIR).
+enum class Match { name_prefix, c_prefix, name_exact, file_contains, module_prefix, inductor_code };
 
 struct Rule {
     Match match;
@@ -76,6 +79,10 @@ constexpr std::array kPythonRules = {
     Rule{Match::file_contains, "-packages/allocscope/", FrameKind::allocscope},  // installed
     Rule{Match::file_contains, "/python/sitecustomize.py", FrameKind::allocscope},
     Rule{Match::file_contains, "/torch/", FrameKind::framework},
+    // torch.compile's generated code (the wrapper's call, its Triton
+    // kernels' launchers): PyTorch's, not the program's.
+    Rule{Match::file_contains, "/torchinductor_", FrameKind::framework},
+    Rule{Match::inductor_code, "", FrameKind::framework},
     Rule{Match::file_contains, "<frozen ", FrameKind::runtime},
     Rule{Match::file_contains, "/runpy.py", FrameKind::runtime},
     // The test runner that called the program's test.
@@ -180,6 +187,14 @@ bool matches(const Rule& r, const Parts& p) {
             return p.file.find(r.pattern) != string_view::npos;
         case Match::module_prefix:
             return p.module.starts_with(r.pattern);
+        case Match::inductor_code: {
+            const size_t slash = p.file.rfind('/');
+            const string_view base = slash == string_view::npos ? p.file : p.file.substr(slash + 1);
+            if (base.size() != 55 || base[0] != 'c' || !base.ends_with(".py")) return false;
+            return std::all_of(base.begin() + 1, base.end() - 3, [](char c) {
+                return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+            });
+        }
     }
     return false;
 }

@@ -228,6 +228,18 @@ TEST_CASE("Python frames: torch's package is framework, allocscope's package its
           FrameKind::user);
     CHECK(python_frame_kind("train (/home/me/allocscope/tests/gpu/fsdp2_fp8_train.py:408)") ==
           FrameKind::user);
+    // torch.compile's generated modules, in inductor's default cache
+    // directory and in one of the user's (TORCHINDUCTOR_CACHE_DIR).
+    CHECK(python_frame_kind("Runner.call (/tmp/torchinductor_root/c5/"
+                            "c5in52gkxnq3bfpdbsdcrxj7mvxz6e6ymlgxyu5xk2mqlvdnuhdj.py:1036)") ==
+          FrameKind::framework);
+    CHECK(python_frame_kind("call (/scratch/ind/c5/"
+                            "c5in52gkxnq3bfpdbsdcrxj7mvxz6e6ymlgxyu5xk2mqlvdnuhdj.py:88)") ==
+          FrameKind::framework);
+    CHECK(python_frame_kind("triton_poi_fused_0 (/tmp/torchinductor_me/ab/"
+                            "cabcdefghij.py:12)") == FrameKind::framework);
+    CHECK(python_frame_kind("call (/home/me/c5in52gkxnq3bfpdbsdcrxj7mvxz6e6ymlgxyu5xk2m.py:8)") ==
+          FrameKind::user);  // a name of another length is the program's
     // pytest running the program's test is the runtime, not the program.
     CHECK(python_frame_kind("pytest_pyfunc_call (/usr/lib/python3/dist-packages/_pytest/"
                             "python.py:195)") == FrameKind::runtime);
