@@ -93,6 +93,10 @@ DeviceBuffer upload(const std::vector<float>& values) {
     DeviceBuffer buffer(values.size() * sizeof(float));
     ALLOCSCOPE_CUDA_CHECK(cudaMemcpy(buffer.get(), values.data(), values.size() * sizeof(float),
                                      cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before the copy has reached
+    // the device, on the legacy stream, which the quantizer's non-blocking
+    // stream does not wait for.
+    ALLOCSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
     return buffer;
 }
 
@@ -564,6 +568,7 @@ TEST_CASE("the column-wise form of gathered shards is the CPU's, byte for byte")
                 cudaMemcpy(device_in.back().get(), b.data(), b.size(), cudaMemcpyHostToDevice));
             in_ptrs.push_back(device_in.back().get());
         }
+        ALLOCSCOPE_CUDA_CHECK(cudaDeviceSynchronize());  // as in upload()
         for (const fp8::BufferSpec& b : plan.buffers) {
             device_out.emplace_back(b.bytes);
             out_ptrs.push_back(device_out.back().get());
