@@ -62,18 +62,6 @@ class Tables {
         return g;
     }
 
-    // An owner-pool allocation's record (no scope yet).
-    Live live_of(const Event& e) {
-        Live l;
-        l.size = e.size;
-        l.tag = tag(e.layer, e.phase);
-        l.group = group(e.layer);
-        l.stack = e.stack;
-        l.seq = e.seq;
-        l.step = e.step;
-        return l;
-    }
-
     std::vector<TagStats> tags;
     std::vector<std::string> groups;
 
@@ -89,40 +77,44 @@ class Tables {
     std::unordered_map<std::string, uint32_t> group_ids_;
 };
 
-// The owner pool's live allocations by address, replayed the way Replay
-// counts them: an allocation at a live address replaces it, a failed or
-// unknown free frees nothing.
+// The owner pool's live allocations: a view of the replay's table for that
+// pool (the one live set, core/replay.h), each with its tag, layer group and
+// the scope it was made in. The scopes are kept by allocation seq, entered
+// and left as the replay reports the allocation's changes.
 class OwnerLive {
   public:
-    OwnerLive(Pool owner) : owner_(owner) {}
-    bool is_owner_alloc(const Event& e) const {
-        return e.kind == EventKind::alloc && pool_of(e) == owner_;
+    OwnerLive(const Replay& replay, Pool owner, Tables& tables)
+        : replay_(replay), owner_(owner), tables_(&tables) {}
+    Pool owner() const noexcept { return owner_; }
+    // The record's row, with its scope when it was made in one.
+    Live live_of(const LiveRecord& r) const {
+        Live l;
+        l.size = r.size;
+        l.tag = tables_->tag(r.layer, r.phase);
+        l.group = tables_->group(r.layer);
+        l.stack = r.stack;
+        l.seq = r.seq;
+        l.step = r.step;
+        if (const uint32_t* scope = scopes_.find(r.seq)) l.scope = *scope;
+        return l;
     }
-    bool is_owner_free(const Event& e) const {
-        return e.kind == EventKind::free && e.result == 0 && pool_of(e) == owner_;
+    void entered(uint64_t seq, uint32_t scope) {
+        if (scope != kNone) scopes_[seq] = scope;
     }
-    // The record replaced (size 0 when none).
-    Live insert(uint64_t address, const Live& live) {
-        Live& slot = map_[address];
-        const Live old = slot;
-        slot = live;
-        return old;
-    }
-    bool remove(uint64_t address, Live* removed) {
-        const Live* found = map_.find(address);
-        if (!found) return false;
-        *removed = *found;
-        map_.erase(address);
-        return true;
-    }
+    void left(uint64_t seq) { scopes_.erase(seq); }
     template <class F>
     void for_each(F&& f) const {
-        map_.for_each([&](uint64_t, const Live& l) { f(l); });
+        replay_.table(owner_).any_of([&](const LiveRecord& r) {
+            f(live_of(r));
+            return false;
+        });
     }
 
   private:
+    const Replay& replay_;
     Pool owner_;
-    FlatMap<uint64_t, Live> map_;
+    Tables* tables_;
+    FlatMap<uint64_t, uint32_t> scopes_;  // alloc seq -> scope, where made in one
 };
 
 std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const OwnerLive& live,
@@ -516,8 +508,10 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
 
     // Pass 1: totals, tags, scopes, bands, steps, sample points.
     Tables tables(t);
-    OwnerLive live(a.owner);
     Replay replay;
+    OwnerLive live(replay, a.owner, tables);
+    // The owner pool's changes of the event being replayed.
+    std::vector<LiveChange> owner_changes;
     // The scopes open, by id (the count of pushes before theirs): an
     // allocation names the scope it was made in, which may have ended.
     FlatMap<uint32_t, Scope> scopes;
@@ -555,10 +549,6 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         return std::string(base_phase(tables.tags[scopes.find(s->back())->tag].phase));
     };
 
-    // Plain driver allocations live (is_direct_driver_allocation): device
-    // memory that is not the caching allocator's.
-    std::unordered_map<uint64_t, uint64_t> direct_driver;
-    uint64_t direct_driver_live = 0;
     // The allocator's counter marks, and the devices allocated on so far
     // (bit d: device d; the replay's totals are the process's).
     const auto counters_text =
@@ -597,8 +587,15 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         } else {
             last_own_step = e.step;
         }
-        const FreeOutcome outcome = replay.apply(e);
-        segment_owners.apply(e);
+        owner_changes.clear();
+        const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
+            segment_owners.apply(c);
+            if (c.pool == a.owner) owner_changes.push_back(c);
+        });
+        // Plain driver allocations live (is_direct_driver_allocation): device
+        // memory that is not the caching allocator's.
+        const uint64_t direct_driver_live = replay.direct_driver_live_bytes();
+        const uint64_t direct_driver_count = replay.direct_driver_live_count();
         if (e.kind == EventKind::alloc && e.level == Level::segment && is_async_segment_api(e.api))
             async_segments = true;
         if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
@@ -613,7 +610,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
                 // without blocks are its reserve.
                 const AllocatorView view =
                     allocator_view(replay, segment_owners, a.owner, direct_driver_live,
-                                   direct_driver.size(), !async_segments);
+                                   direct_driver_count, !async_segments);
                 CounterCheck c;
                 c.step = e.step;
                 c.seq = e.seq;
@@ -632,18 +629,6 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
                 else if (!cs.first_difference)
                     cs.first_difference = c;
                 cs.last = c;
-            }
-        }
-        if (e.level != Level::block && is_direct_driver_allocation(e.api)) {
-            if (e.kind == EventKind::alloc && e.result == 0) {
-                auto [it, fresh] = direct_driver.try_emplace(e.address, e.size);
-                if (!fresh) direct_driver_live -= it->second, it->second = e.size;
-                direct_driver_live += e.size;
-            } else if (e.kind == EventKind::free) {
-                if (auto it = direct_driver.find(e.address); it != direct_driver.end()) {
-                    direct_driver_live -= it->second;
-                    direct_driver.erase(it);
-                }
             }
         }
         if (e.kind == EventKind::free && outcome != FreeOutcome::freed)
@@ -690,30 +675,33 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
                     a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
             }
         }
-        if (live.is_owner_alloc(e)) {
-            Live l = tables.live_of(e);
-            const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
-            if (s && !s->empty()) l.scope = s->back();
-            TagStats& ts = tables.tags[l.tag];
-            ts.allocated_bytes += e.size;
-            ++ts.allocations;
-            if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
-            StackBytes& sb = tag_stacks[l.tag][l.stack];
-            sb.stack = l.stack;
-            sb.bytes += e.size;
-            ++sb.count;
-            if (l.scope != kNone) scopes.find(l.scope)->live += e.size;
-            group_slot(l.group);
-            group_live[l.group] += e.size;
-            group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
-            const Live old = live.insert(e.address, l);
-            if (old.tag != kNone) {  // its free was never recorded
-                scope_left(old);
-                group_live[old.group] -= old.size;
-            }
-        } else if (live.is_owner_free(e)) {
-            Live l;
-            if (live.remove(e.address, &l)) {
+        for (const LiveChange& c : owner_changes) {
+            if (c.kind == LiveChange::Kind::alloc) {
+                Live l = live.live_of(c.record);  // no scope yet
+                const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
+                if (s && !s->empty()) l.scope = s->back();
+                TagStats& ts = tables.tags[l.tag];
+                ts.allocated_bytes += l.size;
+                ++ts.allocations;
+                if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
+                StackBytes& sb = tag_stacks[l.tag][l.stack];
+                sb.stack = l.stack;
+                sb.bytes += l.size;
+                ++sb.count;
+                if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
+                group_slot(l.group);
+                group_live[l.group] += l.size;
+                group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
+                if (c.replaced) {  // its free was never recorded
+                    const Live old = live.live_of(c.old);
+                    live.left(c.old.seq);
+                    scope_left(old);
+                    group_live[old.group] -= old.size;
+                }
+                live.entered(c.record.seq, l.scope);
+            } else if (c.released()) {
+                const Live l = live.live_of(c.record);
+                live.left(c.record.seq);
                 scope_left(l);
                 group_live[l.group] -= l.size;
             }
@@ -721,7 +709,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
             a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
                                         replay, segment_owners, a.owner, direct_driver_live,
-                                        direct_driver.size(), async_segments, options));
+                                        direct_driver_count, async_segments, options));
         last_layer.add(e, t.strings.size());
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
@@ -812,7 +800,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
     // Pass 2: the owner pool again, for per-layer samples and the peak.
     const PoolSummary* owner = a.pool(a.owner);
     const uint64_t peak_seq = owner ? owner->peak_seq : 0;
-    OwnerLive again(a.owner);
+    Replay replay_again;
+    OwnerLive again(replay_again, a.owner, tables);
     std::fill(group_live.begin(), group_live.end(), 0);
     size_t next_sample = 0;
     bool peak_taken = owner == nullptr;
@@ -845,16 +834,17 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
     };
     i = 0;
     stream.for_each([&](const Event& e) {
-        if (again.is_owner_alloc(e)) {
-            const Live l = tables.live_of(e);
-            group_live[l.group] += e.size;
-            const Live old = again.insert(e.address, l);
-            if (old.tag != kNone) forget(old);
-            if (keep > 0) by_size[column[l.group]].emplace(std::pair{l.size, l.seq}, l);
-        } else if (again.is_owner_free(e)) {
-            Live l;
-            if (again.remove(e.address, &l)) forget(l);
-        }
+        replay_again.apply(e, [&](const LiveChange& c) {
+            if (c.pool != a.owner) return;
+            if (c.kind == LiveChange::Kind::alloc) {
+                const Live l = again.live_of(c.record);
+                group_live[l.group] += l.size;
+                if (c.replaced) forget(again.live_of(c.old));
+                if (keep > 0) by_size[column[l.group]].emplace(std::pair{l.size, l.seq}, l);
+            } else if (c.released()) {
+                forget(again.live_of(c.record));
+            }
+        });
         if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
             TimelinePoint& p = samples[next_sample++];
             p.layer_bytes.assign(a.timeline.layers.size(), 0);

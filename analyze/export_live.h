@@ -1,15 +1,11 @@
-// Internal to the exports (core/export*.cpp): Replay, plus each pool's live
-// records by address, so an export knows what a free released (its layer,
-// stack, device...). The records mirror Replay's tables exactly: a record is
-// added where Replay adds one and removed from the pool whose live count
-// Replay lowered.
+// Internal to the exports (core/export*.cpp): Replay, and the changes it
+// reports (LiveChange), so an export knows what a free released (its layer,
+// stack, device...). A view of the one live set: it keeps no table of its own.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <vector>
-
-#include <allocscope/sdk/flat_map.h>
 
 #include "event.h"
 #include "live_table.h"
@@ -20,51 +16,21 @@ namespace allocscope::export_detail {
 
 class LiveTracker {
   public:
-    struct Change {
-        enum class Kind { none, alloc, free } kind = Kind::none;
-        Pool pool = Pool::device_segment;
-        LiveRecord record;      // alloc: the new record; free: the one released
-        bool replaced = false;  // alloc at a live address (its free was never recorded)
-        LiveRecord old;         // ...the record it replaced
-    };
-
-    Change apply(const Event& e) {
-        Change c;
-        if (e.kind == EventKind::free) {
-            std::array<uint64_t, kPoolCount> before{};
-            for (int p = 0; p < kPoolCount; ++p)
-                before[p] = replay_.totals(Pool(p)).live_count;
-            replay_.apply(e);
-            for (int p = 0; p < kPoolCount; ++p) {
-                if (replay_.totals(Pool(p)).live_count >= before[p]) continue;
-                c.kind = Change::Kind::free;
-                c.pool = Pool(p);
-                if (const LiveRecord* r = live_[p].find(e.address)) c.record = *r;
-                live_[p].erase(e.address);
-                break;
-            }
-            return c;
-        }
-        replay_.apply(e);
-        if (e.kind != EventKind::alloc) return c;
-        c.kind = Change::Kind::alloc;
-        c.pool = pool_of(e);
-        c.record = LiveRecord::from(e);
-        FlatMap<uint64_t, LiveRecord>& live = live_[int(c.pool)];
-        if (const LiveRecord* old = live.find(e.address)) {
-            c.replaced = true;
-            c.old = *old;
-        }
-        live[e.address] = c.record;
-        return c;
+    // Calls f(const LiveChange&) for each allocation the event made or
+    // released (a range unmap releases one per mapping it covers); not for
+    // frees that released nothing.
+    template <class F>
+    void apply(const Event& e, F&& f) {
+        replay_.apply(e, [&](const LiveChange& c) {
+            if (c.kind == LiveChange::Kind::alloc || c.released()) f(c);
+        });
     }
 
     const Replay& replay() const noexcept { return replay_; }
-    const FlatMap<uint64_t, LiveRecord>& live(Pool pool) const noexcept { return live_[int(pool)]; }
+    const LiveTable& live(Pool pool) const noexcept { return replay_.table(pool); }
 
   private:
     Replay replay_;
-    std::array<FlatMap<uint64_t, LiveRecord>, kPoolCount> live_;
 };
 
 // Calls `progress` every 64 Ki events and at the end.

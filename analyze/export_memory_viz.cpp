@@ -11,6 +11,8 @@
 #include <optional>
 #include <unordered_map>
 
+#include <allocscope/sdk/flat_map.h>
+
 #include "analysis.h"
 #include "export.h"
 #include "export_live.h"
@@ -235,27 +237,28 @@ class MemoryViz {
             if (e.kind == EventKind::oom && is_device_pool(pool_of(e)) &&
                 (!blocks_ || e.level == Level::block))
                 oom(e);
-            const LiveTracker::Change c = tracker_->apply(e);
-            if (c.kind == LiveTracker::Change::Kind::none || !is_device_pool(c.pool)) continue;
-            const uint64_t time_us = (t_.header.start_wall_ns + e.t_ns) / 1000;
-            const LiveRecord& r = c.record;
-            if (c.kind == LiveTracker::Change::Kind::alloc) {
-                if (c.replaced) released(c.pool, c.old, time_us);
-                if (c.pool == Pool::device_segment) {
-                    segs_[r.address] = Seg{r.size, false, r};
-                    entry("segment_alloc", r, time_us);
-                    if (!blocks_) entry("alloc", r, time_us);
-                } else {
-                    if (!inside_segment(r.address, r.size)) {
-                        segs_[r.address] = Seg{r.size, true, r};
-                        synthetic_[r.address] = true;
+            tracker_->apply(e, [&](const LiveChange& c) {
+                if (!is_device_pool(c.pool)) return;
+                const uint64_t time_us = (t_.header.start_wall_ns + e.t_ns) / 1000;
+                const LiveRecord& r = c.record;
+                if (c.kind == LiveChange::Kind::alloc) {
+                    if (c.replaced) released(c.pool, c.old, time_us);
+                    if (c.pool == Pool::device_segment) {
+                        segs_[r.address] = Seg{r.size, false, r};
                         entry("segment_alloc", r, time_us);
+                        if (!blocks_) entry("alloc", r, time_us);
+                    } else {
+                        if (!inside_segment(r.address, r.size)) {
+                            segs_[r.address] = Seg{r.size, true, r};
+                            synthetic_[r.address] = true;
+                            entry("segment_alloc", r, time_us);
+                        }
+                        entry("alloc", r, time_us);
                     }
-                    entry("alloc", r, time_us);
+                } else {
+                    released(c.pool, r, time_us);
                 }
-            } else {
-                released(c.pool, r, time_us);
-            }
+            });
         }
         progress(n);
     }
@@ -401,8 +404,9 @@ class MemoryViz {
         std::map<uint64_t, std::vector<const LiveRecord*>> inside;
         std::vector<const LiveRecord*> live_blocks, orphans;
         if (blocks_) {
-            tracker_->live(Pool::device_block).for_each([&](uint64_t, const LiveRecord& r) {
+            tracker_->live(Pool::device_block).any_of([&](const LiveRecord& r) {
                 live_blocks.push_back(&r);
+                return false;
             });
             std::sort(
                 live_blocks.begin(), live_blocks.end(),

@@ -432,17 +432,17 @@ void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnaly
         Replay replay;
         for (size_t i = 0; i < n; ++i) {
             const Event& e = t.events[i];
-            LiveRecord freed;
-            if (e.kind == EventKind::free && replay.apply(e, &freed) == FreeOutcome::freed) {
-                alloc_seq[i] = freed.seq;
-                const auto it =
-                    std::lower_bound(t.events.begin(), t.events.begin() + ptrdiff_t(i), freed.seq,
-                                     [](const Event& x, uint64_t seq) { return x.seq < seq; });
-                if (it != t.events.begin() + ptrdiff_t(i) && it->seq == freed.seq)
+            // A range unmap frees several: the row names the first's
+            // allocation, and each allocation's row the unmap.
+            replay.apply(e, [&](const LiveChange& c) {
+                if (c.kind != LiveChange::Kind::free || c.outcome != FreeOutcome::freed) return;
+                if (alloc_seq[i] == kNoSeq) alloc_seq[i] = c.record.seq;
+                const auto it = std::lower_bound(
+                    t.events.begin(), t.events.begin() + ptrdiff_t(i), c.record.seq,
+                    [](const Event& x, uint64_t seq) { return x.seq < seq; });
+                if (it != t.events.begin() + ptrdiff_t(i) && it->seq == c.record.seq)
                     free_seq[size_t(it - t.events.begin())] = e.seq;
-            } else if (e.kind != EventKind::free) {
-                replay.apply(e);
-            }
+            });
         }
     }
 

@@ -4,6 +4,8 @@
 #include <limits>
 #include <unordered_map>
 
+#include <allocscope/sdk/flat_map.h>
+
 #include "analysis.h"
 #include "export.h"
 #include "export_live.h"
@@ -143,24 +145,25 @@ class TraceWriter {
                 default:
                     break;
             }
-            const LiveTracker::Change c = tracker.apply(e);
-            if (c.kind == LiveTracker::Change::Kind::none) continue;
-            counter(pool_counter_name(c.pool), e.t_ns, tracker.replay().totals(c.pool).live_bytes);
-            if (c.pool != owner) continue;
-            if (c.kind == LiveTracker::Change::Kind::alloc) {
-                const uint32_t g = group(c.record.layer);
-                if (c.replaced) {
-                    const uint32_t og = group(c.old.layer);
-                    group_live_[og] -= c.old.size;
-                    if (og != g) counter(group_counter_name(og), e.t_ns, group_live_[og]);
+            tracker.apply(e, [&](const LiveChange& c) {
+                counter(pool_counter_name(c.pool), e.t_ns,
+                        tracker.replay().totals(c.pool).live_bytes);
+                if (c.pool != owner) return;
+                if (c.kind == LiveChange::Kind::alloc) {
+                    const uint32_t g = group(c.record.layer);
+                    if (c.replaced) {
+                        const uint32_t og = group(c.old.layer);
+                        group_live_[og] -= c.old.size;
+                        if (og != g) counter(group_counter_name(og), e.t_ns, group_live_[og]);
+                    }
+                    group_live_[g] += c.record.size;
+                    counter(group_counter_name(g), e.t_ns, group_live_[g]);
+                } else {
+                    const uint32_t g = group(c.record.layer);
+                    group_live_[g] -= c.record.size;
+                    counter(group_counter_name(g), e.t_ns, group_live_[g]);
                 }
-                group_live_[g] += c.record.size;
-                counter(group_counter_name(g), e.t_ns, group_live_[g]);
-            } else {
-                const uint32_t g = group(c.record.layer);
-                group_live_[g] -= c.record.size;
-                counter(group_counter_name(g), e.t_ns, group_live_[g]);
-            }
+            });
         }
         export_detail::report_progress(progress, n, n);
 

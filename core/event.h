@@ -108,6 +108,11 @@ enum EventFlag : uint32_t {
     // On a carried segment alloc: the segment had held a caching-allocator
     // block (it is the allocator's reserve, core/segment_owners.h).
     kFlagHeldBlock = 1u << 4,
+    // On a cuMemUnmap free (format version 5): the event is the whole call,
+    // `size` the unmapped range's length. Replay splits it into one free per
+    // live mapping that starts inside [address, address + size)
+    // (core/replay.h); older traces hold those frees one event each.
+    kFlagRange = 1u << 5,
 };
 
 // One recorded event. Tag = (rank, step, layer, phase): rank is per trace

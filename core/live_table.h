@@ -1,7 +1,7 @@
 // The live-allocation table: address -> record of the allocation that is
-// alive there. The interposer's writer thread keeps one per pool (through
-// core/replay.h's Replay, in the trace's order) and so does every offline
-// replay of a trace, so both count exactly the same way.
+// alive there. Used only through core/replay.h's Replay, one per pool: the
+// one live set the interposer's writer thread, the plugin host, reports and
+// exports all keep, so all of them count exactly the same way.
 //
 // One open-addressing table with linear probing; not thread-safe (its one
 // user in the traced process is the writer thread). A freed address stays
@@ -62,6 +62,15 @@ class LiveTable {
 
     // The live records, in no particular order.
     std::vector<LiveRecord> snapshot() const;
+    // Calls f(record) on the live records, in no particular order, until it
+    // returns true; returns whether it did.
+    template <class F>
+    bool any_of(F&& f) const {
+        for (const Slot& slot : slots_)
+            if (slot.state == SlotState::live && f(static_cast<const LiveRecord&>(slot.record)))
+                return true;
+        return false;
+    }
 
   private:
     enum class SlotState : uint8_t { empty = 0, live = 1, freed = 2 };

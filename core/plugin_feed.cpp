@@ -88,17 +88,13 @@ allocscope_event_v1 to_v1(const allocscope_event_v2& ev) {
 
 }  // namespace
 
-PluginHost::LiveSet& PluginHost::live(Level level) {
-    return live_[level == Level::block ? 1 : 0];
-}
-
 void PluginHost::start_stream(uint32_t source) {
     source_ = source;
     mapped_table_ = nullptr;
     mapped_.clear();
     param_index_.clear();
     step_ = 0;
-    live_ = std::make_unique<LiveSet[]>(2);
+    live_ = Replay{};
     failing_.clear();
 }
 
@@ -172,29 +168,35 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     ev.phase = strings_.at(phase).c_str();
     ev.alloc_layer = ev.alloc_phase = strings_.at(0).c_str();  // "", interned too
     ev.text = "";
+    std::vector<allocscope_event_v2> range_frees;
 
     switch (e.kind) {
         case EventKind::alloc: {
             // An address already live (its free was never seen) is replaced.
-            LiveSet& set = live(e.level);
-            LiveSet::Live& r = set.by_address[e.address];
-            set.bytes += e.size - r.size;
-            r = {e.size, e.seq, e.step, e.stack, layer, phase};
+            Event tagged = e;
+            tagged.layer = layer;
+            tagged.phase = phase;
+            live_.apply(tagged, [](const LiveChange&) {});
             break;
         }
         case EventKind::free: {
             if (e.result != 0) return;  // the runtime refused: nothing was freed
-            LiveSet& set = live(e.level);
-            if (const LiveSet::Live* r = set.by_address.find(e.address)) {
-                ev.size = r->size;
-                ev.alloc_seq = r->seq;
-                ev.alloc_step = r->step;
-                ev.alloc_layer = strings_.at(r->layer).c_str();
-                ev.alloc_phase = strings_.at(r->phase).c_str();
-                ev.alloc_stack_id = r->stack;
-                set.bytes -= r->size;
-                set.by_address.erase(e.address);
-            }
+            // One free a plugin sees per allocation released: a range unmap
+            // (kFlagRange) is one per mapping it covers.
+            const bool range = (e.flags & kFlagRange) != 0;
+            live_.apply(e, [&](const LiveChange& c) {
+                allocscope_event_v2& out = range ? range_frees.emplace_back(ev) : ev;
+                out.address = c.address;
+                if (range) out.size = 0;  // the range's length is no free's size
+                if (c.outcome == FreeOutcome::freed) {
+                    out.size = c.record.size;
+                    out.alloc_seq = c.record.seq;
+                    out.alloc_step = c.record.step;
+                    out.alloc_layer = strings_.at(c.record.layer).c_str();
+                    out.alloc_phase = strings_.at(c.record.phase).c_str();
+                    out.alloc_stack_id = c.record.stack;
+                }
+            });
             break;
         }
         case EventKind::param: {
@@ -242,17 +244,20 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     }
     // A kind outside the mask's 32 bits reaches no plugin.
     const uint32_t bit = ev.kind < 32 ? ALLOCSCOPE_EVENT_BIT(ev.kind) : 0u;
-    // Version 1 plugins get the event through the v1 adapter, made once.
-    allocscope_event_v1 v1{};
-    bool v1_made = false;
-    for (auto& in : instances_) {
-        if (!in->enabled || (in->event_mask & bit) == 0) continue;
-        if (in->plugin && in->plugin->on_event) {
-            invoke(*in, "on_event", [&] { return in->plugin->on_event(in->state, &ev); });
-        } else if (in->plugin_v1 && in->plugin_v1->on_event) {
-            if (!v1_made) v1 = to_v1(ev);
-            v1_made = true;
-            invoke(*in, "on_event", [&] { return in->plugin_v1->on_event(in->state, &v1); });
+    for (const allocscope_event_v2& one :
+         range_frees.empty() ? std::span(&ev, 1) : std::span(range_frees)) {
+        // Version 1 plugins get the event through the v1 adapter, made once.
+        allocscope_event_v1 v1{};
+        bool v1_made = false;
+        for (auto& in : instances_) {
+            if (!in->enabled || (in->event_mask & bit) == 0) continue;
+            if (in->plugin && in->plugin->on_event) {
+                invoke(*in, "on_event", [&] { return in->plugin->on_event(in->state, &one); });
+            } else if (in->plugin_v1 && in->plugin_v1->on_event) {
+                if (!v1_made) v1 = to_v1(one);
+                v1_made = true;
+                invoke(*in, "on_event", [&] { return in->plugin_v1->on_event(in->state, &v1); });
+            }
         }
     }
 }

@@ -138,8 +138,7 @@ std::string first_directory(const std::vector<std::string>& candidates) {
 
 // --- instances -------------------------------------------------------------------
 
-PluginHost::PluginHost(HostSettings settings)
-    : settings_(std::move(settings)), live_(std::make_unique<LiveSet[]>(2)) {
+PluginHost::PluginHost(HostSettings settings) : settings_(std::move(settings)) {
     source_ = settings_.has_baseline ? ALLOCSCOPE_SOURCE_BASELINE : ALLOCSCOPE_SOURCE_RUN;
 }
 
@@ -474,6 +473,20 @@ const allocscope_param_v2* PluginHost::cb_param(void* ctx, size_t index) {
     return index < h->params_.size() ? &h->params_[index].view : nullptr;
 }
 
+namespace {
+
+// The pools a plugin's level shows: segments are device segments (mappings
+// included) and host pinned memory; blocks are blocks.
+constexpr Pool kSegmentPools[] = {Pool::device_segment, Pool::host_pinned};
+constexpr Pool kBlockPools[] = {Pool::device_block};
+
+std::span<const Pool> pools_of_level(uint32_t level) {
+    if (level == ALLOCSCOPE_LEVEL_BLOCK) return kBlockPools;
+    return kSegmentPools;
+}
+
+}  // namespace
+
 size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_visitor_v2 visit,
                                    void* user) {
     PluginHost* h = static_cast<Instance*>(ctx)->host;
@@ -481,32 +494,38 @@ size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_vi
     size_t visited = 0;
     for (uint32_t lv : {uint32_t{ALLOCSCOPE_LEVEL_SEGMENT}, uint32_t{ALLOCSCOPE_LEVEL_BLOCK}}) {
         if (level != 0 && level != lv) continue;
-        const bool stopped = h->live(static_cast<Level>(lv))
-                                 .by_address.any_of([&](uint64_t address, const LiveSet::Live& r) {
-                                     allocscope_live_v2 live{};
-                                     live.address = address;
-                                     live.size = r.size;
-                                     live.alloc_seq = r.seq;
-                                     live.step = r.step;
-                                     live.level = lv;
-                                     live.stack_id = r.stack;
-                                     live.layer = h->strings_.at(r.layer).c_str();
-                                     live.phase = h->strings_.at(r.phase).c_str();
-                                     ++visited;
-                                     return visit(user, &live) != 0;
-                                 });
-        if (stopped) break;
+        for (Pool pool : pools_of_level(lv)) {
+            const bool stopped = h->live_.table(pool).any_of([&](const LiveRecord& r) {
+                allocscope_live_v2 live{};
+                live.address = r.address;
+                live.size = r.size;
+                live.alloc_seq = r.seq;
+                live.step = r.step;
+                live.level = lv;
+                live.stack_id = r.stack;
+                live.layer = h->strings_.at(r.layer).c_str();
+                live.phase = h->strings_.at(r.phase).c_str();
+                ++visited;
+                return visit(user, &live) != 0;
+            });
+            if (stopped) return visited;
+        }
     }
     return visited;
 }
 
 uint64_t PluginHost::cb_live_bytes(void* ctx, uint32_t level) {
     PluginHost* h = static_cast<Instance*>(ctx)->host;
-    if (level == ALLOCSCOPE_LEVEL_SEGMENT) return h->live(Level::segment).bytes;
-    if (level == ALLOCSCOPE_LEVEL_BLOCK) return h->live(Level::block).bytes;
-    if (level == ALLOCSCOPE_LEVEL_NONE)
-        return h->live(Level::segment).bytes + h->live(Level::block).bytes;
-    return 0;
+    if (level != ALLOCSCOPE_LEVEL_SEGMENT && level != ALLOCSCOPE_LEVEL_BLOCK &&
+        level != ALLOCSCOPE_LEVEL_NONE)
+        return 0;
+    uint64_t bytes = 0;
+    for (uint32_t lv : {uint32_t{ALLOCSCOPE_LEVEL_SEGMENT}, uint32_t{ALLOCSCOPE_LEVEL_BLOCK}}) {
+        if (level != ALLOCSCOPE_LEVEL_NONE && level != lv) continue;
+        for (Pool pool : pools_of_level(lv))
+            bytes += h->live_.totals(pool).live_bytes;
+    }
+    return bytes;
 }
 
 const char* PluginHost::cb_option(void* ctx, const char* key) {

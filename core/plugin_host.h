@@ -59,6 +59,7 @@
 #include "config.h"
 #include "event.h"
 #include "findings.h"
+#include "replay.h"
 #include "string_table.h"
 #include "trace_format.h"
 
@@ -168,8 +169,6 @@ class PluginHost {
     template <typename Call>
     void invoke(Instance& in, const char* what, Call&& call);
     void start_stream(uint32_t source);
-    struct LiveSet;
-    LiveSet& live(Level level);
     void deliver(const Event& event, uint32_t layer, uint32_t phase, const EventText& text,
                  uint32_t source);
     // The host's id of string `id` of a caller's table (cached per table).
@@ -200,8 +199,11 @@ class PluginHost {
     static constexpr uint32_t kUnmapped = UINT32_MAX;
     const std::string* mapped_table_ = nullptr;
     std::vector<uint32_t> mapped_;
-    // The stream's live allocations, by address: [0] segments, [1] blocks.
-    std::unique_ptr<LiveSet[]> live_;
+    // The stream's live allocations: the one live set (core/replay.h, which
+    // also splits a range unmap) over the events deliver() passes, their
+    // tags as the host's string ids. Segments are its device_segment and
+    // host_pinned pools, blocks its device_block pool.
+    Replay live_;
     // Threads after a failed allocation, and the TAG_POP events held back
     // meanwhile (see the top of this file), with their interned tag ids.
     struct HeldPop {

@@ -53,23 +53,6 @@ struct PluginHost::Instance {
     std::vector<std::string> keys_read;
 };
 
-// One level's live allocations as the plugins see them: only the pools
-// deliver() passes, tags as the host's own string ids, restarted with each
-// stream. A FlatMap without tombstones: the host need not tell an unknown
-// free from a double free (the event's flags already do).
-struct PluginHost::LiveSet {
-    struct Live {
-        uint64_t size = 0;
-        uint64_t seq = 0;
-        uint64_t step = 0;
-        uint32_t stack = 0;
-        uint32_t layer = 0;
-        uint32_t phase = 0;
-    };
-    FlatMap<uint64_t, Live> by_address;
-    uint64_t bytes = 0;
-};
-
 struct PluginHost::StoredParam {
     std::string layer, name, dtype;
     allocscope_param_v2 view{};

@@ -53,52 +53,100 @@ Pool pool_of(const Event& e) noexcept {
 }
 
 FreeOutcome Replay::apply(const Event& e, LiveRecord* freed) {
-    switch (e.kind) {
-        case EventKind::alloc: {
-            Pool pool = pool_of(e);
-            const LiveRecord rec = LiveRecord::from(e);
-            LiveTable& table = tables_[int(pool)];
-            PoolTotals& t = totals_[int(pool)];
-            LiveRecord old;
-            if (table.insert(rec, &old)) {
-                ++t.live_count;
-            } else {
-                t.live_bytes -= old.size;  // its free was never recorded
-            }
-            t.live_bytes += e.size;
-            t.allocated_bytes += e.size;
-            ++t.allocations;
-            if (t.live_bytes > t.peak_bytes) {
-                t.peak_bytes = t.live_bytes;
-                t.peak_event = e;
-            }
-            return FreeOutcome::freed;
+    bool first = true;
+    return apply(e, [&](const LiveChange& c) {
+        if (freed && first && c.kind == LiveChange::Kind::free && c.outcome == FreeOutcome::freed) {
+            *freed = c.record;
+            first = false;
         }
-        case EventKind::free: {
-            Pool pool = pool_of(e);
-            LiveTable& table = tables_[int(pool)];
-            PoolTotals& t = totals_[int(pool)];
-            LiveRecord removed;
-            FreeOutcome outcome = table.remove(e.address, &removed);
-            if (outcome == FreeOutcome::freed && freed) *freed = removed;
-            if (e.result != 0) {
-                // The real free failed and released nothing: the record goes
-                // back, into its own tombstone (LiveTable::insert: no growth).
-                ++failed_frees_;
-                if (outcome == FreeOutcome::freed) table.insert(removed);
-            } else if (outcome == FreeOutcome::freed) {
-                t.live_bytes -= removed.size;
-                --t.live_count;
-            }
-            return outcome;
-        }
-        case EventKind::oom:
-            ++oom_events_;
-            if (e.size > largest_failed_request_) largest_failed_request_ = e.size;
-            return FreeOutcome::freed;
-        default:
-            return FreeOutcome::freed;
+    });
+}
+
+namespace {
+
+bool is_mapping(Pool pool, const LiveRecord& r) noexcept {
+    return pool == Pool::device_segment && r.api == Api::cuMemMap;
+}
+
+bool is_direct(Pool pool, const LiveRecord& r) noexcept {
+    return pool == Pool::device_segment && is_direct_driver_allocation(r.api);
+}
+
+}  // namespace
+
+void Replay::entered(Pool pool, const LiveRecord& r) noexcept {
+    if (is_direct(pool, r)) {
+        direct_bytes_ += r.size;
+        ++direct_count_;
     }
+}
+
+void Replay::left(Pool pool, const LiveRecord& r, bool still_mapped) noexcept {
+    if (is_direct(pool, r)) {
+        direct_bytes_ -= r.size;
+        --direct_count_;
+    }
+    if (is_mapping(pool, r) && !still_mapped) mappings_.erase(r.address);
+}
+
+void Replay::apply_alloc(const Event& e, LiveChange& c) {
+    c.kind = LiveChange::Kind::alloc;
+    c.pool = pool_of(e);
+    c.address = e.address;
+    c.record = LiveRecord::from(e);
+    const Pool pool = c.pool;
+    LiveTable& table = tables_[int(pool)];
+    PoolTotals& t = totals_[int(pool)];
+    // The mapping index first: out of memory, nothing has changed.
+    const bool mapping = is_mapping(pool, c.record);
+    const bool indexed = mapping && mappings_.insert(e.address).second;
+    try {
+        c.replaced = !table.insert(c.record, &c.old);
+    } catch (...) {
+        if (indexed) mappings_.erase(e.address);
+        throw;
+    }
+    if (c.replaced) {
+        t.live_bytes -= c.old.size;  // its free was never recorded
+        left(pool, c.old, mapping);
+    } else {
+        ++t.live_count;
+    }
+    entered(pool, c.record);
+    t.live_bytes += e.size;
+    t.allocated_bytes += e.size;
+    ++t.allocations;
+    if (t.live_bytes > t.peak_bytes) {
+        t.peak_bytes = t.live_bytes;
+        t.peak_event = e;
+    }
+}
+
+void Replay::apply_free(const Event& e, uint64_t address, LiveChange& c) {
+    c.kind = LiveChange::Kind::free;
+    c.pool = pool_of(e);
+    c.address = address;
+    c.failed = e.result != 0;
+    LiveTable& table = tables_[int(c.pool)];
+    PoolTotals& t = totals_[int(c.pool)];
+    c.outcome = table.remove(address, &c.record);
+    if (c.failed) {
+        // The real free failed and released nothing: the record goes back,
+        // into its own tombstone (LiveTable::insert: no growth).
+        ++failed_frees_;
+        if (c.outcome == FreeOutcome::freed) table.insert(c.record);
+    } else if (c.outcome == FreeOutcome::freed) {
+        t.live_bytes -= c.record.size;
+        --t.live_count;
+        left(c.pool, c.record, false);
+    }
+}
+
+bool Replay::next_mapping(uint64_t from, uint64_t end, uint64_t& address) const noexcept {
+    auto it = mappings_.lower_bound(from);
+    if (it == mappings_.end() || *it >= end) return false;
+    address = *it;
+    return true;
 }
 
 uint64_t Replay::unknown_frees() const noexcept {

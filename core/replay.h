@@ -1,11 +1,31 @@
-// Replays an event stream through one LiveTable per memory pool, keeping
-// live and peak totals per pool. The interposer's writer thread (filling in
-// each free's size and flags before the event is written), reports, plugins
-// run offline and tests all account through this one class.
+// The live set: which allocation is alive at each address, matched to its
+// free by one set of rules. Replay keeps one LiveTable per memory pool, and
+// live and peak totals per pool. It is the only place where an alloc is
+// matched to its free: the interposer's writer thread (filling in each free's
+// size and flags before the event is written, apply_written), reports and
+// exports, plugins (the plugin host keeps one), offline replays and tests
+// all go through it, and what they keep beside it (tags, scopes, the
+// segments that held blocks) they keep per change it reports (LiveChange).
+//
+// Matching rules:
+//   * an alloc enters its pool's table (pool_of); at an address already live
+//     there (its free never seen) it replaces the old record;
+//   * a free removes the record at its address in its pool: found (freed),
+//     never seen (unknown) or already freed (double free, LiveTable);
+//   * a free the runtime refused (result != 0) releases nothing: the record
+//     stays live and the free counts as failed;
+//   * a range free (kFlagRange: one cuMemUnmap call) frees, in address order,
+//     every live mapping (a device segment of api cuMemMap) whose start lies
+//     in [address, address + size), each whole, as the driver hooks did
+//     before the split moved here. A mapping that starts before the range
+//     is not freed by it, even where the range covers its tail. A range that
+//     covers no live mapping is a free of `address` alone (unknown or
+//     double, as the table says).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <set>
 
 #include "event.h"
 #include "live_table.h"
@@ -47,14 +67,47 @@ struct PoolTotals {
     Event peak_event;  // the allocation that reached the peak (first time)
 };
 
+// One change an event made to the live set, reported by Replay::apply. An
+// alloc makes one. A free makes one per allocation it releases (a range free
+// one per mapping it covers), or one that releases nothing (unknown, double).
+struct LiveChange {
+    enum class Kind : uint8_t { alloc, free };
+    Kind kind = Kind::alloc;
+    Pool pool = Pool::device_segment;
+    FreeOutcome outcome = FreeOutcome::freed;  // a free: what the table found
+    bool failed = false;                       // a free the runtime refused: the record stays live
+    bool replaced = false;                     // an alloc at a live address (its free never seen)
+    uint64_t address = 0;          // the address allocated or freed (a range: each mapping's)
+    LiveRecord record;             // alloc: the new record; free found: the allocation's
+    LiveRecord old;                // an alloc that replaced: the record replaced
+    const Event* event = nullptr;  // the event that made the change
+
+    // Whether live bytes were released (record is what was).
+    bool released() const noexcept {
+        return kind == Kind::free && outcome == FreeOutcome::freed && !failed;
+    }
+};
+
 class Replay {
   public:
     // Applies alloc/free/oom events; other kinds only advance the clock.
-    // Returns the outcome for frees (FreeOutcome::freed for non-free events);
-    // a free that found its allocation copies the allocation's record to
-    // `freed` when given. Throws only when out of memory growing a table;
-    // then nothing has changed.
+    // Calls on_change(const LiveChange&) for each change, in order. Returns
+    // the outcome for frees (FreeOutcome::freed for other events, and for a
+    // range free that covered a mapping). Throws only when out of memory
+    // growing a table; then nothing has changed for that change.
+    template <class F>
+    FreeOutcome apply(const Event& event, F&& on_change);
+    // The same without a callback; a free that found its allocation copies
+    // its record (a range free's first) to `freed` when given.
     FreeOutcome apply(const Event& event, LiveRecord* freed = nullptr);
+    // What the writer does before an event reaches the trace: applies it,
+    // then fills a free in with what the table knew. A free found gets its
+    // allocation's size, device and memory kind; one not found is flagged
+    // kFlagUnknownAddress or kFlagDoubleFree. A range free keeps its range
+    // in `size`, takes device and memory from its first mapping, and is
+    // flagged only when it covered none.
+    template <class F>
+    FreeOutcome apply_written(Event& event, F&& on_change);
 
     const PoolTotals& totals(Pool pool) const noexcept { return totals_[int(pool)]; }
     const LiveTable& table(Pool pool) const noexcept { return tables_[int(pool)]; }
@@ -63,13 +116,90 @@ class Replay {
     uint64_t failed_frees() const noexcept { return failed_frees_; }
     uint64_t oom_events() const noexcept { return oom_events_; }
     uint64_t largest_failed_request() const noexcept { return largest_failed_request_; }
+    // Plain driver allocations live (is_direct_driver_allocation: device
+    // segments libraries take for themselves), a part of device_segment's.
+    uint64_t direct_driver_live_bytes() const noexcept { return direct_bytes_; }
+    uint64_t direct_driver_live_count() const noexcept { return direct_count_; }
+    // The live mappings' addresses (device segments of api cuMemMap).
+    const std::set<uint64_t>& mappings() const noexcept { return mappings_; }
 
   private:
+    void apply_alloc(const Event& e, LiveChange& c);
+    void apply_free(const Event& e, uint64_t address, LiveChange& c);
+    void entered(Pool pool, const LiveRecord& r) noexcept;
+    // `still_mapped`: an alloc of a mapping replaced it (the index keeps it).
+    void left(Pool pool, const LiveRecord& r, bool still_mapped) noexcept;
+    // The first live mapping at or after `from` and before `end`, or false.
+    bool next_mapping(uint64_t from, uint64_t end, uint64_t& address) const noexcept;
+
     std::array<LiveTable, kPoolCount> tables_;
     std::array<PoolTotals, kPoolCount> totals_;
     uint64_t failed_frees_ = 0;
     uint64_t oom_events_ = 0;
     uint64_t largest_failed_request_ = 0;
+    uint64_t direct_bytes_ = 0;
+    uint64_t direct_count_ = 0;
+    std::set<uint64_t> mappings_;
 };
+
+template <class F>
+FreeOutcome Replay::apply(const Event& e, F&& on_change) {
+    LiveChange c;
+    c.event = &e;
+    switch (e.kind) {
+        case EventKind::alloc:
+            apply_alloc(e, c);
+            on_change(static_cast<const LiveChange&>(c));
+            return FreeOutcome::freed;
+        case EventKind::free: {
+            if ((e.flags & kFlagRange) == 0) {
+                apply_free(e, e.address, c);
+                on_change(static_cast<const LiveChange&>(c));
+                return c.outcome;
+            }
+            const uint64_t end = e.address + e.size < e.address ? UINT64_MAX : e.address + e.size;
+            bool covered = false;
+            uint64_t at = 0;
+            for (uint64_t from = e.address; from < end && next_mapping(from, end, at);
+                 from = at + 1) {
+                covered = true;
+                c = LiveChange{};
+                c.event = &e;
+                apply_free(e, at, c);
+                on_change(static_cast<const LiveChange&>(c));
+                if (at == UINT64_MAX) break;
+            }
+            if (covered) return FreeOutcome::freed;
+            apply_free(e, e.address, c);
+            on_change(static_cast<const LiveChange&>(c));
+            return c.outcome;
+        }
+        case EventKind::oom:
+            ++oom_events_;
+            if (e.size > largest_failed_request_) largest_failed_request_ = e.size;
+            return FreeOutcome::freed;
+        default:
+            return FreeOutcome::freed;
+    }
+}
+
+template <class F>
+FreeOutcome Replay::apply_written(Event& e, F&& on_change) {
+    bool first = true;
+    const FreeOutcome outcome = apply(e, [&](const LiveChange& c) {
+        if (c.kind == LiveChange::Kind::free && first && c.outcome == FreeOutcome::freed) {
+            if ((e.flags & kFlagRange) == 0) e.size = c.record.size;
+            e.device = c.record.device;
+            e.memory = c.record.memory;
+            first = false;
+        }
+        on_change(c);
+    });
+    if (e.kind == EventKind::free && outcome == FreeOutcome::unknown)
+        e.flags |= kFlagUnknownAddress;
+    else if (e.kind == EventKind::free && outcome == FreeOutcome::double_free)
+        e.flags |= kFlagDoubleFree;
+    return outcome;
+}
 
 }  // namespace allocscope

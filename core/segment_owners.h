@@ -20,22 +20,22 @@ namespace allocscope {
 // allocation (cuMemAlloc_v2 ...: cuBLAS workspaces, NCCL buffers).
 class SegmentOwners {
   public:
-    void apply(const Event& e) {
-        if (e.kind == EventKind::alloc && e.result == 0) {
-            const Pool pool = pool_of(e);
-            if (pool == Pool::device_segment) {
-                drop(e.address);
+    // One change of the live set (Replay::apply): this follows the replay's
+    // device segments and blocks, it matches no free itself.
+    void apply(const LiveChange& c) {
+        if (c.kind == LiveChange::Kind::alloc) {
+            if (c.pool == Pool::device_segment) {
+                drop(c.address);  // the record it replaced
                 // A bounded trace's carried segment that held a block in the
                 // events it dropped (kFlagHeldBlock).
-                const bool held = (e.flags & kFlagHeldBlock) != 0;
-                live_[e.address] = {e.size, held};
-                if (held) allocator_bytes_ += e.size;
-            } else if (pool == Pool::device_block) {
-                claim(e.address, e.size);
+                const bool held = c.event && (c.event->flags & kFlagHeldBlock) != 0;
+                live_[c.address] = {c.record.size, held};
+                if (held) allocator_bytes_ += c.record.size;
+            } else if (c.pool == Pool::device_block) {
+                claim(c.address, c.record.size);
             }
-        } else if (e.kind == EventKind::free && e.result == 0 &&
-                   pool_of(e) == Pool::device_segment) {
-            drop(e.address);
+        } else if (c.released() && c.pool == Pool::device_segment) {
+            drop(c.address);
         }
     }
     uint64_t allocator_bytes() const { return allocator_bytes_; }

@@ -50,7 +50,10 @@
 // one more event kind, `derived` (event.h), which a version 1 or 2 trace
 // never holds. Version 4 is version 3 whose header may be followed by one
 // `host` record (the machine's name, at most kMaxHostBytes): only there,
-// never later.
+// never later. Version 5 is version 4 whose cuMemUnmap may be one free event
+// for its whole range (kFlagRange, event.h; `size` is the range's length)
+// where older traces hold one free per mapping; Replay (core/replay.h)
+// splits it, so a reader that replays reads both alike.
 #pragma once
 
 #include <cstddef>
@@ -66,7 +69,7 @@
 namespace allocscope {
 
 inline constexpr char kTraceMagic[8] = {'A', 'L', 'S', 'C', 'T', 'R', 'C', '\n'};
-inline constexpr uint32_t kTraceFormatVersion = 4;        // the version the writer writes
+inline constexpr uint32_t kTraceFormatVersion = 5;        // the version the writer writes
 inline constexpr uint32_t kOldestTraceFormatVersion = 1;  // the oldest the reader reads
 inline constexpr size_t kTraceHeaderSize = 72;
 inline constexpr size_t kRecordHeaderSize = 12;

@@ -162,6 +162,16 @@ void bound_event(const Event& e) {
     }
 }
 
+void bound_live_change(const LiveChange& change) noexcept {
+    TraceBound& b = g->bound;
+    if (!b.on || b.failed) return;
+    try {
+        b.owners.apply(change);
+    } catch (...) {
+        give_up("out of memory");
+    }
+}
+
 void bound_written(const Event& e) {
     TraceBound& b = g->bound;
     if (!b.on || b.failed) return;
@@ -169,7 +179,6 @@ void bound_written(const Event& e) {
     b.last_t_ns = e.t_ns;
     b.last_step = e.step;
     try {
-        b.owners.apply(e);
         if (e.kind == EventKind::tag_push) {
             b.open[e.tid].push_back({e.layer, e.phase});
         } else if (e.kind == EventKind::tag_pop) {

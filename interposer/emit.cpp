@@ -254,6 +254,15 @@ void begin_free(PendingFree& pending, Api api, Level level, void* address,
     pending.slot = slot;
 }
 
+void begin_range_free(PendingFree& pending, Api api, Level level, void* address,
+                      uint64_t size) noexcept {
+    begin_free(pending, api, level, address, 0);
+    if (!pending.slot) return;
+    Event& e = static_cast<EventRing::Slot*>(pending.slot)->event;
+    e.size = size;
+    e.flags |= kFlagRange;
+}
+
 void end_free(PendingFree& pending, int result) noexcept {
     if (!pending.slot) return;
     auto* slot = static_cast<EventRing::Slot*>(pending.slot);

@@ -24,7 +24,10 @@
 //   cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAlloc[FromPool]Async, cuMemAllocManaged
 //       device segments, freed by cuMemFree_v2 / cuMemFreeAsync;
 //   cuMemMap        a device segment at the mapped VA (tagged, with a stack);
-//   cuMemUnmap      one free per mapping inside the unmapped range;
+//   cuMemUnmap      one free event for the whole range (kFlagRange), which
+//                   the writer's replay splits into one free per mapping
+//                   that starts inside it (core/replay.h): the hooks keep
+//                   no table of mappings;
 //   cuMemCreate     a physical handle (pool "physical"; address = handle);
 //   cuMemRelease    ...its release; not for the extra reference
 //                   cuMemRetainAllocationHandle takes, nor for a handle from
@@ -44,7 +47,6 @@
 #include <map>
 #include <mutex>
 #include <string_view>
-#include <vector>
 
 #include "config.h"
 #include "cuda_decls.h"
@@ -110,23 +112,24 @@ struct DriverHooks {
     static bool recording(const HookGuard& guard) noexcept { return ::recording(guard); }
 };
 
-// --- mappings: cuMemUnmap takes a range, which may hold several mappings ------------------
+// --- handle references: a cuMemRelease that frees nothing ----------------------------
 
-struct Mappings {
+// References that need a cuMemRelease of their own which frees nothing of
+// this process's: the extra ones cuMemRetainAllocationHandle took (NCCL
+// retains the handle behind an address and releases it twice when it
+// frees) and handles imported from another process
+// (cuMemImportFromShareableHandle: NCCL's peer buffers; the memory is the
+// exporter's). A count per handle, not a live table: it decides whether a
+// release is recorded at all, which the writer cannot know after the fact.
+// Only these three rare calls take its lock; mapping and unmapping take none.
+struct Retains {
     std::mutex mutex;
-    std::map<uint64_t, uint64_t> by_address;  // mapped VA -> size
-    // References that need a cuMemRelease of their own which frees nothing
-    // of this process's: the extra ones cuMemRetainAllocationHandle took
-    // (NCCL retains the handle behind an address and releases it twice when
-    // it frees) and handles imported from another process
-    // (cuMemImportFromShareableHandle: NCCL's peer buffers; the memory is the
-    // exporter's).
-    std::map<CUmemHandle_t, uint64_t> retains;
+    std::map<CUmemHandle_t, uint64_t> count;
 };
 
-Mappings& mappings() {
-    static Mappings* m = new Mappings();  // never destroyed: unmaps may come at exit
-    return *m;
+Retains& retains() {
+    static Retains* r = new Retains();  // never destroyed: releases may come at exit
+    return *r;
 }
 
 // --- bodies: what each entry point does around the real call ------------------------
@@ -203,21 +206,21 @@ struct Bodies {
     static CUresult_t mem_release(cuMemRelease_fn real, Api api, CUmemHandle_t handle) {
         if (!real) return kCuErrorNotFound;
         {
-            std::lock_guard lock(mappings().mutex);
-            auto it = mappings().retains.find(handle);
-            if (it != mappings().retains.end()) {
+            std::lock_guard lock(retains().mutex);
+            auto it = retains().count.find(handle);
+            if (it != retains().count.end()) {
                 // Drops a retained reference: the handle lives on.
                 CUresult_t rc = real(handle);
-                if (rc == kCuSuccess && --it->second == 0) mappings().retains.erase(it);
+                if (rc == kCuSuccess && --it->second == 0) retains().count.erase(it);
                 return rc;
             }
         }
         return forward_free<DriverHooks>(real, api, as_ptr(handle), nullptr, handle);
     }
     static void count_reference(CUmemHandle_t handle) {
-        std::lock_guard lock(mappings().mutex);
+        std::lock_guard lock(retains().mutex);
         try {
-            ++mappings().retains[handle];
+            ++retains().count[handle];
         } catch (...) {  // out of host memory: its release counts as an odd free
         }
     }
@@ -243,47 +246,21 @@ struct Bodies {
         HookGuard guard;
         CUresult_t rc = real(ptr, n, offset, handle, flags);
         if (recording(guard)) {
-            if (rc == kCuSuccess) {
-                std::lock_guard lock(mappings().mutex);
-                try {
-                    mappings().by_address[ptr] = n;
-                } catch (...) {  // out of host memory: the unmap then frees one address
-                }
-            }
             allocscope::recorder::record_alloc(
                 device_segment(api, n, nullptr, allocscope::recorder::current_device()),
                 rc == kCuSuccess ? as_ptr(ptr) : nullptr, rc);
         }
         return rc;
     }
+    // One event for the range; the writer's replay finds the mappings in it.
     static CUresult_t mem_unmap(cuMemUnmap_fn real, Api api, CUdeviceptr_t ptr, size_t n) {
         if (!real) return kCuErrorNotFound;
         HookGuard guard;
         if (!recording(guard)) return real(ptr, n);
-        // The mappings inside [ptr, ptr + n), in address order; one free each.
-        std::vector<uint64_t> inside;
-        {
-            std::lock_guard lock(mappings().mutex);
-            auto& m = mappings().by_address;
-            try {
-                for (auto it = m.lower_bound(ptr); it != m.end() && it->first < ptr + n; ++it)
-                    inside.push_back(it->first);
-            } catch (...) {
-                inside.clear();
-            }
-        }
-        if (inside.empty()) inside.push_back(ptr);  // mapped before recording began
-        std::vector<PendingFree> pending(inside.size());
-        for (size_t i = 0; i < inside.size(); ++i)
-            allocscope::recorder::begin_free(pending[i], api, Level::segment, as_ptr(inside[i]), 0);
+        PendingFree pending;
+        allocscope::recorder::begin_range_free(pending, api, Level::segment, as_ptr(ptr), n);
         CUresult_t rc = real(ptr, n);
-        for (PendingFree& p : pending)
-            allocscope::recorder::end_free(p, rc);
-        if (rc == kCuSuccess) {
-            std::lock_guard lock(mappings().mutex);
-            for (uint64_t a : inside)
-                mappings().by_address.erase(a);
-        }
+        allocscope::recorder::end_free(pending, rc);
         return rc;
     }
     static CUresult_t address_reserve(cuMemAddressReserve_fn real, Api api, CUdeviceptr_t* p,

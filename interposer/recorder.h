@@ -101,6 +101,11 @@ struct PendingFree {
 };
 void begin_free(PendingFree& pending, Api api, Level level, void* address,
                 uint64_t stream) noexcept;
+// A free of everything that starts in [address, address + size) (cuMemUnmap):
+// one event (kFlagRange), which the writer's replay splits into the frees of
+// the mappings the range covers (core/replay.h).
+void begin_range_free(PendingFree& pending, Api api, Level level, void* address,
+                      uint64_t size) noexcept;
 void end_free(PendingFree& pending, int result) noexcept;
 
 // Public C API backends. push_tag returns whether the tag went onto the

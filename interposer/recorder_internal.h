@@ -222,11 +222,13 @@ inline TagEntry current_tag() noexcept {
 
 // Writer thread, when ALLOCSCOPE_MAX_TRACE_SIZE is set. bound_start before
 // the first drain; bound_event for each event before it is written (a step
-// change takes a checkpoint there); bound_after_flush after each flush
-// (seals the head, takes checkpoints in long steps, compacts past the
-// bound).
+// change takes a checkpoint there); bound_live_change for each change the
+// writer's Replay reports (the segments that held a block, SegmentOwners);
+// bound_after_flush after each flush (seals the head, takes checkpoints in
+// long steps, compacts past the bound).
 void bound_start();
 void bound_event(const Event& e);
+void bound_live_change(const LiveChange& change) noexcept;
 void bound_written(const Event& e);
 void bound_after_flush();
 

@@ -60,33 +60,23 @@ void write_pending_definitions() {
 }
 
 // The live allocations, kept by the writer in seq order (the trace's order)
-// through the same Replay the tools use: an alloc enters its pool's table; a
-// free takes its record out and gets the record's size, device and memory
-// kind, or is flagged as freeing an address never seen or already freed. A
-// free the runtime refused leaves the record in. The hooks touch no table:
-// no lock, no hash lookup on the program's threads. An alloc whose event was
-// dropped (the writer stalled) is not in the table; its free is then flagged
-// unknown.
+// through the same Replay the tools use (Replay::apply_written): an alloc
+// enters its pool's table; a free takes its record out and gets the record's
+// size, device and memory kind, or is flagged as freeing an address never
+// seen or already freed. A free the runtime refused leaves the record in. A
+// cuMemUnmap is one event for its whole range (kFlagRange), which the replay
+// splits into the frees of the mappings it covers; the trace keeps the one
+// event and every reader splits it the same way. The hooks touch no table:
+// no lock, no hash lookup on the program's threads. An alloc whose event
+// was dropped (the writer stalled) is not in the table; its free is then
+// flagged unknown.
 void track_live(Event& e) noexcept {
     if (e.kind != EventKind::alloc && e.kind != EventKind::free) return;
-    LiveRecord freed;
-    FreeOutcome outcome;
     try {
-        outcome = g->live.apply(e, &freed);
+        g->live.apply_written(e, [](const LiveChange& c) { bound_live_change(c); });
     } catch (...) {
         // Out of host memory growing a table: the event is still
         // recorded; an alloc's free will carry no size.
-        return;
-    }
-    if (e.kind != EventKind::free) return;
-    if (outcome == FreeOutcome::freed) {
-        e.size = freed.size;
-        e.device = freed.device;
-        e.memory = freed.memory;
-    } else if (outcome == FreeOutcome::unknown) {
-        e.flags |= kFlagUnknownAddress;
-    } else {
-        e.flags |= kFlagDoubleFree;
     }
 }
 

@@ -256,9 +256,10 @@ TEST_CASE("a carried segment that held a block is the allocator's reserve after 
     cut.held_segments = {held.address};
     const std::vector<Event> carried = carried_events(head, cut, 1, 80, 0);
     REQUIRE(carried.size() == 3);
+    Replay replay;
     SegmentOwners owners;
     for (const Event& e : carried)
-        owners.apply(e);
+        replay.apply(e, [&](const LiveChange& c) { owners.apply(c); });
     CHECK(pool_of(carried[0]) == Pool::device_segment);
     CHECK((carried[0].flags & kFlagHeldBlock) != 0);
     CHECK((carried[1].flags & kFlagHeldBlock) == 0);

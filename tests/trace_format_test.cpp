@@ -1464,7 +1464,7 @@ TEST_CASE("a trace of format version 0 or above the current one is rejected") {
         write_bytes(path, bytes);
         check_error_at(path, 8, "unsupported trace format version " + std::to_string(version));
     }
-    CHECK(kTraceFormatVersion == 4);
+    CHECK(kTraceFormatVersion == 5);
 }
 
 TEST_CASE("a version 2 trace still reads, and a derived event in one is rejected") {

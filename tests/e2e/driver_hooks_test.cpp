@@ -136,15 +136,29 @@ TEST_CASE(
     CHECK(run.count(EventKind::alloc, Api::cuMemMap) == 2);
     CHECK(run.count(EventKind::free, Api::cuMemRelease) == 2);
     CHECK(run.count(EventKind::free, Api::cuMemAddressFree) == 1);
-    // One cuMemUnmap over both mappings: one free per mapping, both found.
+    // One cuMemUnmap over both mappings: one event for the range, which the
+    // replay splits into one free per mapping, both found.
     const auto unmaps = run.find(EventKind::free, Api::cuMemUnmap);
-    REQUIRE(unmaps.size() == 2);
-    for (const Event& e : unmaps) {
-        CHECK(e.size == 2 * kMiB);
-        CHECK((e.flags & kFlagUnknownAddress) == 0);
-        CHECK(e.result == 0);
+    REQUIRE(unmaps.size() == 1);
+    CHECK(unmaps[0].size == 4 * kMiB);
+    CHECK((unmaps[0].flags & kFlagRange) != 0);
+    CHECK((unmaps[0].flags & (kFlagUnknownAddress | kFlagDoubleFree)) == 0);
+    CHECK(unmaps[0].result == 0);
+    CHECK(unmaps[0].memory == MemoryKind::device);
+    std::vector<LiveChange> split;
+    Replay splitter;
+    for (const Event& e : run.trace.events)
+        splitter.apply(e, [&](const LiveChange& c) {
+            if (c.event->api == Api::cuMemUnmap) split.push_back(c);
+        });
+    REQUIRE(split.size() == 2);
+    for (const LiveChange& c : split) {
+        CHECK(c.released());
+        CHECK(c.record.size == 2 * kMiB);
+        CHECK(c.record.api == Api::cuMemMap);
     }
-    CHECK(unmaps[0].address + 2 * kMiB == unmaps[1].address);
+    CHECK(split[0].address == unmaps[0].address);
+    CHECK(split[0].address + 2 * kMiB == split[1].address);
     for (const Event& e : run.find(EventKind::alloc, Api::cuMemCreate)) {
         CHECK(e.memory == MemoryKind::physical);
         CHECK(e.size == 2 * kMiB);
