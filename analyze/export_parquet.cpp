@@ -416,41 +416,40 @@ std::string ParquetExport::library() const {
 
 void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnalysis& a,
                         const StackFrames& frames, const ExportProgress& progress) {
+    TraceStream stream(t);
+    add(run, stream, a, frames, progress);
+}
+
+void ParquetExport::add(const std::string& run, TraceStream& stream, const TraceAnalysis& a,
+                        const StackFrames& frames, const ExportProgress& progress) {
     Impl& m = *impl_;
     const DuckDbApi& api = *m.api;
+    const TraceTables& t = stream.tables();
     const int32_t rank = t.header.rank;
     const uint32_t pid = t.header.pid;
     const auto str = [&t](uint32_t id) -> const std::string& {
         static const std::string none;
         return id < t.strings.size() ? t.strings[id] : none;
     };
-    const size_t n = t.events.size();
 
-    // Who freed what: each free's allocation and each allocation's free.
-    std::vector<uint64_t> alloc_seq(n, kNoSeq), free_seq(n, kNoSeq);
-    {
-        Replay replay;
-        for (size_t i = 0; i < n; ++i) {
-            const Event& e = t.events[i];
-            LiveRecord freed;
-            if (e.kind == EventKind::free && replay.apply(e, &freed) == FreeOutcome::freed) {
-                alloc_seq[i] = freed.seq;
-                const auto it =
-                    std::lower_bound(t.events.begin(), t.events.begin() + ptrdiff_t(i), freed.seq,
-                                     [](const Event& x, uint64_t seq) { return x.seq < seq; });
-                if (it != t.events.begin() + ptrdiff_t(i) && it->seq == freed.seq)
-                    free_seq[size_t(it - t.events.begin())] = e.seq;
-            } else if (e.kind != EventKind::free) {
-                replay.apply(e);
-            }
-        }
-    }
-
+    // One pass: each event's row as it comes. Who freed what: a free's
+    // allocation (alloc_seq) from the replay here; an allocation's free
+    // (free_seq) comes later in the trace, so DuckDB fills it in from the
+    // frees' alloc_seq once the rows are in.
     {
         Appender out(api, *m.db, "events");
-        for (size_t i = 0; i < n; ++i) {
-            export_detail::report_progress(progress, i, n);
-            const Event& e = t.events[i];
+        Replay replay;
+        const size_t n = stream.size();
+        size_t i = 0;
+        stream.for_each([&](const Event& e) {
+            export_detail::report_progress(progress, i++, n);
+            uint64_t alloc_seq = kNoSeq;
+            LiveRecord freed;
+            if (e.kind == EventKind::free) {
+                if (replay.apply(e, &freed) == FreeOutcome::freed) alloc_seq = freed.seq;
+            } else {
+                replay.apply(e);
+            }
             const bool memory = is_memory_event(e.kind);
             out.text(run).i32(rank).u32(pid).u64(e.seq).u64(e.t_ns).text(to_string(e.kind));
             if (memory)
@@ -477,7 +476,7 @@ void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnaly
             }
             out.u32(e.tid).u64(e.step).text(str(e.layer)).text(str(e.phase));
             out.u32_or_null(e.stack, 0);
-            out.u64_or_null(alloc_seq[i], kNoSeq).u64_or_null(free_seq[i], kNoSeq);
+            out.u64_or_null(alloc_seq, kNoSeq).null();  // free_seq: below
             if (memory)
                 out.i32(e.result);
             else
@@ -499,10 +498,16 @@ void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnaly
                     out.null();
             }
             out.end_row();
-        }
+        });
         export_detail::report_progress(progress, n, n);
         out.close();
         m.rows.events += out.rows();
+        // The table holds this trace's events only (each add's are written
+        // out and deleted), whose seqs are distinct.
+        m.db->exec(
+            "UPDATE events SET free_seq = f.s FROM (SELECT alloc_seq AS a, seq AS s FROM events "
+            "WHERE alloc_seq IS NOT NULL) AS f WHERE events.seq = f.a",
+            "cannot pair the allocations of " + t.path + " with their frees");
     }
 
     {
