@@ -34,7 +34,7 @@ void ExportWriter::flush() {
     }
 }
 
-StackFrames symbolize_stacks(const Trace& trace, Symbolizer& symbolizer,
+StackFrames symbolize_stacks(const TraceTables& trace, Symbolizer& symbolizer,
                              std::span<const uint32_t> ids, const ExportProgress& progress) {
     StackFrames out(trace.stacks.size());
     std::vector<uint64_t> addresses;
@@ -57,7 +57,7 @@ StackFrames symbolize_stacks(const Trace& trace, Symbolizer& symbolizer,
     return out;
 }
 
-StackFrames raw_stacks(const Trace& trace, std::span<const uint32_t> ids) {
+StackFrames raw_stacks(const TraceTables& trace, std::span<const uint32_t> ids) {
     StackFrames out(trace.stacks.size());
     for (uint32_t id : ids) {
         if (id == 0 || id >= trace.stacks.size() || !out[id].empty()) continue;

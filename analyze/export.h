@@ -13,7 +13,10 @@
 //     (ParquetExport).
 //
 // Every export replays the events through Replay (core/replay.h), so live
-// and peak bytes are the ones the reports show.
+// and peak bytes are the ones the reports show. Every export streams its
+// traces (TraceStream, a few passes each) and holds the live set, the
+// tables and what it writes, never the events. Each takes a `const Trace&`
+// too (tests), read through the same code.
 #pragma once
 
 #include <cstdint>
@@ -84,10 +87,10 @@ using StackFrames = std::vector<std::vector<ExportFrame>>;
 
 // Symbolizes the stacks `ids` of `trace` (each address once; `progress` as
 // it goes).
-StackFrames symbolize_stacks(const Trace& trace, Symbolizer& symbolizer,
+StackFrames symbolize_stacks(const TraceTables& trace, Symbolizer& symbolizer,
                              std::span<const uint32_t> ids, const ExportProgress& progress = {});
 // The same without module files: every frame is its raw address text.
-StackFrames raw_stacks(const Trace& trace, std::span<const uint32_t> ids);
+StackFrames raw_stacks(const TraceTables& trace, std::span<const uint32_t> ids);
 
 // --- Perfetto / Chrome trace-event JSON ----------------------------------------
 
@@ -111,7 +114,10 @@ StackFrames raw_stacks(const Trace& trace, std::span<const uint32_t> ids);
 class PerfettoExport {
   public:
     PerfettoExport(ExportWriter& out, uint64_t base_wall_ns);
-    // `findings`: this trace's (the caller picks them by rank).
+    // `findings`: this trace's (the caller picks them by rank). Two passes
+    // over the events.
+    void add(TraceStream& trace, std::span<const Finding* const> findings,
+             const ExportProgress& progress = {});
     void add(const Trace& trace, std::span<const Finding* const> findings,
              const ExportProgress& progress = {});
     // Closes the document; nothing may be added after.
@@ -134,6 +140,8 @@ struct PeakSnapshot {
     uint64_t peak_seq = 0;
     std::vector<LiveRecord> live;  // by address
 };
+// Two passes: the second ends at the peak.
+PeakSnapshot live_at_peak(TraceStream& trace);
 PeakSnapshot live_at_peak(const Trace& trace);
 
 // The stack ids of `snapshot`'s allocations (sorted, without 0).
@@ -146,7 +154,7 @@ std::vector<uint32_t> stack_ids(std::span<const LiveRecord> records);
 // together are summed line by line (each at its own peak).
 class CollapsedExport {
   public:
-    void add(const Trace& trace, const PeakSnapshot& snapshot, const StackFrames& frames);
+    void add(const TraceTables& trace, const PeakSnapshot& snapshot, const StackFrames& frames);
     void write(ExportWriter& out) const;  // sorted by line
     const std::map<std::string, uint64_t>& lines() const noexcept { return lines_; }
 
@@ -156,7 +164,8 @@ class CollapsedExport {
 
 // --- PyTorch memory snapshot -------------------------------------------------------
 
-// Stack ids of the device-memory events a memory-viz export shows.
+// Stack ids of the device-memory events a memory-viz export shows (one pass).
+std::vector<uint32_t> memory_viz_stacks(TraceStream& trace);
 std::vector<uint32_t> memory_viz_stacks(const Trace& trace);
 
 // A pickle (protocol 4) of torch.cuda.memory._snapshot()'s dictionary:
@@ -173,6 +182,10 @@ std::vector<uint32_t> memory_viz_stacks(const Trace& trace);
 // the block in it (segment_alloc + alloc, free_requested + free_completed +
 // segment_free). Pinned host memory and frees that freed nothing are left
 // out. Tagged entries carry "user_metadata" = "layer L, phase P, step S".
+// One pass over the events, then one per device; what it holds is the live
+// set (the segments at the end are what the last pass leaves live).
+void export_memory_viz(TraceStream& trace, const StackFrames& frames, ExportWriter& out,
+                       const ExportProgress& progress = {});
 void export_memory_viz(const Trace& trace, const StackFrames& frames, ExportWriter& out,
                        const ExportProgress& progress = {});
 
@@ -205,7 +218,11 @@ class ParquetExport {
     // One trace of run `run`: its events, its stacks (`frames`: symbolized,
     // by stack id; a stack missing there is written as raw addresses), its
     // owner pool's live bytes at the peak by (layer, phase) and its row of
-    // the ranks table, from `analysis` (analyze(trace)).
+    // the ranks table, from `analysis` (analyze(trace)). One pass over the
+    // events, which go into DuckDB's table as they come; each allocation's
+    // free_seq is filled in there from the frees' alloc_seq.
+    void add(const std::string& run, TraceStream& trace, const TraceAnalysis& analysis,
+             const StackFrames& frames, const ExportProgress& progress = {});
     void add(const std::string& run, const Trace& trace, const TraceAnalysis& analysis,
              const StackFrames& frames, const ExportProgress& progress = {});
     // A run's findings, each in its own rank's partition.

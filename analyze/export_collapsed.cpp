@@ -21,19 +21,34 @@ void append_name(std::string& line, std::string_view name) {
 }  // namespace
 
 PeakSnapshot live_at_peak(const Trace& t) {
+    TraceStream stream(t);
+    return live_at_peak(stream);
+}
+
+PeakSnapshot live_at_peak(TraceStream& t) {
+    // Pass 1: the owner pool and its peak (Replay keeps every pool's).
     PeakSnapshot s;
-    s.owner = trace_shape(t).owner;
+    ShapeCounter shape;
     Replay first;
-    for (const Event& e : t.events)
+    t.for_each([&](const Event& e) {
+        shape.add(e, t.tables());
         first.apply(e);
+    });
+    s.owner = shape.shape().owner;
     const PoolTotals& totals = first.totals(s.owner);
     s.peak_bytes = totals.peak_bytes;
     s.peak_seq = totals.peak_event.seq;
     if (totals.allocations == 0 || totals.peak_bytes == 0) return s;
+    // Pass 2, up to the peak's event: the live set there. The pass ends
+    // there (a stream's next pass starts afresh from the file's start).
+    struct PeakReached {};
     Replay again;
-    for (const Event& e : t.events) {
-        again.apply(e);
-        if (e.seq == s.peak_seq) break;
+    try {
+        t.for_each([&](const Event& e) {
+            again.apply(e);
+            if (e.seq == s.peak_seq) throw PeakReached{};
+        });
+    } catch (const PeakReached&) {
     }
     s.live = again.table(s.owner).snapshot();
     std::sort(s.live.begin(), s.live.end(),
@@ -51,7 +66,8 @@ std::vector<uint32_t> stack_ids(std::span<const LiveRecord> records) {
     return ids;
 }
 
-void CollapsedExport::add(const Trace& t, const PeakSnapshot& snapshot, const StackFrames& frames) {
+void CollapsedExport::add(const TraceTables& t, const PeakSnapshot& snapshot,
+                          const StackFrames& frames) {
     std::string line;
     for (const LiveRecord& r : snapshot.live) {
         if (r.size == 0) continue;

@@ -178,27 +178,31 @@ int device_of(int32_t device) {
     return device < 0 ? 0 : device;
 }
 
+// One pass for the shape and the devices, then one per device, which
+// writes that device's history; the segments are the last pass's live set.
 class MemoryViz {
   public:
-    MemoryViz(const Trace& t, const StackFrames& frames, ExportWriter& out)
-        : t_(t), frames_(frames), p_(out), frames_memo_(t.stacks.size() + 1, kUnset) {
-        blocks_ = trace_shape(t).owner == Pool::device_block;
-    }
+    MemoryViz(TraceStream& t, const StackFrames& frames, ExportWriter& out)
+        : t_(t), frames_(frames), p_(out) {}
 
     void run(const ExportProgress& progress) {
         int devices = 1;
-        for (const Event& e : t_.events) {
+        ShapeCounter shape;
+        t_.for_each([&](const Event& e) {
+            shape.add(e, t_.tables());
             if ((e.kind == EventKind::alloc || e.kind == EventKind::oom) &&
                 is_device_pool(pool_of(e)))
                 devices = std::max(devices, device_of(e.device) + 1);
-        }
+        });
+        blocks_ = shape.shape().owner == Pool::device_block;
+        frames_memo_.assign(t_.tables().stacks.size() + 1, kUnset);
         p_.proto();
         p_.empty_dict();
         p_.mark();
         p_.memo_string("device_traces");
         p_.empty_list();
         Batch traces(p_, false);
-        const size_t n = t_.events.size();
+        const size_t n = t_.size();
         for (int d = 0; d < devices; ++d) {
             traces.item();
             p_.empty_list();
@@ -228,10 +232,11 @@ class MemoryViz {
         segs_.clear();
         synthetic_.clear();
         device_ = device;
-        const size_t n = t_.events.size();
-        for (size_t i = 0; i < n; ++i) {
-            progress(i);
-            const Event& e = t_.events[i];
+        const size_t n = t_.size();
+        const uint64_t start_wall_ns = t_.header().start_wall_ns;
+        size_t i = 0;
+        t_.for_each([&](const Event& e) {
+            progress(i++);
             // As PyTorch's snapshots: the allocator's verdict, not the
             // failed cudaMalloc calls it retried (where there is one).
             if (e.kind == EventKind::oom && is_device_pool(pool_of(e)) &&
@@ -239,7 +244,7 @@ class MemoryViz {
                 oom(e);
             tracker_->apply(e, [&](const LiveChange& c) {
                 if (!is_device_pool(c.pool)) return;
-                const uint64_t time_us = (t_.header.start_wall_ns + e.t_ns) / 1000;
+                const uint64_t time_us = (start_wall_ns + e.t_ns) / 1000;
                 const LiveRecord& r = c.record;
                 if (c.kind == LiveChange::Kind::alloc) {
                     if (c.replaced) released(c.pool, c.old, time_us);
@@ -259,7 +264,7 @@ class MemoryViz {
                     released(c.pool, r, time_us);
                 }
             });
-        }
+        });
         progress(n);
     }
 
@@ -339,8 +344,9 @@ class MemoryViz {
 
     // "layer L, phase P, step S" of a tagged record, "" otherwise.
     std::string metadata(const LiveRecord& r) const {
-        const std::string& layer = r.layer < t_.strings.size() ? t_.strings[r.layer] : "";
-        const std::string& phase = r.phase < t_.strings.size() ? t_.strings[r.phase] : "";
+        const std::vector<std::string>& strings = t_.tables().strings;
+        const std::string& layer = r.layer < strings.size() ? strings[r.layer] : "";
+        const std::string& phase = r.phase < strings.size() ? strings[r.phase] : "";
         if (layer.empty() && phase.empty()) return {};
         return "layer " + (layer.empty() ? std::string("(untagged)") : layer) + ", phase " +
                (phase.empty() ? std::string("(none)") : phase) + ", step " + std::to_string(r.step);
@@ -386,7 +392,7 @@ class MemoryViz {
         p_.memo_string("stream");
         p_.uinteger(e.stream);
         p_.memo_string("time_us");
-        p_.uinteger((t_.header.start_wall_ns + e.t_ns) / 1000);
+        p_.uinteger((t_.header().start_wall_ns + e.t_ns) / 1000);
         p_.memo_string("frames");
         frames(e.stack);
         p_.setitems();
@@ -522,7 +528,7 @@ class MemoryViz {
         list.end();
     }
 
-    const Trace& t_;
+    TraceStream& t_;
     const StackFrames& frames_;
     Pickler p_;
     bool blocks_ = false;
@@ -537,23 +543,37 @@ class MemoryViz {
 
 }  // namespace
 
-std::vector<uint32_t> memory_viz_stacks(const Trace& t) {
+std::vector<uint32_t> memory_viz_stacks(TraceStream& t) {
     std::vector<uint32_t> ids;
-    std::vector<bool> seen(t.stacks.size(), false);
-    for (const Event& e : t.events) {
-        if ((e.kind == EventKind::alloc || e.kind == EventKind::oom) &&
-            is_device_pool(pool_of(e)) && e.stack && e.stack < seen.size() && !seen[e.stack]) {
+    std::vector<bool> seen;  // by stack id, as far as the stacks defined so far
+    t.for_each([&](const Event& e) {
+        if ((e.kind != EventKind::alloc && e.kind != EventKind::oom) ||
+            !is_device_pool(pool_of(e)) || !e.stack)
+            return;
+        if (e.stack >= seen.size()) seen.resize(t.tables().stacks.size(), false);
+        if (e.stack < seen.size() && !seen[e.stack]) {
             seen[e.stack] = true;
             ids.push_back(e.stack);
         }
-    }
+    });
     std::sort(ids.begin(), ids.end());
     return ids;
 }
 
-void export_memory_viz(const Trace& trace, const StackFrames& frames, ExportWriter& out,
+std::vector<uint32_t> memory_viz_stacks(const Trace& t) {
+    TraceStream stream(t);
+    return memory_viz_stacks(stream);
+}
+
+void export_memory_viz(TraceStream& trace, const StackFrames& frames, ExportWriter& out,
                        const ExportProgress& progress) {
     MemoryViz(trace, frames, out).run(progress);
+}
+
+void export_memory_viz(const Trace& trace, const StackFrames& frames, ExportWriter& out,
+                       const ExportProgress& progress) {
+    TraceStream stream(trace);
+    export_memory_viz(stream, frames, out, progress);
 }
 
 }  // namespace allocscope

@@ -17,6 +17,9 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "analysis.h"
 #include "config.h"
@@ -416,41 +419,44 @@ std::string ParquetExport::library() const {
 
 void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnalysis& a,
                         const StackFrames& frames, const ExportProgress& progress) {
+    TraceStream stream(t);
+    add(run, stream, a, frames, progress);
+}
+
+void ParquetExport::add(const std::string& run, TraceStream& stream, const TraceAnalysis& a,
+                        const StackFrames& frames, const ExportProgress& progress) {
     Impl& m = *impl_;
     const DuckDbApi& api = *m.api;
+    const TraceTables& t = stream.tables();
     const int32_t rank = t.header.rank;
     const uint32_t pid = t.header.pid;
     const auto str = [&t](uint32_t id) -> const std::string& {
         static const std::string none;
         return id < t.strings.size() ? t.strings[id] : none;
     };
-    const size_t n = t.events.size();
 
-    // Who freed what: each free's allocation and each allocation's free.
-    std::vector<uint64_t> alloc_seq(n, kNoSeq), free_seq(n, kNoSeq);
-    {
-        Replay replay;
-        for (size_t i = 0; i < n; ++i) {
-            const Event& e = t.events[i];
-            // A range unmap frees several: the row names the first's
-            // allocation, and each allocation's row the unmap.
-            replay.apply(e, [&](const LiveChange& c) {
-                if (c.kind != LiveChange::Kind::free || c.outcome != FreeOutcome::freed) return;
-                if (alloc_seq[i] == kNoSeq) alloc_seq[i] = c.record.seq;
-                const auto it = std::lower_bound(
-                    t.events.begin(), t.events.begin() + ptrdiff_t(i), c.record.seq,
-                    [](const Event& x, uint64_t seq) { return x.seq < seq; });
-                if (it != t.events.begin() + ptrdiff_t(i) && it->seq == c.record.seq)
-                    free_seq[size_t(it - t.events.begin())] = e.seq;
-            });
-        }
-    }
-
+    // One pass: each event's row as it comes. Who freed what: a free's
+    // allocation (alloc_seq) from the replay here; an allocation's free
+    // (free_seq) comes later in the trace, so DuckDB fills it in from the
+    // frees' alloc_seq once the rows are in. A range unmap frees several:
+    // its row names the first one's allocation, and `more` keeps the
+    // others' (alloc seq, free seq) for their rows.
     {
         Appender out(api, *m.db, "events");
-        for (size_t i = 0; i < n; ++i) {
-            export_detail::report_progress(progress, i, n);
-            const Event& e = t.events[i];
+        Replay replay;
+        std::vector<std::pair<uint64_t, uint64_t>> more;
+        const size_t n = stream.size();
+        size_t i = 0;
+        stream.for_each([&](const Event& e) {
+            export_detail::report_progress(progress, i++, n);
+            uint64_t alloc_seq = kNoSeq;
+            replay.apply(e, [&](const LiveChange& c) {
+                if (c.kind != LiveChange::Kind::free || c.outcome != FreeOutcome::freed) return;
+                if (alloc_seq == kNoSeq)
+                    alloc_seq = c.record.seq;
+                else
+                    more.emplace_back(c.record.seq, e.seq);
+            });
             const bool memory = is_memory_event(e.kind);
             out.text(run).i32(rank).u32(pid).u64(e.seq).u64(e.t_ns).text(to_string(e.kind));
             if (memory)
@@ -477,7 +483,7 @@ void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnaly
             }
             out.u32(e.tid).u64(e.step).text(str(e.layer)).text(str(e.phase));
             out.u32_or_null(e.stack, 0);
-            out.u64_or_null(alloc_seq[i], kNoSeq).u64_or_null(free_seq[i], kNoSeq);
+            out.u64_or_null(alloc_seq, kNoSeq).null();  // free_seq: below
             if (memory)
                 out.i32(e.result);
             else
@@ -499,10 +505,25 @@ void ParquetExport::add(const std::string& run, const Trace& t, const TraceAnaly
                     out.null();
             }
             out.end_row();
-        }
+        });
         export_detail::report_progress(progress, n, n);
         out.close();
         m.rows.events += out.rows();
+        // The table holds this trace's events only (each add's are written
+        // out and deleted), whose seqs are distinct.
+        m.db->exec(
+            "UPDATE events SET free_seq = f.s FROM (SELECT alloc_seq AS a, seq AS s FROM events "
+            "WHERE alloc_seq IS NOT NULL) AS f WHERE events.seq = f.a",
+            "cannot pair the allocations of " + t.path + " with their frees");
+        for (size_t from = 0; from < more.size(); from += 1000) {
+            std::string values;
+            for (size_t k = from; k < std::min(more.size(), from + 1000); ++k)
+                values += (k == from ? "(" : ", (") + std::to_string(more[k].first) + ", " +
+                          std::to_string(more[k].second) + ")";
+            m.db->exec("UPDATE events SET free_seq = v.s FROM (VALUES " + values +
+                           ") AS v(a, s) WHERE events.seq = v.a",
+                       "cannot pair the allocations of " + t.path + " with their frees");
+        }
     }
 
     {

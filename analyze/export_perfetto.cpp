@@ -44,28 +44,55 @@ std::string slice_name(const std::string& layer, const std::string& phase) {
     return phase.empty() ? layer : layer + " (" + phase + ")";
 }
 
-// One trace's events, written as they go.
+// One trace's events, written as they go: two passes over them (the
+// first for the shape, the pools and the layer groups; the second writes),
+// holding the live set, never the events.
 class TraceWriter {
   public:
-    TraceWriter(ExportWriter& out, bool& first, const Trace& t, uint64_t offset_ns)
+    TraceWriter(ExportWriter& out, bool& first, TraceStream& t, uint64_t offset_ns)
         : out_(out), first_(first), t_(t), offset_ns_(offset_ns) {
-        pid_ = t.header.rank >= 0 ? int64_t(t.header.rank) : int64_t(t.header.pid);
+        const TraceHeader& h = t.header();
+        pid_ = h.rank >= 0 ? int64_t(h.rank) : int64_t(h.pid);
     }
 
     void run(std::span<const Finding* const> findings, const ExportProgress& progress) {
-        const TraceShape shape = trace_shape(t_);
+        // Pass 1: the owner pool and the main thread (trace_shape), which
+        // pools have allocations, and per pool the layers of its
+        // allocations in the order they first come, for names and initial
+        // samples (the owner's is known only at the end of the pass).
+        ShapeCounter shape_counter;
+        std::array<bool, kPoolCount> used{};
+        std::array<std::vector<uint32_t>, kPoolCount> layers;  // in first-use order
+        std::array<std::vector<bool>, kPoolCount> layer_seen;
+        t_.for_each([&](const Event& e) {
+            shape_counter.add(e, t_.tables());
+            if (e.kind != EventKind::alloc) return;
+            const int p = int(pool_of(e));
+            used[p] = true;
+            std::vector<bool>& seen = layer_seen[p];
+            if (e.layer >= seen.size()) seen.resize(size_t(e.layer) + 1, false);
+            if (seen[e.layer]) return;
+            seen[e.layer] = true;
+            layers[p].push_back(e.layer);
+        });
+        const TraceShape shape = shape_counter.shape();
         const Pool owner = shape.owner;
         main_tid_ = shape.main_tid;
-        group_of_layer_.assign(t_.strings.size(), kNone);
+        group_of_layer_.assign(t_.tables().strings.size(), kNone);
+        for (uint32_t layer : layers[int(owner)])
+            group(layer);
 
-        // Which pools and groups have allocations, and the main thread (the
-        // one with the most tag pushes), for names and initial samples.
-        std::array<bool, kPoolCount> used{};
-        for (const Event& e : t_.events) {
-            if (e.kind != EventKind::alloc) continue;
-            const Pool p = pool_of(e);
-            used[int(p)] = true;
-            if (p == owner) group(e.layer);
+        // The events the findings point at (their first evidence's
+        // allocation): found in pass 2.
+        struct At {
+            bool found = false;
+            uint64_t t_ns = 0;
+            uint32_t tid = 0;
+        };
+        FlatMap<uint64_t, At> finding_at;
+        for (const Finding* f : findings) {
+            if (!f->evidence.empty() && f->evidence.front().alloc_seq)
+                finding_at[f->evidence.front().alloc_seq] = At{};
         }
 
         process_metadata();
@@ -79,10 +106,17 @@ class TraceWriter {
         LiveTracker tracker;
         FlatMap<uint32_t, uint32_t> depth;  // open scopes per thread
         uint64_t last_step = std::numeric_limits<uint64_t>::max();
-        const size_t n = t_.events.size();
-        for (size_t i = 0; i < n; ++i) {
-            export_detail::report_progress(progress, i, n);
-            const Event& e = t_.events[i];
+        const size_t n = t_.size();
+        size_t i = 0;
+        uint64_t end_ns = 0;  // the last event's
+        t_.for_each([&](const Event& e) {
+            export_detail::report_progress(progress, i++, n);
+            end_ns = e.t_ns;
+            if (finding_at.size() != 0) {
+                // The first event of that seq, as a search of the events would find.
+                At* at = finding_at.find(e.seq);
+                if (at && !at->found) *at = At{true, e.t_ns, e.tid};
+            }
             switch (e.kind) {
                 case EventKind::tag_push: {
                     ++depth[e.tid];
@@ -164,11 +198,10 @@ class TraceWriter {
                     counter(group_counter_name(g), e.t_ns, group_live_[g]);
                 }
             });
-        }
+        });
         export_detail::report_progress(progress, n, n);
 
         // Scopes still open at the end close there, innermost first.
-        const uint64_t end_ns = n ? t_.events.back().t_ns : 0;
         std::vector<std::pair<uint32_t, uint32_t>> open;
         depth.for_each([&](uint32_t tid, uint32_t d) {
             if (d) open.emplace_back(tid, d);
@@ -182,14 +215,19 @@ class TraceWriter {
             }
         }
 
-        for (const Finding* f : findings)
-            finding(*f, end_ns);
+        for (const Finding* f : findings) {
+            const uint64_t seq = f->evidence.empty() ? 0 : f->evidence.front().alloc_seq;
+            const At* at = seq ? finding_at.find(seq) : nullptr;
+            finding(*f, seq, at && at->found ? at->t_ns : end_ns,
+                    at && at->found ? at->tid : main_tid_);
+        }
     }
 
   private:
     const std::string& str(uint32_t id) const {
         static const std::string empty;
-        return id < t_.strings.size() ? t_.strings[id] : empty;
+        const std::vector<std::string>& strings = t_.tables().strings;
+        return id < strings.size() ? strings[id] : empty;
     }
 
     uint32_t group(uint32_t layer) {
@@ -247,8 +285,9 @@ class TraceWriter {
     }
 
     void process_metadata() {
-        const std::string name = t_.header.rank >= 0 ? "rank " + std::to_string(t_.header.rank)
-                                                     : "pid " + std::to_string(t_.header.pid);
+        const TraceHeader& h = t_.header();
+        const std::string name =
+            h.rank >= 0 ? "rank " + std::to_string(h.rank) : "pid " + std::to_string(h.pid);
         line_ = "{\"ph\":\"M\",\"pid\":";
         put_int(line_, pid_);
         line_ += ",\"name\":\"process_name\",\"args\":{\"name\":" + json_quote(name) + "}}";
@@ -275,15 +314,8 @@ class TraceWriter {
         emit();
     }
 
-    void finding(const Finding& f, uint64_t end_ns) {
-        uint64_t t_ns = end_ns;
-        uint32_t tid = main_tid_;
-        const uint64_t seq = f.evidence.empty() ? 0 : f.evidence.front().alloc_seq;
-        if (seq) {
-            auto it = std::lower_bound(t_.events.begin(), t_.events.end(), seq,
-                                       [](const Event& e, uint64_t s) { return e.seq < s; });
-            if (it != t_.events.end() && it->seq == seq) t_ns = it->t_ns, tid = it->tid;
-        }
+    // At its allocation's event (t_ns, tid), else at the trace end.
+    void finding(const Finding& f, uint64_t seq, uint64_t t_ns, uint32_t tid) {
         thread(tid);
         begin_event("i", tid, t_ns);
         line_ += ",\"s\":\"t\",\"cat\":\"finding\",\"name\":";
@@ -305,7 +337,7 @@ class TraceWriter {
 
     ExportWriter& out_;
     bool& first_;
-    const Trace& t_;
+    TraceStream& t_;
     uint64_t offset_ns_;
     int64_t pid_ = 0;
     uint32_t main_tid_ = 0;
@@ -328,8 +360,14 @@ PerfettoExport::PerfettoExport(ExportWriter& out, uint64_t base_wall_ns)
 
 void PerfettoExport::add(const Trace& trace, std::span<const Finding* const> findings,
                          const ExportProgress& progress) {
+    TraceStream stream(trace);
+    add(stream, findings, progress);
+}
+
+void PerfettoExport::add(TraceStream& trace, std::span<const Finding* const> findings,
+                         const ExportProgress& progress) {
     if (finished_) throw std::logic_error("PerfettoExport::add after finish");
-    const uint64_t start = trace.header.start_wall_ns;
+    const uint64_t start = trace.header().start_wall_ns;
     const uint64_t offset = start > base_wall_ns_ ? start - base_wall_ns_ : 0;
     TraceWriter(out_, first_, trace, offset).run(findings, progress);
 }

@@ -5,7 +5,9 @@
 // analysis (analyze/analysis.h). The snapshot pickle is loaded by python3.
 // The Parquet export's errors, and its DuckDB handles in this process (run
 // under the sanitizers); what it writes is read back by DuckDB in
-// tests/python/parquet_export_test.py.
+// tests/python/parquet_export_test.py. Every export streamed from the trace
+// files (TraceStream) writes what it writes from the loaded traces, for a
+// whole trace, one cut short and several ranks.
 // Environment (tests/meson.build): E2E_CLI, HARNESS, DUCKDB_DEPS.
 // Longer than 600 lines: the export formats on the same constructed traces.
 #include <doctest/doctest.h>
@@ -772,4 +774,200 @@ TEST_CASE("allocscope export --help shows the formats and an example") {
     CHECK(out.find("examples:") != std::string::npos);
     REQUIRE(sh(env("E2E_CLI") + " --help", &out) == 0);
     CHECK(out.find("export PATH...") != std::string::npos);
+}
+
+// --- Streamed exports -------------------------------------------------------------
+
+namespace {
+
+// A harness run's traces (two ranks), the first cut short inside a record,
+// with their findings.
+struct StreamInputs {
+    std::vector<std::string> ranks;  // rank0.trace, rank1.trace
+    std::string cut;                 // rank 0's trace, its last third cut off
+    FindingsFile findings;
+    StreamInputs() {
+        HarnessRun& run = harness_run();
+        for (int r = 0; r < 2; ++r)
+            ranks.push_back((run.out / ("rank" + std::to_string(r) + ".trace")).string());
+        const std::string whole = slurp(ranks[0]);
+        cut = (run.t / "cut.trace").string();
+        std::ofstream(cut, std::ios::binary) << whole.substr(0, whole.size() * 2 / 3);
+        findings = read_findings_file((run.out / "findings.json").string());
+    }
+};
+
+StreamInputs& stream_inputs() {
+    static StreamInputs in;
+    return in;
+}
+
+std::vector<const Finding*> findings_of(const FindingsFile& file, int32_t rank) {
+    std::vector<const Finding*> mine;
+    for (const Finding& f : file.findings) {
+        if (f.rank == rank) mine.push_back(&f);
+    }
+    return mine;
+}
+
+// The Perfetto JSON of `paths` together, from their files (streamed) or
+// from their loaded traces.
+std::string perfetto_of(const std::vector<std::string>& paths, const FindingsFile& findings,
+                        bool streamed) {
+    ExportWriter out;
+    uint64_t base = UINT64_MAX;
+    for (const std::string& p : paths)
+        base = std::min(base, TraceReader(p).header().start_wall_ns);
+    PerfettoExport perfetto(out, base);
+    for (const std::string& p : paths) {
+        if (streamed) {
+            TraceStream stream(p);
+            perfetto.add(stream, findings_of(findings, stream.header().rank));
+        } else {
+            const Trace trace = load_trace(p);
+            perfetto.add(trace, findings_of(findings, trace.header.rank));
+        }
+    }
+    perfetto.finish();
+    return out.str();
+}
+
+std::string collapsed_of(const std::vector<std::string>& paths, bool streamed) {
+    CollapsedExport collapsed;
+    for (const std::string& p : paths) {
+        if (streamed) {
+            TraceStream stream(p);
+            const PeakSnapshot peak = live_at_peak(stream);
+            collapsed.add(stream.tables(), peak, raw_stacks(stream.tables(), stack_ids(peak.live)));
+        } else {
+            const Trace trace = load_trace(p);
+            const PeakSnapshot peak = live_at_peak(trace);
+            collapsed.add(trace, peak, raw_stacks(trace, stack_ids(peak.live)));
+        }
+    }
+    ExportWriter out;
+    collapsed.write(out);
+    return out.str();
+}
+
+std::string memory_viz_of(const std::string& path, bool streamed) {
+    ExportWriter out;
+    if (streamed) {
+        TraceStream stream(path);
+        const std::vector<uint32_t> ids = memory_viz_stacks(stream);
+        export_memory_viz(stream, raw_stacks(stream.tables(), ids), out);
+    } else {
+        const Trace trace = load_trace(path);
+        export_memory_viz(trace, raw_stacks(trace, memory_viz_stacks(trace)), out);
+    }
+    return out.str();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "perfetto: a streamed trace exports what its loaded copy does, whole, cut short or "
+    "with several ranks") {
+    StreamInputs& in = stream_inputs();
+    REQUIRE_FALSE(in.findings.findings.empty());
+    for (const std::vector<std::string>& paths :
+         {std::vector<std::string>{in.ranks[0]}, std::vector<std::string>{in.cut}, in.ranks,
+          std::vector<std::string>{in.cut, in.ranks[1]}}) {
+        INFO(paths.front() << " and " << paths.size() - 1 << " more");
+        const std::string loaded = perfetto_of(paths, in.findings, false);
+        CHECK(loaded.size() > 1000);
+        CHECK(perfetto_of(paths, in.findings, true) == loaded);
+    }
+}
+
+TEST_CASE(
+    "collapsed: a streamed trace exports what its loaded copy does, whole, cut short or "
+    "with several ranks") {
+    StreamInputs& in = stream_inputs();
+    for (const std::vector<std::string>& paths :
+         {std::vector<std::string>{in.ranks[0]}, std::vector<std::string>{in.cut}, in.ranks}) {
+        INFO(paths.front() << " and " << paths.size() - 1 << " more");
+        const std::string loaded = collapsed_of(paths, false);
+        CHECK(lines_in(loaded) > 3);
+        CHECK(collapsed_of(paths, true) == loaded);
+    }
+    // Rank by rank, the peak is the one the analysis finds.
+    for (const std::string& p : in.ranks) {
+        TraceStream stream(p);
+        const PeakSnapshot peak = live_at_peak(stream);
+        const TraceAnalysis a = analyze(load_trace(p));
+        REQUIRE(a.pool(peak.owner));
+        CHECK(peak.peak_bytes == a.pool(peak.owner)->peak_bytes);
+        uint64_t sum = 0;
+        for (const LiveRecord& r : peak.live)
+            sum += r.size;
+        CHECK(sum == peak.peak_bytes);
+    }
+}
+
+TEST_CASE("memory-viz: a streamed trace exports what its loaded copy does, whole or cut short") {
+    StreamInputs& in = stream_inputs();
+    for (const std::string& p : {in.ranks[0], in.ranks[1], in.cut}) {
+        INFO(p);
+        const std::string loaded = memory_viz_of(p, false);
+        CHECK(loaded.size() > 1000);
+        CHECK(memory_viz_of(p, true) == loaded);
+    }
+    // A stream's later passes read the same events: a second export of the
+    // same stream writes the same bytes.
+    TraceStream stream(in.ranks[1]);
+    const std::vector<uint32_t> ids = memory_viz_stacks(stream);
+    ExportWriter first, second;
+    export_memory_viz(stream, raw_stacks(stream.tables(), ids), first);
+    export_memory_viz(stream, raw_stacks(stream.tables(), ids), second);
+    CHECK(first.str() == second.str());
+}
+
+TEST_CASE("collapsed: a stream whose peak pass ended early reads whole again") {
+    StreamInputs& in = stream_inputs();
+    TraceStream stream(in.ranks[0]);
+    const PeakSnapshot first = live_at_peak(stream);
+    const PeakSnapshot again = live_at_peak(stream);  // its passes end early, then start afresh
+    CHECK(again.peak_seq == first.peak_seq);
+    CHECK(again.live.size() == first.live.size());
+    size_t all = 0;
+    stream.for_each([&](const Event&) { ++all; });
+    CHECK(all == load_trace(in.ranks[0]).events.size());
+}
+
+TEST_CASE(
+    "ParquetExport: a streamed trace writes the files its loaded copy does, whole, cut "
+    "short or with several ranks") {
+    const std::string lib = duckdb_library();
+    if (lib.empty()) {
+        MESSAGE("no libduckdb.so (tools/setup-deps --tests installs one): not run");
+        return;
+    }
+    ::setenv("ALLOCSCOPE_DUCKDB", lib.c_str(), 1);
+    StreamInputs& in = stream_inputs();
+    TempDir t;
+    const std::vector<std::string> paths = {in.cut, in.ranks[1]};
+    for (bool streamed : {false, true}) {
+        ParquetExport px((t / (streamed ? "streamed" : "loaded")).string());
+        for (const std::string& p : paths) {
+            if (streamed) {
+                TraceStream stream(p);
+                const TraceAnalysis a = analyze(stream);
+                px.add("run", stream, a, raw_stacks(stream.tables(), {}));
+            } else {
+                const Trace trace = load_trace(p);
+                px.add("run", trace, analyze(trace), raw_stacks(trace, {}));
+            }
+        }
+        px.commit();
+    }
+    size_t files = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(t / "loaded")) {
+        if (!entry.is_regular_file()) continue;
+        const fs::path rel = fs::relative(entry.path(), t / "loaded");
+        INFO(rel.string());
+        ++files;
+        CHECK(slurp(t / "streamed" / rel) == slurp(entry.path()));
+    }
+    CHECK(files >= 8);  // events, stacks, peak_live and ranks of two ranks
 }

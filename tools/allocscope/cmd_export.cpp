@@ -1,6 +1,7 @@
 // allocscope export: traces in other tools' formats (analyze/export.h):
 // Perfetto / Chrome trace JSON, collapsed stacks for flame graphs, PyTorch
-// memory snapshots.
+// memory snapshots, Parquet. Every trace is streamed (TraceStream): its
+// events are read pass after pass, never held.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -203,9 +205,10 @@ int export_parquet(const std::vector<std::string>& paths, long rank, const std::
             [](const Selected& a, const Selected& b) { return a.header.rank < b.header.rank; });
         for (const Selected& s : r.traces) {
             progress.show("reading " + s.path, done++, traces);
-            const Trace t = load_trace(s.path);
+            TraceStream stream(s.path);
+            const TraceAnalysis analysis = analyze(stream);  // its first pass reads the tables
+            const TraceTables& t = stream.tables();
             if (t.truncated) notes.push_back(t.truncation_message + "; exported up to there");
-            const TraceAnalysis analysis = analyze(t);
             Symbolizer symbolizer(t.modules, warn);
             symbolizer.use_strings(t.strings);
             std::vector<uint32_t> ids;
@@ -215,7 +218,7 @@ int export_parquet(const std::vector<std::string>& paths, long rank, const std::
                 t, symbolizer, ids,
                 [&progress](size_t d, size_t n) { progress.show("symbolizing", d, n); });
             const std::string what = "exporting " + rank_name(t.header);
-            parquet.add(r.name, t, analysis, frames,
+            parquet.add(r.name, stream, analysis, frames,
                         [&progress, &what](size_t d, size_t n) { progress.show(what, d, n); });
         }
         if (r.findings.empty()) continue;
@@ -325,12 +328,15 @@ int export_command(const std::vector<std::string>& args) {
     Progress progress;
     uint64_t events = 0;
     const auto warn = [&notes](const std::string& w) { notes.push_back(w); };
-    auto load = [&](const Selected& s, size_t i) {
+    auto open = [&](const Selected& s, size_t i) {
         progress.show("reading " + s.path, i, selected.size());
-        Trace t = load_trace(s.path);
-        if (t.truncated) notes.push_back(t.truncation_message + "; exported up to there");
-        events += t.events.size();
-        return t;
+        return std::make_unique<TraceStream>(s.path);
+    };
+    // Once a pass has ended: how the trace ended, and its events.
+    auto read = [&](const TraceStream& t) {
+        if (t.tables().truncated)
+            notes.push_back(t.tables().truncation_message + "; exported up to there");
+        events += t.size();
     };
     auto show = [&progress](const std::string& what) {
         return [&progress, what](size_t done, size_t total) { progress.show(what, done, total); };
@@ -343,19 +349,22 @@ int export_command(const std::vector<std::string>& args) {
         PerfettoExport perfetto(writer, base);
         const bool only = in.traces.size() == 1;
         for (size_t i = 0; i < selected.size(); ++i) {
-            const Trace t = load(selected[i], i);
+            const auto t = open(selected[i], i);
             std::vector<const Finding*> mine;
             for (const Finding& f : findings.findings) {
-                if (only || f.rank == t.header.rank) mine.push_back(&f);
+                if (only || f.rank == t->header().rank) mine.push_back(&f);
             }
-            perfetto.add(t, mine, show("exporting " + rank_name(t.header)));
+            perfetto.add(*t, mine, show("exporting " + rank_name(t->header())));
+            read(*t);
         }
         perfetto.finish();
     } else if (format == "collapsed") {
         CollapsedExport collapsed;
         for (size_t i = 0; i < selected.size(); ++i) {
-            const Trace t = load(selected[i], i);
-            const PeakSnapshot peak = live_at_peak(t);
+            const auto stream = open(selected[i], i);
+            const PeakSnapshot peak = live_at_peak(*stream);
+            read(*stream);
+            const TraceTables& t = stream->tables();
             Symbolizer symbolizer(t.modules, warn);
             symbolizer.use_strings(t.strings);
             const StackFrames frames =
@@ -364,12 +373,14 @@ int export_command(const std::vector<std::string>& args) {
         }
         collapsed.write(writer);
     } else {
-        const Trace t = load(selected.front(), 0);
+        const auto stream = open(selected.front(), 0);
+        const std::vector<uint32_t> ids = memory_viz_stacks(*stream);
+        read(*stream);
+        const TraceTables& t = stream->tables();
         Symbolizer symbolizer(t.modules, warn);
         symbolizer.use_strings(t.strings);
-        const StackFrames frames =
-            symbolize_stacks(t, symbolizer, memory_viz_stacks(t), show("symbolizing"));
-        export_memory_viz(t, frames, writer, show("exporting " + rank_name(t.header)));
+        const StackFrames frames = symbolize_stacks(t, symbolizer, ids, show("symbolizing"));
+        export_memory_viz(*stream, frames, writer, show("exporting " + rank_name(t.header)));
     }
     writer.flush();
     out.commit();
