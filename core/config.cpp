@@ -239,15 +239,20 @@ std::optional<std::string> config_value(const Config& c, std::string_view name) 
 
 std::string config_markdown() {
     std::string out =
-        "| variable | default | read by | meaning |\n"
-        "| --- | --- | --- | --- |\n";
-    for (const ConfigVariable& v : kConfigVariables) {
+        "| variable | scope | default | read by | meaning |\n"
+        "| --- | --- | --- | --- | --- |\n";
+    auto row = [&out](const ConfigVariable& v) {
         const std::string shown_default = !v.shown_default.empty()
                                               ? std::string(v.shown_default)
                                               : "`" + std::string(v.default_value) + "`";
-        out += "| `" + std::string(v.name) + "` | " + shown_default + " | " + std::string(v.read) +
-               " | " + std::string(v.doc) + " |\n";
-    }
+        const char* scope = v.scope == ConfigScope::harness ? "harness" : "allocscope";
+        out += "| `" + std::string(v.name) + "` | " + scope + " | " + shown_default + " | " +
+               std::string(v.read) + " | " + std::string(v.doc) + " |\n";
+    };
+    for (const ConfigVariable& v : kConfigVariables)
+        row(v);
+    for (const ConfigVariable& v : kHarnessConfigVariables)
+        row(v);
     return out;
 }
 

@@ -81,7 +81,8 @@ Config parse_config(const EnvLookup& getenv_fn);
 // "first=F,every=E,window=W". nullopt when `name` is not in the table.
 std::optional<std::string> config_value(const Config& config, std::string_view name);
 
-// docs/ENVIRONMENT.md: the table as markdown (`allocscope config --markdown`).
+// docs/ENVIRONMENT.md's table (`allocscope config --markdown`): allocscope's
+// variables, then the harness's, with a column saying which.
 std::string config_markdown();
 
 // Parses ALLOCSCOPE_PROVENANCE_STEPS (`allocscope run --provenance-steps`):

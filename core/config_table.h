@@ -1,4 +1,5 @@
-// Every ALLOCSCOPE_* environment variable, declared once.
+// Every ALLOCSCOPE_* environment variable, declared once: allocscope's own,
+// and after them the harness's (ALLOCSCOPE_HARNESS_CONFIG_TABLE).
 //
 // parse_config() (config.cpp) parses the table's variables into Config; the
 // CLI's checks of the same values take their limits from it; `allocscope
@@ -45,6 +46,10 @@ inline constexpr std::string_view kReadByBridge =
     "the PyTorch bridge when it attaches, asking liballocscope.so";
 inline constexpr std::string_view kReadByCli = "the `allocscope` command";
 inline constexpr std::string_view kReadAtPythonStart = "`sitecustomize.py`, at Python's start";
+inline constexpr std::string_view kReadBySimRuntime =
+    "the harness's host-memory CUDA runtime (`harness/sim_cudart`), once, when first used";
+inline constexpr std::string_view kReadByHarnessRanks =
+    "each rank of the harness (`harness/collective`), at its start";
 
 // clang-format off
 #define ALLOCSCOPE_CONFIG_TABLE(X)                                                                 \
@@ -134,7 +139,34 @@ inline constexpr std::string_view kReadAtPythonStart = "`sitecustomize.py`, at P
       kReadByCli,                                                                                   \
       "for `allocscope export --format parquet`: DuckDB's C library (see Parquet: SQL over runs "   \
       "and ranks in USAGE.md)")
+
+// The harness's own variables (scope "harness" in docs/ENVIRONMENT.md): test
+// scaffolding of the workload allocscope is tested on, not settings of
+// allocscope. Neither liballocscope.so nor the allocscope command reads them
+// (parse_config(), config_value() and allocscope_config_get() know only the
+// table above); the harness reads them itself, linking nothing of core/.
+// They are declared here so that docs/ENVIRONMENT.md lists them beside the
+// others; tests/python/config_test.py checks that this list and the
+// variables the harness's sources name are the same.
+//
+// X(NAME, SHOWN_DEFAULT, READ, DOC), as in the table above
+#define ALLOCSCOPE_HARNESS_CONFIG_TABLE(X)                                                         \
+    X(ALLOCSCOPE_SIM_DEVICES, "`2`", kReadBySimRuntime,                                             \
+      "how many devices the host-memory CUDA runtime has (at least 1), each with one context")     \
+    X(ALLOCSCOPE_SIM_MEMORY_LIMIT, "1 TiB", kReadBySimRuntime,                                      \
+      "bytes each host-memory allocator (the runtime's and the driver's, each its own) hands out "  \
+      "at once; a request above it fails as out of memory")                                         \
+    X(ALLOCSCOPE_SIM_REFUSE_FREE, "none", kReadBySimRuntime,                                        \
+      "`N`: the N-th `cudaFree` of the process (from 1) frees nothing and fails with "              \
+      "`cudaErrorLaunchFailure`, as the real runtime refuses frees after a kernel fault")           \
+    X(ALLOCSCOPE_RENDEZVOUS, "`<MASTER_ADDR>-<MASTER_PORT>`", kReadByHarnessRanks,                 \
+      "the id under which the ranks of one harness launch find their shared-memory collectives; "  \
+      "the harness's launcher sets one unique per launch")
 // clang-format on
+
+// Where a variable belongs: allocscope's own (the first table), or the
+// harness's test scaffolding (the second).
+enum class ConfigScope { allocscope, harness };
 
 struct ConfigVariable {
     std::string_view name;
@@ -143,16 +175,28 @@ struct ConfigVariable {
     std::string_view shown_default;  // "" shows default_value
     std::string_view read;
     std::string_view doc;
+    ConfigScope scope = ConfigScope::allocscope;
 };
 
+// allocscope's variables: the ones parse_config() parses.
 inline constexpr std::array kConfigVariables = {
 #define ALLOCSCOPE_CONFIG_ENTRY(NAME, MEMBER, KIND, DEFAULT, SHOWN, READ, DOC) \
-    ConfigVariable{#NAME, ConfigKind::KIND, DEFAULT, SHOWN, READ, DOC},
+    ConfigVariable{#NAME, ConfigKind::KIND, DEFAULT, SHOWN, READ, DOC, ConfigScope::allocscope},
     ALLOCSCOPE_CONFIG_TABLE(ALLOCSCOPE_CONFIG_ENTRY)
 #undef ALLOCSCOPE_CONFIG_ENTRY
 };
 
-// The table's entry for `name`, or nullptr.
+// The harness's variables, for the docs only (their kind is text: the
+// harness parses them).
+inline constexpr std::array kHarnessConfigVariables = {
+#define ALLOCSCOPE_HARNESS_CONFIG_ENTRY(NAME, SHOWN, READ, DOC) \
+    ConfigVariable{#NAME, ConfigKind::text, "", SHOWN, READ, DOC, ConfigScope::harness},
+    ALLOCSCOPE_HARNESS_CONFIG_TABLE(ALLOCSCOPE_HARNESS_CONFIG_ENTRY)
+#undef ALLOCSCOPE_HARNESS_CONFIG_ENTRY
+};
+
+// The entry of allocscope's variable `name`, or nullptr (for the harness's
+// too: they are not allocscope's).
 constexpr const ConfigVariable* find_config_variable(std::string_view name) noexcept {
     for (const ConfigVariable& v : kConfigVariables)
         if (v.name == name) return &v;

@@ -1,4 +1,4 @@
-// Compile-time check of interposer/cuda_driver_decls.h against cuda.h: every
+// Compile-time check of cuda_api/cuda_driver_decls.h against cuda.h: every
 // wrapped entry point has the same number of parameters, each of the same
 // size, and the allocation property prefix sits where cuda.h puts it.
 // Built only when the CUDA headers are found; it defines nothing.
@@ -21,7 +21,7 @@ struct SameShape<RA (*)(A...), RB (*)(B...)> {
 
 #define ALLOCSCOPE_SAME(OURS, THEIRS)                          \
     static_assert(SameShape<OURS, decltype(&::THEIRS)>::value, \
-                  #THEIRS " does not match interposer/cuda_driver_decls.h")
+                  #THEIRS " does not match cuda_api/cuda_driver_decls.h")
 
 // cuda.h names the current ABIs by their base names (cuMemAlloc is
 // cuMemAlloc_v2, cuGetProcAddress is cuGetProcAddress_v2).

@@ -1,5 +1,5 @@
 // CUDA runtime API hooks. Each is defined against the runtime's own prototype
-// (cuda_decls.h) and exported unversioned (exports.map): glibc binds a
+// (cuda_api/cuda_decls.h) and exported unversioned (exports.map): glibc binds a
 // reference to `cudaMalloc@libcudart.so.13` to an unversioned definition in a
 // preloaded object, while a differently versioned one would be skipped.
 //

@@ -306,16 +306,38 @@ TEST_CASE("ALLOCSCOPE_PROVENANCE_STEPS is all, or first, every and window") {
     }
 }
 
-TEST_CASE("the markdown table has one row per variable, with its default and reader") {
+TEST_CASE("the markdown table has one row per variable, with its scope, default and reader") {
     const std::string md = config_markdown();
     size_t rows = 0;
     for (size_t at = 0; (at = md.find("\n| `ALLOCSCOPE_", at)) != std::string::npos; ++at)
         ++rows;
-    CHECK(rows == kConfigVariables.size());
-    CHECK(contains(md, "| `ALLOCSCOPE_STACK_DEPTH` | `24` | "));
-    CHECK(contains(md, "| `ALLOCSCOPE_HOST` | the machine's name | "));
+    CHECK(rows == kConfigVariables.size() + kHarnessConfigVariables.size());
+    CHECK(contains(md, "| `ALLOCSCOPE_STACK_DEPTH` | allocscope | `24` | "));
+    CHECK(contains(md, "| `ALLOCSCOPE_HOST` | allocscope | the machine's name | "));
+    CHECK(contains(md, "| `ALLOCSCOPE_SIM_DEVICES` | harness | `2` | "));
     CHECK(contains(md, "`ALLOCSCOPE_TORCH_BRIDGE`"));
     CHECK(contains(md, "`ALLOCSCOPE_CUDA_DRIVER_LIB`"));
+}
+
+TEST_CASE("the harness's variables are documented with scope harness and are not allocscope's") {
+    REQUIRE_FALSE(kHarnessConfigVariables.empty());
+    const std::string md = config_markdown();
+    for (const ConfigVariable& v : kHarnessConfigVariables) {
+        CAPTURE(v.name);
+        CHECK(v.scope == ConfigScope::harness);
+        CHECK(contains(md, "| `" + std::string(v.name) + "` | harness | "));
+        CHECK_FALSE(v.doc.empty());
+        CHECK_FALSE(v.read.empty());
+        // liballocscope.so neither answers for them nor warns about them.
+        CHECK(find_config_variable(v.name) == nullptr);
+        const Config c = parse({{std::string(v.name), "not a value of allocscope's"}});
+        CHECK(c.warnings.empty());
+        CHECK_FALSE(config_value(c, v.name).has_value());
+    }
+    for (const ConfigVariable& v : kConfigVariables) {
+        CAPTURE(v.name);
+        CHECK(v.scope == ConfigScope::allocscope);
+    }
 }
 
 TEST_CASE("the stack depth's documented limit is the parser's") {

@@ -10,10 +10,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.h"
+#include "config_table.h"
 #include "support.h"
+#include "trace_bound.h"
 
 using namespace allocscope;
 using namespace allocscope::test;
@@ -272,6 +275,42 @@ TEST_CASE("allocscope --help names every option that each subcommand's --help li
         }
         CHECK(options >= (cmd == "check" ? 0u : 2u));
     }
+}
+
+TEST_CASE("run --help states the configuration table's defaults and the parser's limits") {
+    std::string help;
+    REQUIRE(sh(env("E2E_CLI") + " run --help", &help) == 0);
+    CHECK(!contains(help, "{"));  // every placeholder expanded
+    // The help's words, joined by single spaces whatever the wrapping.
+    std::string text;
+    std::istringstream words(help);
+    for (std::string word; words >> word;)
+        text += (text.empty() ? "" : " ") + word;
+    auto table_default = [](std::string_view name) {
+        const ConfigVariable* v = find_config_variable(name);
+        REQUIRE(v != nullptr);
+        return std::string(v->default_value);
+    };
+    CHECK(contains(text, "--out DIR output directory (default: $ALLOCSCOPE_OUT or " +
+                             table_default("ALLOCSCOPE_OUT") + ")"));
+    CHECK(contains(text, "--stack-depth N frames captured per allocation, from 0 (stacks off) to " +
+                             std::to_string(Config::kMaxStackDepth) + " (default " +
+                             table_default("ALLOCSCOPE_STACK_DEPTH") + ")"));
+    ProvenanceSteps steps;
+    std::string problem;
+    REQUIRE(parse_provenance_steps(table_default("ALLOCSCOPE_PROVENANCE_STEPS"), steps, problem));
+    REQUIRE(steps.first > 1);
+    REQUIRE(steps.every > 0);
+    REQUIRE(steps.window > 1);
+    CHECK(contains(text, "The default, " + table_default("ALLOCSCOPE_PROVENANCE_STEPS") +
+                             ", observes steps 0-" + std::to_string(steps.first - 1) + ", " +
+                             std::to_string(steps.every) + "-" +
+                             std::to_string(steps.every + steps.window - 1) + ", " +
+                             std::to_string(2 * steps.every) + "-" +
+                             std::to_string(2 * steps.every + steps.window - 1) + ", ...:"));
+    REQUIRE(kMinTraceBound % 1024 == 0);  // said in K below a megabyte
+    REQUIRE(kMinTraceBound < 1024 * 1024);
+    CHECK(contains(text, "at least " + std::to_string(kMinTraceBound / 1024) + "K)"));
 }
 
 TEST_CASE("every subcommand's --help exits 0 with its usage; no command prints the usage, exit 2") {

@@ -6,7 +6,7 @@
 #include <allocscope/allocscope_dl.h>
 #include <allocscope/doctest.h>
 
-#include "cuda_decls.h"  // interposer/: cuda_runtime_api.h, or its declarations
+#include "cuda_decls.h"  // cuda_api/: cuda_runtime_api.h, or its declarations
 
 #include <cstdint>
 #include <string>

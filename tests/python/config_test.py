@@ -9,6 +9,7 @@ is the table `allocscope config --markdown` generates.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,22 @@ def test_docs_environment_md_is_the_generated_table():
     assert committed == p.stdout, (
         "docs/ENVIRONMENT.md differs from `allocscope config --markdown`: after its marker "
         "line, replace the table with that command's output")
+
+
+def test_the_harness_variables_in_the_docs_are_the_ones_the_harness_reads():
+    p = subprocess.run([CLI, "config", "--markdown"], env=clean_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    documented = set(re.findall(r"^\| `(ALLOCSCOPE_[A-Z0-9_]+)` \| harness \|", p.stdout,
+                                re.MULTILINE))
+    named = set()
+    for root, _, files in os.walk(os.path.join(SOURCE, "harness")):
+        for name in files:
+            if name.endswith((".cpp", ".h", ".cu", ".cuh")):
+                with open(os.path.join(root, name), encoding="utf-8") as f:
+                    named |= set(re.findall(r'"(ALLOCSCOPE_[A-Z0-9_]+)"', f.read()))
+    assert named, "found no variable the harness reads"
+    assert documented == named, (
+        "core/config_table.h's ALLOCSCOPE_HARNESS_CONFIG_TABLE and the variables harness/ "
+        "names differ: only in the table %s, only in harness/ %s"
+        % (sorted(documented - named), sorted(named - documented)))

@@ -11,18 +11,22 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "args.h"
 #include "cli.h"
 #include "config.h"
+#include "config_table.h"
 #include "imbalance.h"
 #include "output_file.h"
 #include "plugin_host.h"
@@ -45,7 +49,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kRunHelp =
+// The help. The defaults and limits that the configuration table
+// (core/config_table.h) and the parser decide are written as {NAME}:
+// {ALLOCSCOPE_X} is that variable's default, the others are expanded by
+// run_help(); so the help cannot drift from what liballocscope.so does (the
+// test input_tables compares them).
+constexpr std::string_view kRunHelpTemplate =
     R"(usage: allocscope run [--out DIR] [--force] [--stack-depth N] [--plugins LIST]
                      [--plugin-dir DIR] [--plugin-option NAME.KEY=VALUE]...
                      [--check] [--fail-on info|warning|error] [--nvtx] [--no-provenance]
@@ -67,10 +76,11 @@ replayed through the same plugins after CMD ends; one line names each such
 trace. Exits with CMD's exit status (128+N when it was killed by signal N).
 
 options:
-  --out DIR          output directory (default: $ALLOCSCOPE_OUT or ./allocscope-out)
+  --out DIR          output directory (default: $ALLOCSCOPE_OUT or {ALLOCSCOPE_OUT})
   --force            delete traces and findings an earlier run left in DIR
                      instead of refusing
-  --stack-depth N    frames captured per allocation, 0 turns stacks off (default 24)
+  --stack-depth N    frames captured per allocation, from 0 (stacks off) to
+                     {MAX_STACK_DEPTH} (default {ALLOCSCOPE_STACK_DEPTH})
   --plugins LIST     comma list of plugin names or paths (default: every
                      built-in plugin; `none` turns plugins off)
   --plugin-dir DIR   where plugin names are looked up (ALLOCSCOPE_PLUGIN_DIR)
@@ -112,15 +122,16 @@ options:
                      the steps provenance observes (sets
                      ALLOCSCOPE_PROVENANCE_STEPS): all, or
                      first=N[,every=N[,window=N]], counted from the step
-                     the shim starts in. The default, first=4,every=100,
-                     window=2, observes steps 0-3, 100-101, 200-201, ...: in
+                     the shim starts in. The default,
+                     {ALLOCSCOPE_PROVENANCE_STEPS}, observes
+                     {PROVENANCE_STEPS_OBSERVED}: in
                      the others torch runs its ops without the observer
                      (docs/PERFORMANCE.md), the weight detectors match no
                      sizes, and the summary names the steps observed.
                      every=0: none after the first
   --max-trace-size SIZE
                      keep each trace within SIZE (512M, 2G: K, M, G, T are
-                     powers of 1024; at least 64K): its first steps (a
+                     powers of 1024; at least {MIN_TRACE_SIZE}): its first steps (a
                      quarter of SIZE) and the latest steps are kept, the
                      steps between are dropped, and the allocations live and
                      scopes open where the kept steps resume are written in
@@ -159,6 +170,67 @@ example:
   allocscope run --out /tmp/run1 -- torchrun --nproc_per_node 2 train.py
   allocscope run --check --fail-on warning -- python train.py
 )";
+
+// A size as --max-trace-size takes it: "64K", "2G"; bytes where no unit
+// divides it.
+std::string size_text(uint64_t bytes) {
+    static constexpr std::pair<uint64_t, char> kUnits[] = {
+        {uint64_t{1} << 40, 'T'}, {uint64_t{1} << 30, 'G'}, {uint64_t{1} << 20, 'M'}, {1024, 'K'}};
+    for (const auto& [unit, suffix] : kUnits)
+        if (bytes >= unit && bytes % unit == 0) return std::to_string(bytes / unit) + suffix;
+    return std::to_string(bytes);
+}
+
+// The steps `steps` observes, as the help says them: "steps 0-3, 100-101,
+// 200-201, ...", "every step".
+std::string observed_steps(const ProvenanceSteps& steps) {
+    if (steps.first == 0) return "every step";
+    auto range = [](uint64_t from, uint64_t count) {
+        return count == 1 ? std::to_string(from)
+                          : std::to_string(from) + "-" + std::to_string(from + count - 1);
+    };
+    std::string out = (steps.first == 1 ? "step " : "steps ") + range(0, steps.first);
+    if (steps.every == 0) return out;
+    for (uint64_t k = 1; k <= 2; ++k)
+        out += ", " + range(k * steps.every, steps.window);
+    return out + ", ...";
+}
+
+// kRunHelpTemplate with its {NAME}s expanded; throws std::logic_error on a
+// name it does not know (the tests run every --help).
+const std::string& run_help() {
+    static const std::string help = [] {
+        ProvenanceSteps default_steps;
+        std::string problem;
+        const ConfigVariable* steps_variable = find_config_variable("ALLOCSCOPE_PROVENANCE_STEPS");
+        if (steps_variable == nullptr ||
+            !parse_provenance_steps(steps_variable->default_value, default_steps, problem))
+            throw std::logic_error("ALLOCSCOPE_PROVENANCE_STEPS's default does not parse");
+        std::string out;
+        std::string_view rest = kRunHelpTemplate;
+        for (size_t open; (open = rest.find('{')) != std::string_view::npos;) {
+            const size_t close = rest.find('}', open);
+            if (close == std::string_view::npos)
+                throw std::logic_error("run's help has an unclosed {");
+            const std::string_view name = rest.substr(open + 1, close - open - 1);
+            out += rest.substr(0, open);
+            if (name == "MAX_STACK_DEPTH") {
+                out += std::to_string(Config::kMaxStackDepth);
+            } else if (name == "MIN_TRACE_SIZE") {
+                out += size_text(kMinTraceBound);
+            } else if (name == "PROVENANCE_STEPS_OBSERVED") {
+                out += observed_steps(default_steps);
+            } else if (const ConfigVariable* v = find_config_variable(name)) {
+                out += v->default_value;
+            } else {
+                throw std::logic_error("run's help names {" + std::string(name) + "}");
+            }
+            rest.remove_prefix(close + 1);
+        }
+        return out + std::string(rest);
+    }();
+    return help;
+}
 
 volatile sig_atomic_t g_child = 0;
 
@@ -502,7 +574,7 @@ int run_command(const std::vector<std::string>& args) {
     std::string provenance_steps;
     std::string max_trace_size;
     Severity threshold = Severity::error;
-    Args parser("run", kRunHelp);
+    Args parser("run", run_help().c_str());
     parser.value({"--out"}, out)
         .value({"--stack-depth"}, stack_depth)
         .value({"--plugins"}, plugins)
@@ -532,7 +604,8 @@ int run_command(const std::vector<std::string>& args) {
                    if (!parse_size(v, bytes))
                        return "--max-trace-size expects a size such as 512M or 2G, got '" + v + "'";
                    if (bytes > 0 && bytes < kMinTraceBound)
-                       return "--max-trace-size " + v + " is below the smallest bound, 64K";
+                       return "--max-trace-size " + v + " is below the smallest bound, " +
+                              size_text(kMinTraceBound);
                    max_trace_size = v;
                    return std::string();
                })
