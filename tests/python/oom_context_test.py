@@ -70,6 +70,31 @@ def test_callers_are_looked_into_when_the_failing_frame_holds_none():
     assert processing_parameter(caller(), parameter_of) == ("layers.0.qkv", "weight", 1)
 
 
+def test_a_list_in_a_caller_or_a_parameter_far_out_names_nothing():
+    # A training loop holding every parameter says nothing of the op that
+    # failed several calls further in.
+    def op_without_parameters():
+        return frame()
+
+    def step():
+        return op_without_parameters()
+
+    def loop():
+        params = [QKV, FC1]  # noqa: F841 (read through the frame)
+        return step()
+
+    assert processing_parameter(loop(), parameter_of) is None
+
+    def deep(n):
+        return frame() if n == 0 else deep(n - 1)
+
+    def holder():
+        p = QKV  # noqa: F841
+        return deep(5)
+
+    assert processing_parameter(holder(), parameter_of) is None
+
+
 def test_no_parameter_in_any_frame_and_no_frame_give_none():
     assert processing_parameter(frame(), lambda obj: None) is None
     assert processing_parameter(None, parameter_of) is None

@@ -2,20 +2,25 @@
 the Python frames that raised the error: no torch needed, so it is tested
 on any machine (tests/python/oom_context_test.py)."""
 
-_MAX_FRAMES = 24  # callers looked into, innermost first
+# Frames looked into, innermost first: the one that called the failing op
+# and a few callers (a helper that got the parameter from its caller). A
+# training loop further out that holds a list of every parameter says
+# nothing about the failing op.
+_MAX_FRAMES = 4
 _MAX_ITEMS = 100000  # a longer list or tuple is not looked into
 
 
 def processing_parameter(frame, parameter_of):
     """(layer, name, count) of the parameter held in a local variable of the
-    innermost frame, `frame` or one of its callers, that holds one: a
-    parameter itself (count 1) or, where a frame holds none itself, the
-    first of the parameters in a list or tuple of its locals (count: how
-    many of its items are parameters, as a foreach optimizer passes them).
+    innermost frame, `frame` or one of its nearest callers (_MAX_FRAMES),
+    that holds one (count 1); else, where `frame` itself (the one that
+    called the failing op) holds a list or tuple of parameters, the first
+    of them (count: how many of its items are parameters, as a foreach
+    optimizer passes them).
     `parameter_of(obj)` is (layer, name) for a registered parameter, else
     None. None where no frame holds one; never raises."""
     try:
-        for _ in range(_MAX_FRAMES):
+        for depth in range(_MAX_FRAMES):
             if frame is None:
                 return None
             listed = None
@@ -23,7 +28,8 @@ def processing_parameter(frame, parameter_of):
                 found = parameter_of(value)
                 if found is not None:
                     return found[0], found[1], 1
-                if listed is None and isinstance(value, (list, tuple)) and len(value) <= _MAX_ITEMS:
+                if (depth == 0 and listed is None and isinstance(value, (list, tuple))
+                        and len(value) <= _MAX_ITEMS):
                     listed = _first_of(value, parameter_of)
             if listed is not None:
                 return listed
