@@ -4,6 +4,10 @@
 #include "allocscope/allocscope.h"
 #include "recorder_internal.h"
 
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
 namespace allocscope::recorder {
 
 uint64_t current_step() noexcept {
@@ -164,15 +168,65 @@ void allocator_counters(int device, uint64_t allocated, uint64_t reserved,
     EventRing::publish(slot);
 }
 
+namespace {
+
+// Frames of generated code named as the source lines they were generated
+// from (python_frame_alias): "file\nline" -> the frame's text. Read only
+// when one was ever registered, on a frame's first naming (callers keep
+// the address), so never on an allocation's path otherwise.
+struct FrameAliases {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::string> text;
+};
+constinit std::atomic<bool> g_any_frame_alias{false};
+
+FrameAliases& frame_aliases() {
+    static FrameAliases* aliases = new FrameAliases();  // never destroyed: hooks run at exit
+    return *aliases;
+}
+
+std::string frame_key(std::string_view file, int line) {
+    std::string key(file);
+    key += '\n';
+    key += std::to_string(line);
+    return key;
+}
+
+// The text python_frame() interns for (function, file, line).
+std::string frame_text(const char* function, const char* file, int line) {
+    if (g_any_frame_alias.load(std::memory_order_acquire)) {
+        FrameAliases& aliases = frame_aliases();
+        std::lock_guard lock(aliases.mutex);
+        if (auto it = aliases.text.find(frame_key(file, line)); it != aliases.text.end())
+            return it->second;
+    }
+    return python_frame_text(function ? function : "", file, line);
+}
+
+}  // namespace
+
 // Also inside a hook: the outer-frames provider names frames from there.
 // Interning makes no CUDA call, so nothing here needs the hooks' guard.
 uint64_t python_frame(const char* function, const char* file, int line) noexcept {
     if (!file || !ensure_started()) return 0;
     try {
-        const uint32_t id = intern(python_frame_text(function ? function : "", file, line).c_str());
+        const uint32_t id = intern(frame_text(function, file, line).c_str());
         return id ? python_frame_address(id) : 0;
     } catch (...) {
         return 0;
+    }
+}
+
+void python_frame_alias(const char* file, int line, const char* function, const char* as_file,
+                        int as_line) noexcept {
+    if (!file || !*file || !as_file || !*as_file) return;
+    try {
+        std::string text = python_frame_text(function ? function : "", as_file, as_line);
+        FrameAliases& aliases = frame_aliases();
+        std::lock_guard lock(aliases.mutex);
+        aliases.text.insert_or_assign(frame_key(file, line), std::move(text));
+        g_any_frame_alias.store(true, std::memory_order_release);
+    } catch (...) {  // out of host memory: the frame keeps its own name
     }
 }
 

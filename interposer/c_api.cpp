@@ -133,6 +133,12 @@ ALLOCSCOPE_EXPORT uint64_t allocscope_python_frame(const char* function, const c
     return allocscope::recorder::python_frame(function, file, line);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_python_frame_alias(const char* file, int line,
+                                                     const char* function, const char* as_file,
+                                                     int as_line) {
+    allocscope::recorder::python_frame_alias(file, line, function, as_file, as_line);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_set_outer_frames(size_t (*provider)(uint64_t*, size_t)) {
     allocscope::recorder::set_outer_frames(provider);
 }

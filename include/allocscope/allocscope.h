@@ -197,6 +197,15 @@ uint64_t allocscope_python_frame(const char* function, const char* file, int lin
 void allocscope_block_alloc_frames(void* ptr, size_t size, int device, void* stream,
                                    const uint64_t* outer_frames, size_t outer_count);
 
+/* Generated code (torch.compile's inductor writes a Python file per graph)
+ * named as the source it was generated from: from now on a frame at
+ * (`file`, `line`) is named `function (as_file:as_line)` wherever
+ * allocscope_python_frame names it, so that stacks show the user's line
+ * instead of the generated one. Register before the line first runs
+ * (callers keep the addresses allocscope_python_frame returned). */
+void allocscope_python_frame_alias(const char* file, int line, const char* function,
+                                   const char* as_file, int as_line);
+
 /* The same frames for every other allocation: `provider` writes the calling
  * thread's Python frames (allocscope_python_frame addresses, at most `max`,
  * innermost first) and returns how many. The interposer calls it, inside its

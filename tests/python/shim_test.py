@@ -359,6 +359,39 @@ def test_python_frames_follow_the_native_stack_in_reports(scratch):
     )
 
 
+ALIAS_PROGRAM = BLOCK_FRAMES_API + textwrap.dedent(
+    """
+    alias = process.allocscope_python_frame_alias
+    alias.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    generated = b"/tmp/torchinductor_me/ab/cabcdef.py"
+    early = frame(b"call", generated, 9)  # named before any alias: keeps its name
+    alias(generated, 12, b"forward [compiled: buf4]", b"/src/model.py", 269)
+    alias(generated, 9, b"forward [compiled: buf1]", b"/src/model.py", 269)
+    named = frame(b"call", generated, 12)
+    other = frame(b"call", generated, 13)  # a line without an alias
+    assert frame(b"call", generated, 9) != early, "named again after its alias"
+    outer = frame(b"train_step", b"/src/train.py", 7)
+    for i, first in enumerate((named, other, early)):
+        frames = (ctypes.c_uint64 * 2)(first, outer)
+        alloc(ctypes.c_void_p(0x7f0000100000 + (i << 24)), (i + 1) << 20, 0, None, frames, 2)
+    """
+)
+
+
+def test_generated_frames_are_named_after_the_source_line_they_were_generated_from(scratch):
+    out = os.path.join(scratch, "out")
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
+             ALIAS_PROGRAM], clean_env())
+    assert p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
+    sites = {s["bytes"]: s["frames"] for s in report_rank(out).get("sites_at_exit", [])}
+    assert sites[1 << 20][-2:] == ["forward [compiled: buf4] (/src/model.py:269)",
+                                   "train_step (/src/train.py:7)"], sites
+    assert sites[2 << 20][-2:] == ["call (/tmp/torchinductor_me/ab/cabcdef.py:13)",
+                                   "train_step (/src/train.py:7)"], sites
+    assert sites[3 << 20][-2:] == ["call (/tmp/torchinductor_me/ab/cabcdef.py:9)",
+                                   "train_step (/src/train.py:7)"], sites
+
+
 def test_package_without_interposer_is_a_noop_with_one_warning(scratch):
     code = textwrap.dedent(
         """

@@ -83,6 +83,7 @@ _SIGNATURES = {
     "derived": ([_ptr, _str, _str, _str], None),
     "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
     "python_frame": ([_str, _str, ctypes.c_int], _u64),
+    "python_frame_alias": ([_str, ctypes.c_int, _str, _str, ctypes.c_int], None),
     "block_alloc_frames": (
         [_ptr, ctypes.c_size_t, ctypes.c_int, _ptr, ctypes.POINTER(_u64), ctypes.c_size_t],
         None,
@@ -221,6 +222,15 @@ def derived(ptr, layer, name, how=None):
     api = _get()
     if api is not None and ptr:
         api.derived(int(ptr), _b(layer), _b(name), None if how is None else _b(how))
+
+
+def python_frame_alias(file, line, function, as_file, as_line):
+    """Names Python frames at (`file`, `line`), generated code, as
+    `function (as_file:as_line)`, the source line it was generated from
+    (allocscope_python_frame_alias). Call before the line first runs."""
+    api = _get()
+    if api is not None:
+        api.python_frame_alias(_b(file), int(line), _b(function), _b(as_file), int(as_line))
 
 
 # allocscope_python_frame's address per (code object, line): the C API asks

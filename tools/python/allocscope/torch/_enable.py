@@ -8,7 +8,7 @@ import torch
 
 import allocscope as _allocscope
 
-from . import _hooks, _optimizer
+from . import _compiled, _hooks, _optimizer
 from ._bridge import _attach_when_cuda_ready, attach_bridge
 from ._common import _lock, _say
 from ._cost import _timed
@@ -79,6 +79,10 @@ def enable(model=None, optimizer=None):
             _install_provenance()
         except Exception as e:  # never break the program
             _provenance_off(str(e))
+        try:
+            _compiled.install()  # torch.compile's generated frames named by the user's lines
+        except Exception as e:  # never break the program
+            _say("compiled", "frames of compiled code keep their generated names: %s" % e)
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
         _hooks._backward_hooks = _allocscope.config_on("ALLOCSCOPE_PYTHON_BACKWARD")

@@ -1,0 +1,162 @@
+"""torch.compile's generated frames named by the user's lines
+(allocscope/torch/_compiled.py), without torch: the naming of a generated
+file from inductor's line map, the wrapper around PyCodeCache's loader and
+the import hook that installs it."""
+
+import os
+import sys
+import tempfile
+import textwrap
+import types
+
+import pytest
+
+sys.path.insert(0, os.environ.get("ALLOCSCOPE_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "../../tools/python")))
+sys.modules.setdefault("torch", types.ModuleType("torch"))  # the package's __init__ is not run here
+import allocscope  # noqa: E402
+import importlib.util  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "allocscope_compiled", os.path.join(os.path.dirname(allocscope.__file__), "torch", "_compiled.py")
+)
+compiled = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compiled)
+
+# The shape of inductor's output (torch 2.11, a LayerNorm's forward graph).
+GENERATED = textwrap.dedent(
+    """\
+    def call(args):
+        primals_1, primals_2, primals_3 = args
+        args.clear()
+        with torch.cuda._DeviceGuard(0):
+            torch.cuda.set_device(0)
+            buf0 = empty_strided_cuda((2, 32, 1), (32, 1, 1), torch.float32)
+            buf1 = empty_strided_cuda((2, 32, 1), (32, 1, 64), torch.float32)
+            buf3 = reinterpret_tensor(buf1, (2, 32, 1), (32, 1, 1), 0); del buf1  # reuse
+            buf4 = empty_strided_cuda((2, 32, 256), (8192, 256, 1), torch.bfloat16)
+            # Topologically Sorted Source Nodes: [layer_norm], Original ATen: [aten.native_layer_norm]
+            stream0 = get_raw_stream(0)
+            triton_per_fused_native_layer_norm_0.run(buf4, 64, 256, stream=stream0)
+            buf5 = buf4; del buf4  # reuse
+            buf6 = torch.ops.aten._scaled_mm.default(buf5, primals_2)
+            buf7 = empty_strided_cuda((64, ), (1, ), torch.float32)
+        return (buf4, primals_1, buf0, buf3, )
+    """
+).splitlines()
+
+LN_TRACE = (
+    'File "/src/train.py", line 400, in main\n    y = model(x)\n'
+    'File "/src/model.py", line 269, in forward\n    q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)\n'
+)
+MM_TRACE = '  File "/src/fp8.py", line 104, in forward\n    y = torch._scaled_mm(xq, wq.t())\n'
+
+
+def test_the_innermost_frame_of_a_node_stack_trace_is_the_users_line():
+    assert compiled.user_frame(LN_TRACE) == ("forward", "/src/model.py", 269)
+    assert compiled.user_frame(MM_TRACE) == ("forward", "/src/fp8.py", 104)
+    assert compiled.user_frame("") is None
+    assert compiled.user_frame("no frames here") is None
+
+
+def test_each_allocating_line_is_named_after_the_node_whose_code_it_belongs_to():
+    linemap = [(5, LN_TRACE), (14, MM_TRACE), (16, None)]
+    got = compiled.aliases(GENERATED, linemap)
+    assert got == [
+        (6, "forward [compiled: buf0]", "/src/model.py", 269),
+        (7, "forward [compiled: buf1]", "/src/model.py", 269),
+        (9, "forward [compiled: buf4]", "/src/model.py", 269),
+        (14, "forward [compiled: buf6]", "/src/fp8.py", 104),
+        (15, "forward [compiled: buf7]", "/src/fp8.py", 104),
+    ], "views (reinterpret_tensor) and reuses (buf5 = buf4) allocate nothing: %r" % got
+
+
+def test_lines_before_the_first_mapped_node_keep_their_generated_name():
+    assert compiled.aliases(GENERATED, [(10, LN_TRACE)]) == [
+        (14, "forward [compiled: buf6]", "/src/model.py", 269),
+        (15, "forward [compiled: buf7]", "/src/model.py", 269),
+    ]
+    assert compiled.aliases(GENERATED, []) == []
+    assert compiled.aliases(GENERATED, None) == []
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    recorder = _Recorder()
+    monkeypatch.setattr(compiled._allocscope, "python_frame_alias", recorder)
+    return recorder
+
+
+def _codecache(path_module):
+    """A stand-in for torch._inductor.codecache: PyCodeCache.load_by_key_path."""
+    module = types.ModuleType("fake_codecache")
+
+    class PyCodeCache:
+        loads = []
+
+        @classmethod
+        def load_by_key_path(cls, key, path, linemap=None, attrs=None):
+            cls.loads.append((key, path, linemap, attrs))
+            return path_module
+
+    module.PyCodeCache = PyCodeCache
+    return module
+
+
+def test_the_wrapped_loader_returns_inductors_module_and_names_its_frames(recorded, tmp_path):
+    path = tmp_path / "cab.py"
+    path.write_text("\n".join(GENERATED) + "\n")
+    loaded = object()
+    cache = _codecache(loaded)
+    compiled._wrap(cache)
+    compiled._wrap(cache)  # once only
+    got = cache.PyCodeCache.load_by_key_path("k", str(path), [(5, LN_TRACE)], attrs={"a": 1})
+    assert got is loaded
+    assert cache.PyCodeCache.loads == [("k", str(path), [(5, LN_TRACE)], {"a": 1})]
+    assert recorded.calls == [
+        (str(path), 6, "forward [compiled: buf0]", "/src/model.py", 269),
+        (str(path), 7, "forward [compiled: buf1]", "/src/model.py", 269),
+        (str(path), 9, "forward [compiled: buf4]", "/src/model.py", 269),
+        (str(path), 14, "forward [compiled: buf6]", "/src/model.py", 269),
+        (str(path), 15, "forward [compiled: buf7]", "/src/model.py", 269),
+    ]
+    # A kernel module loaded without a line map names nothing.
+    recorded.calls.clear()
+    assert cache.PyCodeCache.load_by_key_path("k2", str(path)) is loaded
+    assert recorded.calls == []
+
+
+def test_a_file_that_cannot_be_read_still_loads(recorded, tmp_path):
+    loaded = object()
+    cache = _codecache(loaded)
+    compiled._wrap(cache)
+    missing = str(tmp_path / "gone.py")
+    assert cache.PyCodeCache.load_by_key_path("k", missing, [(5, LN_TRACE)]) is loaded
+    assert recorded.calls == []
+
+
+def test_the_import_hook_runs_after_the_module_is_imported(tmp_path, monkeypatch):
+    package = tmp_path / "allocscope_fakepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "codecache.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    finder = compiled._Finder("allocscope_fakepkg.codecache", lambda m: seen.append(m.VALUE))
+    sys.meta_path.insert(0, finder)
+    try:
+        import allocscope_fakepkg.codecache as imported  # noqa: F401
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+    assert imported.VALUE == 7
+    assert seen == [7], "called once, with the executed module"
+    assert finder not in sys.meta_path, "the finder removes itself"
+    import allocscope_fakepkg  # noqa: F401  other imports are not its business
