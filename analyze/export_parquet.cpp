@@ -184,15 +184,12 @@ class Database {
         // every event until COPY writes them: DuckDB's memory is capped
         // (kMemoryLimit) so that what does not fit spills into the export's
         // own staging directory, not into the current one, and the export's
-        // memory does not grow with the trace. Row order within a file is
-        // not kept (it never was: COPY writes in parallel), which lets COPY
-        // stream within the cap.
+        // memory does not grow with the trace.
         const std::pair<const char*, std::string> options[] = {
             {"autoinstall_known_extensions", "false"},
             {"autoload_known_extensions", "false"},
             {"temp_directory", temp_dir},
             {"memory_limit", kMemoryLimit},
-            {"preserve_insertion_order", "false"},
         };
         for (const auto& [name, value] : options) {
             if (api_.set_config(config, name, value.c_str()) != DuckDBSuccess) {
