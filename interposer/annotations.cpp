@@ -4,6 +4,7 @@
 #include "allocscope/allocscope.h"
 #include "recorder_internal.h"
 
+#include <deque>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -101,9 +102,13 @@ void oom_parameter(const char* layer, const char* name, uint64_t count) noexcept
     EventRing::publish(slot);
 }
 
-void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept {
-    ApiScope scope;
-    if (!scope.active() || !ptr || !layer || !*layer) return;
+namespace {
+
+// A DERIVED event (allocscope_derived) without the API's guard: also called
+// from an allocation's hook (frame scopes).
+void record_derived(const void* ptr, const char* layer, const char* name,
+                    const char* how) noexcept {
+    if (!ptr || !layer || !*layer) return;
     uint32_t index = 0;
     uint32_t how_id = 0;
     bool registered = false;
@@ -128,6 +133,13 @@ void derived(const void* ptr, const char* layer, const char* name, const char* h
     e.address = reinterpret_cast<uint64_t>(ptr);
     e.api = Api::c_api;
     EventRing::publish(slot);
+}
+
+}  // namespace
+
+void derived(const void* ptr, const char* layer, const char* name, const char* how) noexcept {
+    ApiScope scope;
+    if (scope.active()) record_derived(ptr, layer, name, how);
 }
 
 void mark(const char* text) noexcept {
@@ -177,8 +189,39 @@ namespace {
 struct FrameAliases {
     std::mutex mutex;
     std::unordered_map<std::string, std::string> text;
+    std::unordered_map<std::string, uint32_t> scope;  // -> index in scopes
+    std::deque<FrameScope> scopes;                    // a deque: entries never move
 };
 constinit std::atomic<bool> g_any_frame_alias{false};
+
+// Named frames that have a scope: (string id + 1) << 32 | index in
+// FrameAliases::scopes, 0 = empty; open addressing, filled under the
+// aliases' mutex, read without it by allocations' hooks.
+constexpr size_t kScopeSlots = size_t{1} << 14;
+constinit std::atomic<uint64_t> g_scope_slots[kScopeSlots]{};
+constinit std::atomic<size_t> g_scope_slots_used{0};
+
+size_t scope_slot(uint32_t id) noexcept {
+    return (static_cast<size_t>(id) * 0x9E3779B1u) & (kScopeSlots - 1);
+}
+
+// Under the aliases' mutex: frame text `id` has scope `index`.
+void add_scope_slot(uint32_t id, uint32_t index) noexcept {
+    if (g_scope_slots_used.load(std::memory_order_relaxed) >= kScopeSlots / 2) return;  // full
+    const uint64_t key = uint64_t{id} + 1;
+    for (size_t i = scope_slot(id), n = 0; n < kScopeSlots; i = (i + 1) & (kScopeSlots - 1), ++n) {
+        const uint64_t v = g_scope_slots[i].load(std::memory_order_relaxed);
+        if (v == 0) {
+            g_scope_slots_used.fetch_add(1, std::memory_order_relaxed);
+            g_scope_slots[i].store(key << 32 | index, std::memory_order_release);
+            return;
+        }
+        if (v >> 32 == key) {
+            g_scope_slots[i].store(key << 32 | index, std::memory_order_release);
+            return;
+        }
+    }
+}
 
 FrameAliases& frame_aliases() {
     static FrameAliases* aliases = new FrameAliases();  // never destroyed: hooks run at exit
@@ -192,17 +235,6 @@ std::string frame_key(std::string_view file, int line) {
     return key;
 }
 
-// The text python_frame() interns for (function, file, line).
-std::string frame_text(const char* function, const char* file, int line) {
-    if (g_any_frame_alias.load(std::memory_order_acquire)) {
-        FrameAliases& aliases = frame_aliases();
-        std::lock_guard lock(aliases.mutex);
-        if (auto it = aliases.text.find(frame_key(file, line)); it != aliases.text.end())
-            return it->second;
-    }
-    return python_frame_text(function ? function : "", file, line);
-}
-
 }  // namespace
 
 // Also inside a hook: the outer-frames provider names frames from there.
@@ -210,10 +242,102 @@ std::string frame_text(const char* function, const char* file, int line) {
 uint64_t python_frame(const char* function, const char* file, int line) noexcept {
     if (!file || !ensure_started()) return 0;
     try {
-        const uint32_t id = intern(frame_text(function, file, line).c_str());
+        if (!g_any_frame_alias.load(std::memory_order_acquire)) {
+            const uint32_t id =
+                intern(python_frame_text(function ? function : "", file, line).c_str());
+            return id ? python_frame_address(id) : 0;
+        }
+        // A frame of generated code: its alias's text, and its scope.
+        FrameAliases& aliases = frame_aliases();
+        std::lock_guard lock(aliases.mutex);
+        const std::string key = frame_key(file, line);
+        const auto text = aliases.text.find(key);
+        const uint32_t id =
+            intern(text != aliases.text.end()
+                       ? text->second.c_str()
+                       : python_frame_text(function ? function : "", file, line).c_str());
+        if (const auto scope = aliases.scope.find(key); id != 0 && scope != aliases.scope.end())
+            add_scope_slot(id, scope->second);
         return id ? python_frame_address(id) : 0;
     } catch (...) {
         return 0;
+    }
+}
+
+void python_frame_scope(const char* file, int line, const char* module, const char* param_module,
+                        const char* param, const char* how) noexcept {
+    if (!file || !*file) return;
+    try {
+        FrameAliases& aliases = frame_aliases();
+        std::lock_guard lock(aliases.mutex);
+        const std::string key = frame_key(file, line);
+        FrameScope* scope = nullptr;
+        if (auto it = aliases.scope.find(key); it != aliases.scope.end()) {
+            scope = &aliases.scopes[it->second];  // registered again: the same graph
+        } else {
+            scope = &aliases.scopes.emplace_back();
+            aliases.scope.emplace(key, static_cast<uint32_t>(aliases.scopes.size() - 1));
+        }
+        scope->module = module ? module : "";
+        scope->param_module = param_module ? param_module : "";
+        scope->param = param ? param : "";
+        scope->how = how ? how : "";
+        scope->layer_cache.store(0, std::memory_order_relaxed);
+        g_any_frame_alias.store(true, std::memory_order_release);
+        g_any_frame_scope.store(true, std::memory_order_release);
+    } catch (...) {  // out of host memory: the line's allocations keep their tags
+    }
+}
+
+constinit std::atomic<bool> g_any_frame_scope{false};
+
+const FrameScope* frame_scope(uint64_t frame) noexcept {
+    if (!is_python_frame(frame)) return nullptr;
+    const uint32_t id = python_frame_string(frame);
+    const uint64_t key = uint64_t{id} + 1;
+    for (size_t i = scope_slot(id), n = 0; n < kScopeSlots; i = (i + 1) & (kScopeSlots - 1), ++n) {
+        const uint64_t v = g_scope_slots[i].load(std::memory_order_acquire);
+        if (v == 0) return nullptr;
+        if (v >> 32 == key) return &frame_aliases().scopes[static_cast<uint32_t>(v)];
+    }
+    return nullptr;
+}
+
+namespace {
+
+// "<layer>.<module>", or `module` outside any layer.
+std::string scoped_name(const std::string* layer, const std::string& module) {
+    if (!layer || layer->empty()) return module;
+    if (module.empty()) return *layer;
+    return *layer + "." + module;
+}
+
+}  // namespace
+
+void apply_frame_scope(const FrameScope& scope, Event& e) noexcept {
+    if (scope.module.empty()) return;
+    const uint64_t cached = scope.layer_cache.load(std::memory_order_acquire);
+    if (cached != 0 && cached >> 32 == uint64_t{e.layer} + 1) {
+        e.layer = static_cast<uint32_t>(cached);
+        return;
+    }
+    try {
+        const TagEntry tag = current_tag();
+        const uint32_t id = intern(scoped_name(tag.layer_text, scope.module).c_str());
+        scope.layer_cache.store((uint64_t{e.layer} + 1) << 32 | id, std::memory_order_release);
+        e.layer = id;
+    } catch (...) {  // out of host memory: the tag stays the enclosing layer's
+    }
+}
+
+void frame_scope_derived(const FrameScope& scope, uint64_t address) noexcept {
+    if (scope.param.empty()) return;
+    try {
+        const TagEntry tag = current_tag();
+        const std::string layer = scoped_name(tag.layer_text, scope.param_module);
+        record_derived(reinterpret_cast<const void*>(address), layer.c_str(), scope.param.c_str(),
+                       scope.how.empty() ? nullptr : scope.how.c_str());
+    } catch (...) {
     }
 }
 

@@ -139,6 +139,12 @@ ALLOCSCOPE_EXPORT void allocscope_python_frame_alias(const char* file, int line,
     allocscope::recorder::python_frame_alias(file, line, function, as_file, as_line);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_python_frame_scope(const char* file, int line, const char* module,
+                                                     const char* param_module, const char* param,
+                                                     const char* how) {
+    allocscope::recorder::python_frame_scope(file, line, module, param_module, param, how);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_set_outer_frames(size_t (*provider)(uint64_t*, size_t)) {
     allocscope::recorder::set_outer_frames(provider);
 }

@@ -215,12 +215,21 @@ __attribute__((noinline)) void record_alloc(const AllocInfo& info, void* address
     uint64_t provided[kMaxOuterFrames];
     if (outer.data() == nullptr && g->config.stack_depth != 0) outer = provider_frames(provided);
     const uint32_t stack = capture_stack_id(outer);
+    // Generated code's lines (allocscope_python_frame_scope): the innermost
+    // Python frame says which module made the allocation.
+    const FrameScope* scope = nullptr;
+    if (!outer.empty() && g_any_frame_scope.load(std::memory_order_relaxed)) [[unlikely]]
+        scope = frame_scope(outer[0]);
     EventRing::Slot* slot = begin_event(EventKind::alloc);
     if (!slot) return;
     Event& e = slot->event;
     e.address = reinterpret_cast<uint64_t>(address);
     fill_request(e, info, stack, 0);
+    if (scope) [[unlikely]]
+        apply_frame_scope(*scope, e);
     EventRing::publish(slot);
+    if (scope) [[unlikely]]
+        frame_scope_derived(*scope, reinterpret_cast<uint64_t>(address));
 }
 
 void record_oom(const AllocInfo& info, int result, uint64_t device_free) noexcept {

@@ -86,6 +86,11 @@ void record_oom(const AllocInfo& info, int result, uint64_t device_free) noexcep
 // The pseudo-address of a Python frame (core/event.h, python_frame_address):
 // its text is interned once. 0 when not recording. Callable inside a hook.
 uint64_t python_frame(const char* function, const char* file, int line) noexcept;
+// Allocations whose innermost Python frame is (file, line): their layer is
+// the module's of the enclosing one, and when `param` is set they are
+// declared derived from it (allocscope_python_frame_scope).
+void python_frame_scope(const char* file, int line, const char* module, const char* param_module,
+                        const char* param, const char* how) noexcept;
 // Frames at (file, line) named by python_frame() from now on as
 // `function (as_file:as_line)` (allocscope_python_frame_alias).
 void python_frame_alias(const char* file, int line, const char* function, const char* as_file,

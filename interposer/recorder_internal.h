@@ -283,6 +283,29 @@ inline void leave_guard(bool outer) noexcept {
 // C API calls are not hooks, but CUDA calls they trigger must not be
 // recorded as the user's either; they share the hooks' guard (as HookGuard,
 // but inline in the recorder's files).
+// --- annotations.cpp: frame scopes (allocscope_python_frame_scope) ------------------
+
+// What allocations whose innermost Python frame is one line of generated
+// code are: made by `module` of the enclosing layer, and (when `param` is
+// set) holding bytes computed from parameter `param` of `param_module`.
+struct FrameScope {
+    std::string module;
+    std::string param_module;
+    std::string param;
+    std::string how;
+    // The last (enclosing layer id + 1) << 32 | the scoped layer's id.
+    mutable std::atomic<uint64_t> layer_cache{0};
+};
+
+// Whether any scope was registered: record_alloc looks only then.
+extern std::atomic<bool> g_any_frame_scope;
+// The scope of Python frame `frame` (a pseudo-address), or null; lock-free.
+const FrameScope* frame_scope(uint64_t frame) noexcept;
+// Sets `e`'s layer (the calling thread's tag) to the scope's module of it.
+void apply_frame_scope(const FrameScope& scope, Event& e) noexcept;
+// Declares the allocation at `address` derived, when the scope says so.
+void frame_scope_derived(const FrameScope& scope, uint64_t address) noexcept;
+
 class ApiScope {
   public:
     ApiScope() noexcept : outer_(enter_guard()), recording_(guard_recording(outer_)) {}

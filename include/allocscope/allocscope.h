@@ -206,6 +206,19 @@ void allocscope_block_alloc_frames(void* ptr, size_t size, int device, void* str
 void allocscope_python_frame_alias(const char* file, int line, const char* function,
                                    const char* as_file, int as_line);
 
+/* What generated code allocates, per line: an allocation whose innermost
+ * Python frame is (`file`, `line`) is tagged with layer
+ * "<enclosing layer>.<module>" (`module` alone outside any layer; NULL or
+ * "" keeps the enclosing layer), and when `param` is not NULL it is
+ * declared derived (as allocscope_derived does) from parameter `param` of
+ * module "<enclosing layer>.<param_module>", `how` saying how. This is how
+ * allocscope.torch attributes the buffers of torch.compile'd graphs, from
+ * each buffer's FX node (its module and the parameters it was computed
+ * from). Needs Python frames (ALLOCSCOPE_PYTHON_STACKS, on by default).
+ * Register before the line first runs. */
+void allocscope_python_frame_scope(const char* file, int line, const char* module,
+                                   const char* param_module, const char* param, const char* how);
+
 /* The same frames for every other allocation: `provider` writes the calling
  * thread's Python frames (allocscope_python_frame addresses, at most `max`,
  * innermost first) and returns how many. The interposer calls it, inside its

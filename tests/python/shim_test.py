@@ -392,6 +392,45 @@ def test_generated_frames_are_named_after_the_source_line_they_were_generated_fr
                                    "train_step (/src/train.py:7)"], sites
 
 
+SCOPE_PROGRAM = BLOCK_FRAMES_API + textwrap.dedent(
+    """
+    scope = process.allocscope_python_frame_scope
+    scope.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                      ctypes.c_char_p, ctypes.c_char_p]
+    process.allocscope_push.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    process.allocscope_register_param.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                                  ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64]
+    process.allocscope_register_param(b"layers.0.fc1", b"weight", 65536, b"bf16", 65536)
+    generated = b"/tmp/torchinductor_me/cd/ccompiled.py"
+    scope(generated, 20, b"fc1", b"fc1", b"weight", b"compiled graph: fc1.weight -> _to_copy")
+    scope(generated, 21, b"fc2", None, None, None)
+    lines = {n: frame(b"call", generated, n) for n in (20, 21, 22)}
+    process.allocscope_push(b"layers.0", b"forward")
+    for i, n in enumerate((20, 21, 22, 20)):
+        frames = (ctypes.c_uint64 * 1)(lines[n])
+        alloc(ctypes.c_void_p(0x7f0000100000 + (i << 24)), 1 << 20, 0, None, frames, 1)
+    process.allocscope_pop()
+    frames = (ctypes.c_uint64 * 1)(lines[21])  # outside any layer: the module alone
+    alloc(ctypes.c_void_p(0x7f0010000000), 1 << 20, 0, None, frames, 1)
+    """
+)
+
+
+def test_generated_lines_tag_their_module_and_declare_what_derives_from_a_parameter(scratch):
+    out = os.path.join(scratch, "out")
+    p = run([CLI, "run", "--out", out, "--plugins", "none", "--no-python", "--", PY, "-c",
+             SCOPE_PROGRAM], clean_env())
+    assert p.returncode == 0, "run exit status %d; stderr:\n%s" % (p.returncode, p.stderr)
+    rank = report_rank(out)
+    tags = {(t["layer"], t["phase"]): t["allocations"] for t in rank.get("tags", [])}
+    assert tags.get(("layers.0.fc1", "forward")) == 2, tags
+    assert tags.get(("layers.0.fc2", "forward")) == 1, tags
+    assert tags.get(("layers.0", "forward")) == 1, "a line without a scope keeps the layer: %r" % tags
+    assert [n for (layer, _), n in tags.items() if layer == "fc2"] == [1], tags
+    assert rank.get("events_by_kind", {}).get("derived") == 2, (
+        "each allocation of the fc1.weight line is declared derived: %r" % rank.get("events_by_kind"))
+
+
 def test_package_without_interposer_is_a_noop_with_one_warning(scratch):
     code = textwrap.dedent(
         """
