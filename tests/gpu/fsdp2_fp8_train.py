@@ -53,6 +53,10 @@ bytes coincide with a weight form's are kept on purpose (--tokens 256 is
 T == H: a [T, 4H] bf16 activation has a [4H, H] bf16 weight's bytes): the
 detectors must tell them apart by provenance, not by size.
 
+--compile inplace|wrap compiles each layer with torch.compile (in place,
+as torchtitan does, or as an OptimizedModule in the layer's place) before
+sharding it.
+
 --master-fp32 (with --mode bf16) keeps fp32 parameters and runs forward
 under torch.autocast(bfloat16): autocast casts every Linear weight and bias
 to bf16 in each layer's forward and keeps the casts until forward ends; the
@@ -386,6 +390,10 @@ def main():
     parser.add_argument("--memory-limit-mib", type=float, metavar="MIB",
                         help="cap this process's CUDA memory "
                              "(torch.cuda.set_per_process_memory_fraction), to run out of memory")
+    parser.add_argument("--compile", choices=("none", "inplace", "wrap"), default="none",
+                        help="torch.compile each layer before sharding it: in place "
+                             "(layer.compile(), as torchtitan does) or wrapped "
+                             "(torch.compile(layer), an OptimizedModule in its place)")
     args = parser.parse_args()
     if args.grad_accum < 1:
         parser.error("--grad-accum must be 1 or more")
@@ -412,6 +420,12 @@ def main():
     torch.manual_seed(args.seed)  # the same full model on every rank
     param_dtype = torch.float32 if args.master_fp32 else torch.bfloat16
     model = Model(args.mode, args.checkpoint).to(device="cuda", dtype=param_dtype)
+    if args.compile == "inplace":
+        for layer in model.layers:
+            layer.compile()
+    elif args.compile == "wrap":
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = torch.compile(layer)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

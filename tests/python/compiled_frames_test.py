@@ -160,3 +160,89 @@ def test_the_import_hook_runs_after_the_module_is_imported(tmp_path, monkeypatch
     assert seen == [7], "called once, with the executed module"
     assert finder not in sys.meta_path, "the finder removes itself"
     import allocscope_fakepkg  # noqa: F401  other imports are not its business
+
+
+def test_dynamo_source_names_give_paths_from_the_compiled_root():
+    assert compiled.relative_path("L['self'].ln1") == "ln1"
+    assert compiled.relative_path("L['self']") == ""
+    assert compiled.relative_path("L['self']._modules['fc1']._parameters['weight']") == "fc1.weight"
+    assert compiled.relative_path("L['self'].layers[0].attn") == "layers.0.attn"
+    assert compiled.relative_path("getattr(L['self'].blocks, '3').mlp") == "blocks.3.mlp"
+    assert compiled.relative_path("L['self']._orig_mod.fc2") == "fc2", "wrappers are not modules"
+    assert compiled.relative_path("G['model'].fc") is None, "a global is no local of the frame"
+    assert compiled.relative_path("self.fc1") is None
+
+
+class Node:
+    """An FX node's shape, as scopes() reads it."""
+
+    def __init__(self, graph, name, op, target=None, inputs=(), module=None, tensor=True):
+        self.graph, self.name, self.op, self.target = graph, name, op, target
+        self.all_input_nodes = list(inputs)
+        self.meta = {"val": types.SimpleNamespace(dtype="bf16", shape=(4, 4))} if tensor else {}
+        if module is not None:
+            self.meta["nn_module_stack"] = {"k0": ("L['self']", object), "k1": (module, object)}
+        graph.nodes.append(self)
+
+
+class Graph:
+    def __init__(self):
+        self.nodes = []
+
+
+class Buffer:
+    def __init__(self, node):
+        self.origin_node = node
+
+
+def _fp8_graph():
+    """x, fc1.weight -> weight's FP8 copy (abs, amax, mul, convert) -> mm(x, copy)."""
+    g = Graph()
+    w = Node(g, "primals_1", "placeholder")
+    x = Node(g, "primals_2", "placeholder")
+    n = Node(g, "n", "placeholder", tensor=False)  # a SymInt input: no data
+    a = Node(g, "abs_1", "call_function", "aten.abs.default", [w], "L['self'].fc1")
+    m = Node(g, "amax", "call_function", "aten.amax.default", [a], "L['self'].fc1")
+    s = Node(g, "mul", "call_function", "aten.mul.Tensor", [w, m, n], "L['self'].fc1")
+    q = Node(g, "cvt", "call_function", "prims.convert_element_type.default", [s], "L['self'].fc1")
+    y = Node(g, "mm", "call_function", "aten._scaled_mm.default", [x, q], "L['self'].fc1")
+    o = Node(g, "relu", "call_function", "aten.relu.default", [y])  # no module stack
+    return g, {"w": w, "x": x, "abs": a, "q": q, "y": y, "o": o}
+
+
+FP8_SOURCE = [
+    "def call(args):",
+    "    buf0 = empty_strided_cuda((4, 4), (4, 1), torch.float32)",
+    "    buf1 = empty_strided_cuda((4, 4), (4, 1), torch.float8_e4m3fn)",
+    "    buf2 = empty_strided_cuda((4, 4), (4, 1), torch.bfloat16)",
+    "    buf3 = reinterpret_tensor(buf2, (16, ), (1, ), 0)",
+    "    buf4 = empty_strided_cuda((4, 4), (4, 1), torch.bfloat16)",
+    "    buf5 = empty_strided_cuda((4, 4), (4, 1), torch.bfloat16)",
+]
+
+
+def test_a_buffer_computed_from_a_parameter_alone_is_derived_from_it_and_tagged_with_its_module():
+    g, n = _fp8_graph()
+    buffers = {"buf0": Buffer(n["abs"]), "buf1": Buffer(n["q"]), "buf2": Buffer(n["y"]),
+               "buf4": Buffer(n["o"]), "buf5": Buffer(None)}
+    params = {n["w"]: ("fc1", "weight")}
+    got = compiled.scopes(FP8_SOURCE, buffers, g, params, saved={n["q"]})
+    assert got == [
+        (2, "fc1", "fc1", "weight", "torch.compile'd graph: fc1.weight -> abs"),
+        (3, "fc1", "fc1", "weight",
+         "torch.compile'd graph: fc1.weight -> mul -> convert_element_type; saved for backward"),
+        (4, "fc1", None, None, None),
+    ], ("an activation times a weight is an activation (buf2); a node without a module and "
+        "not derived (buf4) and a buffer without a node (buf5) are left out: %r" % got)
+
+
+def test_without_known_parameters_buffers_are_only_tagged():
+    g, n = _fp8_graph()
+    buffers = {"buf1": Buffer(n["q"])}
+    assert compiled.scopes(FP8_SOURCE, buffers, g, {}, saved=set()) == [(3, "fc1", None, None, None)]
+
+
+def test_a_node_of_another_graph_is_not_trusted():
+    g, n = _fp8_graph()
+    other, m = _fp8_graph()
+    assert compiled.scopes(FP8_SOURCE, {"buf1": Buffer(m["q"])}, g, {m["w"]: ("fc1", "weight")}, set()) == []

@@ -84,6 +84,7 @@ _SIGNATURES = {
     "block_alloc": ([_ptr, ctypes.c_size_t, ctypes.c_int, _ptr], None),
     "python_frame": ([_str, _str, ctypes.c_int], _u64),
     "python_frame_alias": ([_str, ctypes.c_int, _str, _str, ctypes.c_int], None),
+    "python_frame_scope": ([_str, ctypes.c_int, _str, _str, _str, _str], None),
     "block_alloc_frames": (
         [_ptr, ctypes.c_size_t, ctypes.c_int, _ptr, ctypes.POINTER(_u64), ctypes.c_size_t],
         None,
@@ -231,6 +232,21 @@ def python_frame_alias(file, line, function, as_file, as_line):
     api = _get()
     if api is not None:
         api.python_frame_alias(_b(file), int(line), _b(function), _b(as_file), int(as_line))
+
+
+def python_frame_scope(file, line, module, param_module=None, param=None, how=None):
+    """Allocations whose innermost Python frame is (`file`, `line`), generated
+    code, are tagged "<enclosing layer>.<module>" and, with `param`,
+    declared derived from parameter `param` of "<enclosing
+    layer>.<param_module>" (allocscope_python_frame_scope)."""
+    api = _get()
+    if api is not None:
+        api.python_frame_scope(
+            _b(file), int(line), _b(module or ""),
+            None if param is None else _b(param_module or ""),
+            None if param is None else _b(param),
+            None if how is None else _b(how),
+        )
 
 
 # allocscope_python_frame's address per (code object, line): the C API asks

@@ -13,14 +13,40 @@ through allocscope_python_frame_alias, as the user's source line of the
 node whose code it belongs to (the nearest line of the map at or before
 it), e.g. `forward [compiled: buf4] (model.py:269)`.
 
-Nothing of the program changes: the wrapper calls the original first and
-returns its module; any failure of its own leaves frames as they were."""
+On a fresh compile, inductor's GraphLowering knows more: each buffer's FX
+node (the node it was lowered from, not the transitive `origins`), whose
+`nn_module_stack` names the module of the user's that made it, relative to
+the compiled root; and the graph, a data flow from the graph's inputs.
+After GraphLowering.compile_to_module, each allocating line is registered
+with allocscope_python_frame_scope: its allocations are tagged
+"<enclosing layer>.<module>" (the block's tag, from the hooks around the
+compiled call, plus the module inside it), and when the node is computed
+from parameters alone (every graph input it depends on is a parameter, the
+eager op observer's rule) it is declared derived from the first one, with
+"saved for backward" when the forward graph returns it for backward.
+Parameters are known by the Dynamo graph's input sources
+("L['self']._modules['fc1']._parameters['weight']"), recorded when Dynamo
+calls inductor's compile_fx. Inductor's FX graph and AOT autograd caches
+skip GraphLowering, so allocscope turns them off by default
+(TORCHINDUCTOR_FX_GRAPH_CACHE=0, TORCHINDUCTOR_AUTOGRAD_CACHE=0 unless the
+program's environment sets them), saying so once.
+
+A module compiled in place (module.compile()) runs its whole _call_impl,
+the global module hooks included, as compiled code, where the hooks do
+nothing: its hooks are called around the compiled call instead.
+
+Nothing of the program changes: every wrapper calls the original first and
+returns its result; any failure of its own leaves frames and tags as they
+were."""
 
 import bisect
 import importlib.abc
 import importlib.util
+import os
 import re
 import sys
+import threading
+import weakref
 
 import allocscope as _allocscope
 
@@ -71,6 +97,146 @@ def aliases(source_lines, linemap):
     return out
 
 
+_WRAPPERS = frozenset(("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"))
+_GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
+_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]")
+_SUBSCRIPT = re.compile(r"\.?_(?:modules|parameters|buffers)\[['\"]([^'\"]+)['\"]\]|\[['\"]?([^'\"\]]+)['\"]?\]")
+
+
+def relative_path(source):
+    """The dotted path, from the compiled root, of a Dynamo source name or
+    nn_module_stack path: "L['self'].layers[0]._modules['fc1']" ->
+    "layers.0.fc1", "L['self']" -> "", "getattr(L['self'].blocks, '3').mlp" ->
+    "blocks.3.mlp". None when it does not start at a local of the frame."""
+    text = source
+    while True:
+        m = _GETATTR.search(text)
+        if not m:
+            break
+        text = text[: m.start()] + m.group(1) + "." + m.group(2) + text[m.end():]
+    m = _ROOT.match(text)
+    if not m:
+        return None
+    rest = _SUBSCRIPT.sub(lambda g: "." + (g.group(1) or g.group(2)), text[m.end():])
+    return ".".join(c for c in rest.split(".") if c and c not in _WRAPPERS)
+
+
+def node_module(node):
+    """The relative path of the innermost module of an FX node (its
+    nn_module_stack, or for a backward node the forward's), or None."""
+    meta = getattr(node, "meta", None) or {}
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    try:
+        last = list(stack.values())[-1]
+    except Exception:
+        return None
+    path = last[0] if isinstance(last, tuple) else last
+    return relative_path(path) if isinstance(path, str) else None
+
+
+def _op_name(node):
+    """"abs" for aten.abs.default, "convert_element_type" for prims'."""
+    target = getattr(node, "target", None)
+    parts = str(target).split(".")
+    if len(parts) > 1 and parts[0] in ("aten", "prims", "torch"):
+        return parts[1] if parts[0] != "torch" else parts[-1]
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _is_tensor_node(node):
+    val = (getattr(node, "meta", None) or {}).get("val")
+    return val is not None and hasattr(val, "dtype") and hasattr(val, "shape")
+
+
+class _Sources:
+    """Per FX node, the graph inputs (placeholders) it is computed from."""
+
+    def __init__(self):
+        self.memo = {}
+
+    def __call__(self, node):
+        got = self.memo.get(node)
+        if got is not None:
+            return got
+        # Iterative: graphs are deep.
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n in self.memo:
+                stack.pop()
+                continue
+            if n.op == "placeholder":
+                self.memo[n] = frozenset((n,)) if _is_tensor_node(n) else frozenset()
+                stack.pop()
+                continue
+            pending = [i for i in n.all_input_nodes if i not in self.memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            out = frozenset()
+            for i in n.all_input_nodes:
+                out |= self.memo[i]
+            self.memo[n] = out
+            stack.pop()
+        return self.memo[node]
+
+
+def _chain(node):
+    """The ops from a graph input to `node` along first inputs, and that
+    input (None when the walk stops elsewhere)."""
+    ops = []
+    n = node
+    while n is not None and n.op != "placeholder" and len(ops) < 64:
+        ops.append(_op_name(n))
+        inputs = n.all_input_nodes
+        n = inputs[0] if inputs else None
+    ops.reverse()
+    if len(ops) > 6:
+        ops = ops[:3] + ["\u2026"] + ops[-2:]
+    return ops, (n if n is not None and n.op == "placeholder" else None)
+
+
+def scopes(source_lines, name_to_buffer, graph, params, saved):
+    """(line, module, param_module, param, how) for each allocating line of
+    generated `source_lines` whose buffer's FX node is known: `params` maps
+    placeholder nodes to (module, name) of a parameter, `saved` is the set
+    of nodes the forward graph returns for backward."""
+    sources = _Sources()
+    order = {n: i for i, n in enumerate(graph.nodes) if n.op == "placeholder"}
+    out = []
+    for number, text in enumerate(source_lines, 1):
+        match = _ALLOCATING.match(text)
+        if not match:
+            continue
+        buffer = name_to_buffer.get(match.group(1))
+        node = getattr(buffer, "origin_node", None) if buffer is not None else None
+        if node is None and buffer is not None:
+            try:
+                node = getattr(buffer.get_defining_op(), "origin_node", None)
+            except Exception:
+                node = None
+        if node is None or getattr(node, "graph", None) is not graph:
+            continue
+        module = node_module(node)
+        param_module = param = how = None
+        inputs = sources(node)
+        if params and inputs and all(i in params for i in inputs):
+            # The parameter the first inputs lead to (eager provenance names
+            # the first input's), else the first in the graph's order.
+            ops, first = _chain(node)
+            if first not in params:
+                first = min(inputs, key=lambda i: order.get(i, 0))
+            param_module, param = params[first]
+            how = " -> ".join([".".join(p for p in (param_module, param) if p)] + ops)
+            how = "torch.compile'd graph: %s%s" % (how, "; saved for backward" if node in saved else "")
+        if module is None and param is None:
+            continue
+        out.append((number, module or "", param_module, param, how))
+    return out
+
+
 def _name_frames(path, linemap):
     try:
         with open(path) as f:
@@ -104,6 +270,204 @@ def _wrap(codecache):
     cache.load_by_key_path = classmethod(load_by_key_path)
 
 
+# --- what Dynamo and inductor say, at compile time ---------------------------
+
+_local = threading.local()  # .sources: per compile_fx call, innermost last
+
+
+def param_sources(gm, example_inputs):
+    """Per placeholder of a Dynamo graph: (module, name) of the parameter it
+    is, from its source ("L['self']._modules['fc1']._parameters['weight']" ->
+    ("fc1", "weight")), or None."""
+    import torch
+
+    out = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    examples = list(example_inputs) if example_inputs is not None else []
+    for i, node in enumerate(placeholders):
+        arg = node.meta.get("grapharg")
+        source = getattr(arg, "source", None) if arg is not None else None
+        name = getattr(source, "name", None)
+        if callable(name):
+            name = name()
+        example = examples[i] if i < len(examples) else None
+        is_param = isinstance(example, torch.nn.Parameter) or (
+            isinstance(name, str) and "_parameters[" in name
+        )
+        path = relative_path(name) if is_param and isinstance(name, str) else None
+        if path:
+            module, _, pname = path.rpartition(".")
+            out.append((module, pname))
+        else:
+            out.append(None)
+    return out
+
+
+def _wrap_compile_fx(module):
+    original = getattr(module, "compile_fx", None)
+    if original is None or getattr(original, "_allocscope", False):
+        return
+
+    def compile_fx(model_, example_inputs_, *args, **kwargs):
+        stack = _local.__dict__.setdefault("sources", [])
+        try:
+            sources = param_sources(model_, example_inputs_)
+        except Exception:
+            sources = None
+        if (not sources or not any(sources)) and stack:
+            sources = stack[-1]  # inductor calling itself on a rewritten graph
+        stack.append(sources)
+        try:
+            return original(model_, example_inputs_, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    compile_fx._allocscope = True
+    module.compile_fx = compile_fx
+
+
+def _saved_for_backward(lowering):
+    """The nodes a training forward graph returns for backward."""
+    if getattr(lowering, "is_backward", False) or getattr(lowering, "is_inference", False):
+        return set()
+    try:
+        import torch
+
+        meta = torch._guards.TracingContext.try_get().fw_metadata
+        saved = meta.tensors_saved_for_backwards_slice
+        output = next(n for n in reversed(lowering.graph.nodes) if n.op == "output")
+        values = output.args[0]
+        return {v for v in list(values)[saved] if hasattr(v, "op")}
+    except Exception:
+        return set()
+
+
+def _scope_graph(lowering, module):
+    path = getattr(module, "__file__", None)
+    if not path:
+        return
+    with open(path) as f:
+        lines = f.read().splitlines()
+    graph = lowering.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    params = {}
+    if _derive and not getattr(lowering, "is_backward", False):
+        stack = getattr(_local, "sources", None)
+        sources = stack[-1] if stack else None
+        if sources and len(sources) == len(placeholders):
+            params = {n: s for n, s in zip(placeholders, sources) if s}
+    saved = _saved_for_backward(lowering)
+    for number, module_path, param_module, param, how in scopes(
+        lines, lowering.name_to_buffer, graph, params, saved
+    ):
+        _allocscope.python_frame_scope(path, number, module_path, param_module, param, how)
+
+
+_CACHES = (
+    ("TORCHINDUCTOR_FX_GRAPH_CACHE", "torch._inductor.config", "fx_graph_cache"),
+    ("TORCHINDUCTOR_AUTOGRAD_CACHE", "torch._functorch.config", "enable_autograd_cache"),
+)
+
+
+def _caches_off():
+    """Inductor's FX graph cache and the AOT autograd cache skip
+    GraphLowering: off, unless the program's environment sets them."""
+    off = []
+    for var, module_name, attr in _CACHES:
+        if var in os.environ:
+            continue
+        config = sys.modules.get(module_name)
+        if config is None:
+            try:
+                config = importlib.import_module(module_name)
+            except Exception:
+                continue
+        if getattr(config, attr, False):
+            setattr(config, attr, False)
+            off.append(var)
+    if off:
+        from ._common import _say
+
+        _say(
+            "compiled caches",
+            "torch.compile: inductor's caches are off (%s) so that compiled buffers are "
+            "attributed to their modules and parameters; set them to 1 to keep the caches"
+            % ", ".join(v + "=0" for v in off),
+        )
+
+
+def _wrap_graph(module):
+    cls = getattr(module, "GraphLowering", None)
+    original = getattr(cls, "compile_to_module", None) if cls is not None else None
+    if original is None or getattr(original, "_allocscope", False):
+        return
+    _caches_off()
+
+    def compile_to_module(self, *args, **kwargs):
+        compiled = original(self, *args, **kwargs)
+        try:
+            _scope_graph(self, compiled)
+        except Exception:  # never break the program's compile
+            pass
+        return compiled
+
+    compile_to_module._allocscope = True
+    cls.compile_to_module = compile_to_module
+
+
+# --- modules compiled in place ---------------------------------------------
+
+
+def _wrap_compiled_call(module):
+    """The module hooks around a module.compile()'d module's compiled call."""
+    from . import _hooks
+
+    inner = module.__dict__.get("_compiled_call_impl")
+    if inner is None or getattr(inner, "_allocscope", False):
+        return
+    ref = weakref.ref(module)
+
+    def call(*args, **kwargs):
+        m = ref()
+        if m is None or _hooks._is_compiling():
+            return inner(*args, **kwargs)
+        key = id(m)
+        _hooks._forward_pre(m, args)
+        _hooks._outside.add(key)
+        try:
+            out = inner(*args, **kwargs)
+        except BaseException:
+            _hooks._outside.discard(key)
+            _hooks._forward_post(m, args, None)
+            raise
+        _hooks._outside.discard(key)
+        _hooks._forward_post(m, args, out)
+        return out
+
+    call._allocscope = True
+    module._compiled_call_impl = call
+
+
+def _wrap_module_compile():
+    import torch
+
+    original = getattr(torch.nn.Module, "compile", None)
+    if original is None or getattr(original, "_allocscope", False):
+        return
+
+    def compile(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        try:
+            _wrap_compiled_call(self)
+        except Exception:
+            pass
+        return result
+
+    compile._allocscope = True
+    compile.__doc__ = original.__doc__
+    torch.nn.Module.compile = compile
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     """Calls `then(module)` right after module `name` is imported (once)."""
 
@@ -122,7 +486,6 @@ class _Finder(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
-
         then = self.then
 
         def exec_and_wrap(module):
@@ -137,17 +500,30 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 _installed = False
+_derive = True  # declare what compiled buffers derive from (provenance on)
 
 
-def install():
-    """Names generated frames from now on: at once when inductor's code
-    cache is imported, else when it will be."""
-    global _installed
+def _when_imported(name, then):
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    else:
+        sys.meta_path.insert(0, _Finder(name, then))
+
+
+def install(scope=True, derive=True):
+    """From now on: generated frames named by the user's lines; with `scope`,
+    compiled buffers tagged with their modules (and with `derive` declared
+    derived from the parameters they are computed from), and in-place
+    compiled modules tagged. At once for what is imported, else when it
+    will be."""
+    global _installed, _derive
     if _installed:
         return
     _installed = True
-    module = sys.modules.get(_CODECACHE)
-    if module is not None:
-        _wrap(module)
-    else:
-        sys.meta_path.insert(0, _Finder(_CODECACHE, _wrap))
+    _derive = derive
+    _when_imported(_CODECACHE, _wrap)
+    if scope:
+        _when_imported("torch._inductor.compile_fx", _wrap_compile_fx)
+        _when_imported("torch._inductor.graph", _wrap_graph)
+        _wrap_module_compile()

@@ -80,7 +80,12 @@ def enable(model=None, optimizer=None):
         except Exception as e:  # never break the program
             _provenance_off(str(e))
         try:
-            _compiled.install()  # torch.compile's generated frames named by the user's lines
+            # torch.compile: generated frames named by the user's lines, and
+            # compiled buffers attributed to modules and parameters.
+            _compiled.install(
+                scope=_allocscope.config_on("ALLOCSCOPE_PYTHON_MODULES"),
+                derive=_allocscope.config_on("ALLOCSCOPE_PROVENANCE"),
+            )
         except Exception as e:  # never break the program
             _say("compiled", "frames of compiled code keep their generated names: %s" % e)
         # Backward phases come from tensor hooks that _forward_post puts on

@@ -90,8 +90,14 @@ def _settle(ops, module, key):
     return entry
 
 
+# Modules compiled in place whose hooks _compiled.py calls around the
+# compiled call: the global hooks skip them inside it (Dynamo runs
+# _call_impl eagerly when it falls back).
+_outside = set()
+
+
 def _forward_pre(module, args):
-    if _is_compiling():
+    if _is_compiling() or (_outside and id(module) in _outside):
         return None
     ops = _ops
     if ops is None:
@@ -124,7 +130,7 @@ def _forward_phase(ops):
 
 
 def _forward_post(module, args, output):
-    if _is_compiling():
+    if _is_compiling() or (_outside and id(module) in _outside):
         return None
     ops = _ops
     if ops is None:
