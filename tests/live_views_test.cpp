@@ -1,5 +1,6 @@
 // The one live set (core/replay.h) and its views: the writer's fill-in
-// (Replay::apply_written), the plugin host's live table, the analysis and
+// (Replay::apply_written), the plugin host's live table (owned, or a view of
+// the writer's replay, which must show plugins the same), the analysis and
 // the exports' tracker. A cuMemUnmap is one event for its range, split by
 // the replay; traces of older versions hold one free per mapping. Each case
 // fails when a view disagrees with the replay or the two forms disagree.
