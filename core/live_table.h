@@ -1,7 +1,8 @@
 // The live-allocation table: address -> record of the allocation that is
 // alive there. Used only through core/replay.h's Replay, one per pool: the
-// one live set the interposer's writer thread, the plugin host, reports and
-// exports all keep, so all of them count exactly the same way.
+// one live set the interposer's writer thread (whose plugin host views it),
+// a plugin host fed standalone, reports and exports all keep, so all of
+// them count exactly the same way.
 //
 // One open-addressing table with linear probing; not thread-safe (its one
 // user in the traced process is the writer thread). A freed address stays

@@ -1,8 +1,9 @@
 // The plugin host's event stream (core/plugin_host.h): events of the
 // interposer's ring or of a recorded trace become allocscope_event_v2 (and,
 // through the v1 adapter, allocscope_event_v1) with
-// interned tags, the live table the plugins read is kept, and step changes
-// and events are delivered to every enabled plugin.
+// interned tags, the live table the plugins read is kept (or, viewing the
+// interposer writer's Replay, read from the changes it reports), and step
+// changes and events are delivered to every enabled plugin.
 #include <allocscope/allocscope.h>
 
 #include <algorithm>
@@ -95,7 +96,30 @@ void PluginHost::start_stream(uint32_t source) {
     param_index_.clear();
     step_ = 0;
     live_ = Replay{};
+    // The viewed Replay holds the old stream's allocations: from here the
+    // host keeps its own table.
+    view_ = nullptr;
+    view_strings_ = nullptr;
     failing_.clear();
+}
+
+void PluginHost::view_live(const Replay& live, const std::vector<std::string>& strings) {
+    view_ = &live;
+    view_strings_ = &strings;
+    live_ = Replay{};
+}
+
+const char* PluginHost::record_text(uint32_t id) {
+    if (!view_) return strings_.at(id).c_str();
+    return strings_.at(host_string(*view_strings_, id)).c_str();
+}
+
+const char* PluginHost::live_text(uint32_t id) noexcept {
+    try {
+        return record_text(id);
+    } catch (...) {
+        return strings_.at(0).c_str();
+    }
 }
 
 void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
@@ -104,24 +128,51 @@ void PluginHost::feed(const Event& e, const EventText& text, uint32_t source) {
     // Both ids first: the event's view points into the table's storage.
     const uint32_t layer = strings_.intern(text.layer).id;
     const uint32_t phase = strings_.intern(text.phase).id;
-    deliver(e, layer, phase, text, source);
+    deliver(e, layer, phase, text, source, {});
+}
+
+namespace {
+
+// Detectors see the memory a program's tensors live in: runtime-API
+// segments, driver mappings (an expandable allocator's segments) and
+// blocks. Not physical handles and VA reservations (the mappings are the
+// memory a tag owns), and not plain driver allocations: those are
+// libraries' own (a cuBLAS handle made inside a layer's backward would look
+// like that layer's retained memory). Reports account for all.
+bool hidden_from_plugins(const Event& e) noexcept {
+    if (e.kind != EventKind::alloc && e.kind != EventKind::free && e.kind != EventKind::oom)
+        return false;
+    const Pool pool = pool_of(e);
+    return pool == Pool::physical || pool == Pool::address_range ||
+           is_direct_driver_allocation(e.api);
+}
+
+}  // namespace
+
+void PluginHost::release_held(uint32_t tid, uint32_t source) {
+    auto it = std::find_if(failing_.begin(), failing_.end(),
+                           [&](const auto& f) { return f.first == tid; });
+    if (it == failing_.end()) return;
+    std::vector<HeldPop> held = std::move(it->second);
+    failing_.erase(it);
+    for (const HeldPop& h : held)
+        deliver(h.event, h.layer, h.phase, EventText{}, source, {});
+}
+
+void PluginHost::before_live_change(const Event& e, uint32_t source) {
+    // As feed() would: an owning host releases them in deliver(), before
+    // its own apply; a new stream (start_stream) drops them.
+    if (!view_ || finished_ || enabled_count() == 0 || source != source_) return;
+    if (e.kind != EventKind::alloc || failing_.empty() || hidden_from_plugins(e)) return;
+    release_held(e.tid, source);
 }
 
 void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const EventText& text,
-                         uint32_t source) {
-    // Detectors see the memory a program's tensors live in: runtime-API
-    // segments, driver mappings (an expandable allocator's segments) and
-    // blocks. Not physical handles and VA reservations (the mappings are the
-    // memory a tag owns), and not plain driver allocations: those are
-    // libraries' own (a cuBLAS handle made inside a layer's backward would
-    // look like that layer's retained memory). Reports account for all.
-    if (e.kind == EventKind::alloc || e.kind == EventKind::free || e.kind == EventKind::oom) {
-        const Pool pool = pool_of(e);
-        if (pool == Pool::physical || pool == Pool::address_range) return;
-        if (is_direct_driver_allocation(e.api)) return;
-    }
+                         uint32_t source, std::span<const LiveChange> changes) {
+    if (hidden_from_plugins(e)) return;
     // After a failed allocation, a thread's pops wait for it to allocate
-    // again (plugin_host.h). Few threads ever fail: a short list.
+    // again (plugin_host.h). Few threads ever fail: a short list. (A
+    // viewing host released them in before_live_change().)
     if (!failing_.empty() || e.kind == EventKind::oom) {
         auto it = std::find_if(failing_.begin(), failing_.end(),
                                [&](const auto& f) { return f.first == e.tid; });
@@ -131,10 +182,7 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
             it->second.push_back({e, layer, phase});
             return;
         } else if (it != failing_.end() && e.kind == EventKind::alloc) {
-            std::vector<HeldPop> held = std::move(it->second);
-            failing_.erase(it);
-            for (const HeldPop& h : held)
-                deliver(h.event, h.layer, h.phase, EventText{}, source);
+            release_held(e.tid, source);
         }
     }
     // The run stream's latest step that did work (a tag pushed: not the
@@ -173,6 +221,8 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
     switch (e.kind) {
         case EventKind::alloc: {
             // An address already live (its free was never seen) is replaced.
+            // (Viewing: the caller's Replay has applied it.)
+            if (view_) break;
             Event tagged = e;
             tagged.layer = layer;
             tagged.phase = phase;
@@ -182,21 +232,31 @@ void PluginHost::deliver(const Event& e, uint32_t layer, uint32_t phase, const E
         case EventKind::free: {
             if (e.result != 0) return;  // the runtime refused: nothing was freed
             // One free a plugin sees per allocation released: a range unmap
-            // (kFlagRange) is one per mapping it covers.
+            // (kFlagRange) is one per mapping it covers. Viewing, the
+            // changes are the caller's Replay's for this event.
             const bool range = (e.flags & kFlagRange) != 0;
-            live_.apply(e, [&](const LiveChange& c) {
+            auto freed = [&](const LiveChange& c) {
+                if (c.kind != LiveChange::Kind::free) return;
                 allocscope_event_v2& out = range ? range_frees.emplace_back(ev) : ev;
                 out.address = c.address;
                 if (range) out.size = 0;  // the range's length is no free's size
-                if (c.outcome == FreeOutcome::freed) {
+                // A plain driver allocation (only a view holds one) was never
+                // delivered: its free reads as of an unknown address.
+                if (c.outcome == FreeOutcome::freed && shown_to_plugins(c.pool, c.record)) {
                     out.size = c.record.size;
                     out.alloc_seq = c.record.seq;
                     out.alloc_step = c.record.step;
-                    out.alloc_layer = strings_.at(c.record.layer).c_str();
-                    out.alloc_phase = strings_.at(c.record.phase).c_str();
+                    out.alloc_layer = record_text(c.record.layer);
+                    out.alloc_phase = record_text(c.record.phase);
                     out.alloc_stack_id = c.record.stack;
                 }
-            });
+            };
+            if (view_) {
+                for (const LiveChange& c : changes)
+                    freed(c);
+            } else {
+                live_.apply(e, freed);
+            }
             break;
         }
         case EventKind::param: {
@@ -278,6 +338,12 @@ uint32_t PluginHost::host_string(std::span<const std::string> strings, uint32_t 
 
 void PluginHost::feed(const Event& e, std::span<const std::string> strings,
                       std::span<const ParamRecord> params, uint32_t source) {
+    feed(e, strings, params, {}, source);
+}
+
+void PluginHost::feed(const Event& e, std::span<const std::string> strings,
+                      std::span<const ParamRecord> params, std::span<const LiveChange> changes,
+                      uint32_t source) {
     if (finished_ || enabled_count() == 0) return;
     if (source != source_) start_stream(source);
     auto str = [&strings](uint32_t id) -> std::string_view {
@@ -298,7 +364,7 @@ void PluginHost::feed(const Event& e, std::span<const std::string> strings,
     }
     const uint32_t layer = host_string(strings, e.layer);
     const uint32_t phase = host_string(strings, e.phase);
-    deliver(e, layer, phase, text, source);
+    deliver(e, layer, phase, text, source, changes);
 }
 
 }  // namespace allocscope

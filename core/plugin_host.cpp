@@ -476,7 +476,8 @@ const allocscope_param_v2* PluginHost::cb_param(void* ctx, size_t index) {
 namespace {
 
 // The pools a plugin's level shows: segments are device segments (mappings
-// included) and host pinned memory; blocks are blocks.
+// included, plain driver allocations not: shown_to_plugins) and host pinned
+// memory; blocks are blocks. Physical handles and VA reservations never.
 constexpr Pool kSegmentPools[] = {Pool::device_segment, Pool::host_pinned};
 constexpr Pool kBlockPools[] = {Pool::device_block};
 
@@ -495,7 +496,8 @@ size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_vi
     for (uint32_t lv : {uint32_t{ALLOCSCOPE_LEVEL_SEGMENT}, uint32_t{ALLOCSCOPE_LEVEL_BLOCK}}) {
         if (level != 0 && level != lv) continue;
         for (Pool pool : pools_of_level(lv)) {
-            const bool stopped = h->live_.table(pool).any_of([&](const LiveRecord& r) {
+            const bool stopped = h->live().table(pool).any_of([&](const LiveRecord& r) {
+                if (!shown_to_plugins(pool, r)) return false;
                 allocscope_live_v2 live{};
                 live.address = r.address;
                 live.size = r.size;
@@ -503,8 +505,8 @@ size_t PluginHost::cb_live_foreach(void* ctx, uint32_t level, allocscope_live_vi
                 live.step = r.step;
                 live.level = lv;
                 live.stack_id = r.stack;
-                live.layer = h->strings_.at(r.layer).c_str();
-                live.phase = h->strings_.at(r.phase).c_str();
+                live.layer = h->live_text(r.layer);
+                live.phase = h->live_text(r.phase);
                 ++visited;
                 return visit(user, &live) != 0;
             });
@@ -522,8 +524,11 @@ uint64_t PluginHost::cb_live_bytes(void* ctx, uint32_t level) {
     uint64_t bytes = 0;
     for (uint32_t lv : {uint32_t{ALLOCSCOPE_LEVEL_SEGMENT}, uint32_t{ALLOCSCOPE_LEVEL_BLOCK}}) {
         if (level != ALLOCSCOPE_LEVEL_NONE && level != lv) continue;
-        for (Pool pool : pools_of_level(lv))
-            bytes += h->live_.totals(pool).live_bytes;
+        for (Pool pool : pools_of_level(lv)) {
+            bytes += h->live().totals(pool).live_bytes;
+            // An owning host's table holds none: it never takes them in.
+            if (pool == Pool::device_segment) bytes -= h->live().direct_driver_live_bytes();
+        }
     }
     return bytes;
 }

@@ -42,6 +42,34 @@
 //   * a change of `source` between feed() calls starts a new stream: the live
 //     table is emptied and the step restarts at 0.
 //
+// The live table: owned, or a view of the caller's. There is one live set
+// (core/replay.h): a host fed standalone (a recorded trace, `allocscope
+// replay`, tests, a check scope) keeps its own Replay over the events it
+// delivers. In the traced process the writer thread's Replay already holds
+// every live allocation, so the host there is a view of it (view_live())
+// instead of a second copy. What plugins observe is the same either way:
+//   * the view hides what an owning host never takes in: physical handles
+//     and VA reservations are pools it does not show, and plain driver
+//     allocations (is_direct_driver_allocation) are skipped in live_foreach
+//     and subtracted from live_bytes (Replay::direct_driver_live_bytes);
+//   * the caller applies each event to its Replay, then feeds it with the
+//     changes the Replay reported (feed(..., changes)): a free's alloc_*
+//     fields, and a range unmap's one free per mapping, come from them, as
+//     an owning host takes them from its own apply; a change that released
+//     a plain driver allocation reads as a free of an unknown address;
+//   * the records' tags are ids of the caller's string table (the one given
+//     to view_live and feed), translated to the host's interned strings;
+//   * an owning host applies an event after delivering the TAG_POPs that
+//     event releases (a thread allocating again after an OOM): the caller
+//     calls before_live_change(event) before applying it, so those pops see
+//     the live set without it, as before;
+//   * the view is of one stream: a change of `source` drops it and the host
+//     owns an empty table from then.
+// The view differs only where the owning table was wrong: an allocation
+// released by a call no plugin sees (a plain driver free of a runtime
+// allocation), or whose address a plain driver allocation took while its
+// free was never seen, has left the view; an owning host keeps it live.
+//
 // Not thread-safe: one thread drives one host.
 #pragma once
 
@@ -139,6 +167,24 @@ class PluginHost {
               std::span<const ParamRecord> params, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
     // (A recorded trace is fed offline: analyze/plugin_replay.h.)
 
+    // Makes this host a view of `live`, a Replay its caller applies every
+    // event of the stream to, whose records' tag ids index `strings` (see
+    // the top of this file). Both must outlive the host. Call before the
+    // first feed(). The caller then, for each event:
+    //   before_live_change(event); apply it to `live`, collecting the
+    //   changes; feed(event, strings, params, changes).
+    void view_live(const Replay& live, const std::vector<std::string>& strings);
+    bool viewing() const noexcept { return view_ != nullptr; }
+    // A viewing host: what an owning host delivers before the event changes
+    // the live set (the pops it releases). Does nothing on an owning host.
+    void before_live_change(const Event& event, uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+    // A viewing host: one event, after the viewed Replay applied it, with
+    // the changes that reported, in order. An owning host ignores `changes`
+    // and applies the event to its own table.
+    void feed(const Event& event, std::span<const std::string> strings,
+              std::span<const ParamRecord> params, std::span<const LiveChange> changes,
+              uint32_t source = ALLOCSCOPE_SOURCE_RUN);
+
     // Calls finish on every enabled plugin; idempotent. No feed() after it.
     void finish();
 
@@ -169,10 +215,20 @@ class PluginHost {
     template <typename Call>
     void invoke(Instance& in, const char* what, Call&& call);
     void start_stream(uint32_t source);
+    // `changes`: a viewing host's, what the viewed Replay reported for it.
     void deliver(const Event& event, uint32_t layer, uint32_t phase, const EventText& text,
-                 uint32_t source);
+                 uint32_t source, std::span<const LiveChange> changes);
+    // Delivers the TAG_POPs held back for thread `tid`, if any.
+    void release_held(uint32_t tid, uint32_t source);
     // The host's id of string `id` of a caller's table (cached per table).
     uint32_t host_string(std::span<const std::string> strings, uint32_t id);
+    // The live set plugins read: the viewed Replay, or the host's own.
+    const Replay& live() const noexcept { return view_ ? *view_ : live_; }
+    // A live record's tag string (an id of the host's table, or of the
+    // viewed caller's), interned. record_text may throw (out of memory);
+    // live_text, for the callbacks, gives "" then.
+    const char* record_text(uint32_t id);
+    const char* live_text(uint32_t id) noexcept;
 
     // allocscope_host_v2 (and _v1) callbacks; ctx is the Instance.
     static size_t cb_param_count(void* ctx);
@@ -202,8 +258,11 @@ class PluginHost {
     // The stream's live allocations: the one live set (core/replay.h, which
     // also splits a range unmap) over the events deliver() passes, their
     // tags as the host's string ids. Segments are its device_segment and
-    // host_pinned pools, blocks its device_block pool.
+    // host_pinned pools, blocks its device_block pool. Empty while viewing.
     Replay live_;
+    // A viewing host's: the caller's Replay and string table (view_live()).
+    const Replay* view_ = nullptr;
+    const std::vector<std::string>* view_strings_ = nullptr;
     // Threads after a failed allocation, and the TAG_POP events held back
     // meanwhile (see the top of this file), with their interned tag ids.
     struct HeldPop {

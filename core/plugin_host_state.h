@@ -25,6 +25,14 @@ inline std::string one_line(std::string_view text) {
     return out;
 }
 
+// Whether plugins see a live record of `pool`: not a plain driver
+// allocation (a library's own, which the host never delivers). An owning
+// host's table holds none; a view of the writer's Replay skips them, exactly
+// the records Replay::direct_driver_live_bytes counts.
+inline bool shown_to_plugins(Pool pool, const LiveRecord& r) noexcept {
+    return pool != Pool::device_segment || !is_direct_driver_allocation(r.api);
+}
+
 struct PluginHost::Instance {
     PluginHost* host = nullptr;
     allocscope_host_v2 api{};

@@ -3,8 +3,9 @@
 // live and peak totals per pool. It is the only place where an alloc is
 // matched to its free: the interposer's writer thread (filling in each free's
 // size and flags before the event is written, apply_written), reports and
-// exports, plugins (the plugin host keeps one), offline replays and tests
-// all go through it, and what they keep beside it (tags, scopes, the
+// exports, plugins (a host fed standalone keeps one; the traced process's
+// host is a view of the writer's, core/plugin_host.h), offline replays and
+// tests all go through it, and what they keep beside it (tags, scopes, the
 // segments that held blocks) they keep per change it reports (LiveChange).
 //
 // Matching rules:

@@ -18,6 +18,17 @@
 //
 // Events other threads record while begin or end runs may or may not be
 // part of the check; those of the calling thread before end are.
+//
+// A check's host owns its live table: it is not a view of the writer's
+// Replay, as the run's live plugins' host is (core/plugin_host.h). Its
+// plugins see the allocations made since the check began (one made before
+// it is not live to them, and its free is of an unknown address), and they
+// read that set at the check's end, in finish, which comes once the writer
+// has drained past the end, often well after it. A view would have to hide
+// the allocations before the scope and keep its own live bytes for the
+// rest (a second table in all but name), and could not show the set as it
+// was at the end once the writer's Replay had moved on. The table holds
+// only what the scope allocated and is gone when the check ends.
 #pragma once
 
 #include <atomic>

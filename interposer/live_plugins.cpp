@@ -80,6 +80,10 @@ void start_plugins() {
                      "plugins run");
         }
         host->load(g->config.plugins, dir);
+        // One live table: the plugins read the writer's (see the top of
+        // core/plugin_host.h), which the writer has applied every event to
+        // before they see it.
+        host->view_live(g->live, g->written_strings);
         g->plugins = std::move(host);
     } catch (const std::exception& e) {
         log_line(LogLevel::quiet, std::string("allocscope: plugins off: ") + e.what());
@@ -88,14 +92,15 @@ void start_plugins() {
     }
 }
 
-void feed_plugins(const std::vector<Event>& batch) {
-    if (!g->plugins) return;
+namespace {
+
+// Only the host's own bookkeeping throws (out of memory); plugin failures
+// are contained by the host.
+template <typename Call>
+void call_plugins(Call&& call) {
     try {
-        for (const Event& e : batch)
-            g->plugins->feed(e, g->written_strings, g->written_params);
+        call();
     } catch (const std::exception& e) {
-        // Only the host's own bookkeeping throws (out of memory); plugin
-        // failures are contained by the host.
         log_line(LogLevel::quiet,
                  std::string("allocscope: plugins stopped, no findings written: ") + e.what());
         g->plugins.reset();
@@ -103,6 +108,26 @@ void feed_plugins(const std::vector<Event>& batch) {
         log_line(LogLevel::quiet, "allocscope: plugins stopped, no findings written");
         g->plugins.reset();
     }
+}
+
+}  // namespace
+
+void before_live_plugins(const Event& e) {
+    if (!g->plugins) return;
+    call_plugins([&] { g->plugins->before_live_change(e); });
+}
+
+void feed_plugins(const Event& e, bool tracked) {
+    if (!g->plugins) return;
+    if (!tracked) {
+        log_line(LogLevel::quiet,
+                 "allocscope: plugins stopped, no findings written: out of memory keeping the "
+                 "live allocations");
+        g->plugins.reset();
+        return;
+    }
+    call_plugins(
+        [&] { g->plugins->feed(e, g->written_strings, g->written_params, g->live_changes); });
 }
 
 namespace {

@@ -136,7 +136,11 @@ struct State {
     pid_t owner_pid = 0;
 
     EventRing ring;
-    Replay live;  // the writer thread's only (track_live)
+    // The one live set: the writer thread's only (track_live). The live
+    // plugins' host is a view of it (PluginHost::view_live); live_changes
+    // holds what it reported for the event being written, for that host.
+    Replay live;
+    std::vector<LiveChange> live_changes;
     StackTable stacks;
     std::atomic<uint64_t> step{0};
     std::atomic<uint64_t> events_dropped{0};
@@ -351,8 +355,15 @@ void find_own_module();
 void keep_definition(const Definition& d);
 // Where plugin names are looked up ("" when no directory is found).
 std::string plugin_dir();
+// Starts the live plugins' host, a view of g->live.
 void start_plugins();
-void feed_plugins(const std::vector<Event>& batch);
+// For each event, around the writer's apply of it to g->live (a viewing
+// host's order, PluginHost::view_live): before_live_plugins(e), then the
+// apply, collecting g->live_changes, then feed_plugins(e, tracked), where
+// `tracked` says the apply and its changes are complete (else out of
+// memory: the plugins stop, their live set would be wrong).
+void before_live_plugins(const Event& e);
+void feed_plugins(const Event& e, bool tracked);
 void checkpoint_findings();
 void finish_plugins();
 

@@ -70,14 +70,31 @@ void write_pending_definitions() {
 // no lock, no hash lookup on the program's threads. An alloc whose event
 // was dropped (the writer stalled) is not in the table; its free is then
 // flagged unknown.
-void track_live(Event& e) noexcept {
-    if (e.kind != EventKind::alloc && e.kind != EventKind::free) return;
+//
+// The changes go to the bounded trace (bound_live_change) and, while the
+// live plugins run, into g->live_changes for their host, which is a view of
+// this Replay (no second table: core/plugin_host.h). Returns false when out
+// of memory lost an alloc or a change (the plugins' view would be wrong).
+bool track_live(Event& e) noexcept {
+    g->live_changes.clear();
+    if (e.kind != EventKind::alloc && e.kind != EventKind::free) return true;
+    bool complete = true;
     try {
-        g->live.apply_written(e, [](const LiveChange& c) { bound_live_change(c); });
+        g->live.apply_written(e, [&complete](const LiveChange& c) noexcept {
+            bound_live_change(c);
+            if (!g->plugins || !complete) return;
+            try {
+                g->live_changes.push_back(c);
+            } catch (...) {
+                complete = false;  // the replay goes on: the trace's fill-in stays right
+            }
+        });
     } catch (...) {
         // Out of host memory growing a table: the event is still
         // recorded; an alloc's free will carry no size.
+        return false;
     }
+    return complete;
 }
 
 // Moves published events into the file. Returns how many were written.
@@ -93,14 +110,17 @@ uint64_t drain_once(std::vector<Event>& batch) {
         batch.push_back(g->ring.at(first + i));
     g->ring.release_until(first + n);
     // One event at a time: a checkpoint (bound_event) sees the live set of
-    // the events before it.
+    // the events before it, and the live plugins, a view of g->live, see it
+    // with their event applied (before_live_plugins: what they get before).
     for (Event& e : batch) {
-        track_live(e);
+        before_live_plugins(e);
+        const bool tracked = track_live(e);
         bound_event(e);
         g->writer.event(e);
         bound_written(e);
+        feed_plugins(e, tracked);
     }
-    feed_plugins(batch);
+    // The checks' hosts own their tables (interposer/checks.h).
     g->checks.feed(batch, first, {g->written_strings, g->written_params});
     return n;
 }

@@ -1,5 +1,6 @@
 // The one live set (core/replay.h) and its views: the writer's fill-in
-// (Replay::apply_written), the plugin host's live table, the analysis and
+// (Replay::apply_written), the plugin host's live table (owned, or a view of
+// the writer's replay, which must show plugins the same), the analysis and
 // the exports' tracker. A cuMemUnmap is one event for its range, split by
 // the replay; traces of older versions hold one free per mapping. Each case
 // fails when a view disagrees with the replay or the two forms disagree.
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -434,4 +436,329 @@ TEST_CASE("the views agree with the replay at every event of a mixed sequence") 
                                           replay.totals(Pool::host_pinned).live_bytes -
                                           replay.direct_driver_live_bytes());
     CHECK(seen.block_live.back() == replay.totals(Pool::device_block).live_bytes);
+}
+
+// --- the plugin host as a view of the writer's replay ------------------------
+
+namespace {
+
+// One call a plugin got and what it could read then: the event's fields,
+// the host's live bytes per level and its live set (sorted: live_foreach
+// promises no order).
+struct Call {
+    std::string what;  // "event", "step", "finish"
+    uint32_t kind = 0;
+    uint64_t seq = 0, step = 0, address = 0, size = 0, alloc_seq = 0, alloc_step = 0;
+    std::string layer, phase, alloc_layer, alloc_phase;
+    uint64_t segment_bytes = 0, block_bytes = 0, all_bytes = 0;
+    // address, size, alloc_seq, step, level, stack, layer, phase
+    using Live = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t, std::string,
+                            std::string>;
+    std::vector<Live> live;
+    bool operator==(const Call&) const = default;
+};
+
+struct Observed {
+    std::vector<Call> calls;
+    // Interned strings: one text must always come at one address.
+    std::map<std::string, const char*> at;
+    uint64_t moved_strings = 0;
+    uint64_t visited = 0;  // live_foreach's count, summed
+
+    std::string text(const char* p) {
+        REQUIRE(p != nullptr);
+        auto [it, added] = at.emplace(p, p);
+        if (!added && it->second != p) ++moved_strings;
+        return p;
+    }
+};
+
+struct Observer {
+    const allocscope_host_v2* host = nullptr;
+    Observed* out = nullptr;
+};
+Observed* g_observed = nullptr;
+
+void record(Observer& o, Call c) {
+    const allocscope_host_v2* h = o.host;
+    c.segment_bytes = h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_SEGMENT);
+    c.block_bytes = h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_BLOCK);
+    c.all_bytes = h->live_bytes(h->ctx, ALLOCSCOPE_LEVEL_NONE);
+    struct Visit {
+        Observed* out;
+        std::vector<Call::Live>* live;
+    } visit{o.out, &c.live};
+    o.out->visited += h->live_foreach(
+        h->ctx, 0,
+        [](void* user, const allocscope_live_v2* l) {
+            auto* v = static_cast<Visit*>(user);
+            v->live->emplace_back(l->address, l->size, l->alloc_seq, l->step, l->level, l->stack_id,
+                                  v->out->text(l->layer), v->out->text(l->phase));
+            return 0;
+        },
+        &visit);
+    std::sort(c.live.begin(), c.live.end());
+    o.out->calls.push_back(std::move(c));
+}
+
+allocscope_plugin_status observer_init(const allocscope_host_v2* host, void** state) {
+    *state = new Observer{host, g_observed};
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status observer_event(void* state, const allocscope_event_v2* e) {
+    Observer& o = *static_cast<Observer*>(state);
+    Call c;
+    c.what = "event";
+    c.kind = e->kind;
+    c.seq = e->seq;
+    c.step = e->step;
+    c.address = e->address;
+    c.size = e->size;
+    c.alloc_seq = e->alloc_seq;
+    c.alloc_step = e->alloc_step;
+    c.layer = o.out->text(e->layer);
+    c.phase = o.out->text(e->phase);
+    c.alloc_layer = o.out->text(e->alloc_layer);
+    c.alloc_phase = o.out->text(e->alloc_phase);
+    record(o, std::move(c));
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status observer_step(void* state, uint64_t step, uint32_t) {
+    Call c;
+    c.what = "step";
+    c.step = step;
+    record(*static_cast<Observer*>(state), std::move(c));
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+allocscope_plugin_status observer_finish(void* state) {
+    Observer* o = static_cast<Observer*>(state);
+    Call c;
+    c.what = "finish";
+    record(*o, std::move(c));
+    delete o;
+    return ALLOCSCOPE_PLUGIN_OK;
+}
+
+const allocscope_plugin_v2 kObserver{sizeof(allocscope_plugin_v2),
+                                     ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
+                                     "observer",
+                                     "records every call and the live set it could read",
+                                     ALLOCSCOPE_EVENT_V2_ALL,
+                                     observer_init,
+                                     observer_event,
+                                     observer_step,
+                                     observer_finish};
+
+HostSettings quiet_settings() {
+    HostSettings settings;
+    settings.rank = 0;
+    settings.warn = [](const std::string& line) { FAIL(line); };
+    settings.info = [](const std::string&) {};
+    return settings;
+}
+
+// A driver event of `api` at `level` segment: a plain driver allocation or
+// free, a physical handle, its release.
+void driver(TraceBuilder& b, EventKind kind, Api api, MemoryKind memory, uint64_t address,
+            uint64_t size) {
+    Event& e = b.add(kind, 1);
+    e.level = Level::segment;
+    e.api = api;
+    e.memory = memory;
+    e.address = address;
+    e.size = size;
+}
+
+// Feeds `b` as the interposer's writer does: each event through a Replay's
+// apply_written (the writer's), with the string table growing as strings
+// are defined ahead of the events that use them; then to a host that owns
+// its table (as before) or to one viewing the writer's Replay.
+Observed observe(const TraceBuilder& b, bool viewing, Replay& writer) {
+    Observed observed;
+    g_observed = &observed;
+    std::vector<std::string> strings{""};
+    PluginHost host(quiet_settings());
+    host.add(&kObserver, "inline");
+    if (viewing) host.view_live(writer, strings);
+    CHECK(host.viewing() == viewing);
+    std::vector<LiveChange> changes;
+    for (Event e : b.events) {
+        // The definitions the event uses, written before it (a vector that
+        // moves as it grows, as the writer's does).
+        while (strings.size() <= std::max(e.layer, e.phase))
+            strings.push_back(b.strings[strings.size()]);
+        if (viewing) host.before_live_change(e);
+        changes.clear();
+        writer.apply_written(e, [&](const LiveChange& c) { changes.push_back(c); });
+        if (viewing) {
+            host.feed(e, strings, b.params, changes);
+        } else {
+            host.feed(e, strings, b.params);
+        }
+    }
+    host.finish();
+    g_observed = nullptr;
+    CHECK(host.statuses().at(0).enabled);
+    return observed;
+}
+
+// Allocations of every kind under two tags, a step, then frees of every
+// outcome, a range unmap, a failed allocation whose thread's pop waits for
+// its next allocation, and a tag defined late.
+TraceBuilder host_stream() {
+    TraceBuilder b;
+    // Strings no tag uses (a dtype, a note): the writer's ids of the tags
+    // are not the host's.
+    b.str("torch.bfloat16");
+    b.str("a note");
+    b.push("layers.0", "forward");
+    b.segment(8 * kMiB, 2 * kMiB, 1);
+    b.block(8 * kMiB, 4096, 2);
+    b.block(8 * kMiB + 4096, 4096, 3);
+    map(b, 16 * kMiB, kMiB);
+    map(b, 17 * kMiB, kMiB);
+    map(b, 18 * kMiB, kMiB);
+    b.segment(30 * kMiB, 4096, 0, 1, MemoryKind::host_pinned);
+    driver(b, EventKind::alloc, Api::cuMemAlloc_v2, MemoryKind::device, 40 * kMiB, 3 * kMiB);
+    driver(b, EventKind::alloc, Api::cuMemCreate, MemoryKind::physical, 0x7000, 2 * kMiB);
+    b.pop();
+    b.step(1);
+    b.push("layers.1", "backward");
+    b.block_free(8 * kMiB);                          // freed
+    b.block_free(8 * kMiB);                          // double
+    b.segment_free(33 * kMiB);                       // unknown
+    b.segment_free(8 * kMiB);                        // refused: nothing freed
+    b.events.back().result = 1;                      //
+    unmap_range(b, 16 * kMiB + kMiB / 2, 2 * kMiB);  // 17 and 18 MiB
+    driver(b, EventKind::free, Api::cuMemFree_v2, MemoryKind::none, 40 * kMiB, 0);
+    driver(b, EventKind::free, Api::cuMemRelease, MemoryKind::none, 0x7000, 0);
+    b.block(8 * kMiB + 4096, 2048, 4);  // its free never seen: replaces the record
+    b.oom(64 * kMiB);
+    b.pop();                     // held: the thread is failing
+    b.block(9 * kMiB, 8192, 5);  // allocates again: the pop comes first
+    b.push("layers.2", "forward");
+    b.segment(50 * kMiB, kMiB, 6);
+    b.segment_free(8 * kMiB);
+    b.pop();
+    return b;
+}
+
+}  // namespace
+
+TEST_CASE("a host viewing the writer's replay shows plugins exactly what an owning host shows") {
+    const TraceBuilder b = host_stream();
+    Replay owner_writer, view_writer;
+    const Observed owning = observe(b, false, owner_writer);
+    const Observed viewing = observe(b, true, view_writer);
+
+    REQUIRE(owning.calls.size() == viewing.calls.size());
+    for (size_t i = 0; i < owning.calls.size(); ++i) {
+        CAPTURE(i);
+        CAPTURE(owning.calls[i].seq);
+        CHECK(owning.calls[i] == viewing.calls[i]);
+    }
+    CHECK(owning.visited == viewing.visited);
+    CHECK(viewing.moved_strings == 0);
+    CHECK(owning.moved_strings == 0);
+
+    // What the plugins saw, in numbers: six frees (the failed one, the
+    // driver's and the handle's are not delivered; the range is two).
+    std::vector<const Call*> frees;
+    for (const Call& c : viewing.calls)
+        if (c.what == "event" && c.kind == ALLOCSCOPE_EVENT_FREE) frees.push_back(&c);
+    REQUIRE(frees.size() == 6);
+    CHECK(frees[0]->address == 8 * kMiB);
+    CHECK(frees[0]->size == 4096);
+    CHECK(frees[0]->alloc_seq == 3);  // the first block
+    CHECK(frees[0]->alloc_layer == "layers.0");
+    CHECK(frees[0]->alloc_phase == "forward");
+    CHECK(frees[0]->layer == "layers.1");
+    CHECK(frees[1]->alloc_seq == 0);  // double
+    CHECK(frees[1]->alloc_layer.empty());
+    CHECK(frees[2]->address == 33 * kMiB);  // unknown
+    CHECK(frees[2]->alloc_seq == 0);
+    CHECK(frees[3]->address == 17 * kMiB);  // the range, one free per mapping
+    CHECK(frees[3]->size == kMiB);
+    CHECK(frees[3]->alloc_seq == 6);
+    CHECK(frees[3]->alloc_layer == "layers.0");
+    CHECK(frees[4]->address == 18 * kMiB);
+    CHECK(frees[4]->alloc_seq == 7);
+    CHECK(frees[3]->segment_bytes == frees[4]->segment_bytes);  // both gone before either
+    CHECK(frees[5]->address == 8 * kMiB);
+    CHECK(frees[5]->size == 2 * kMiB);
+    CHECK(frees[5]->alloc_seq == 2);
+
+    // The pop held after the OOM sees the live set before the allocation
+    // that released it; that allocation then sees its block live.
+    auto pop = std::find_if(viewing.calls.begin(), viewing.calls.end(), [](const Call& c) {
+        return c.what == "event" && c.kind == ALLOCSCOPE_EVENT_TAG_POP && c.layer == "layers.1";
+    });
+    REQUIRE(pop != viewing.calls.end());
+    REQUIRE(pop + 1 != viewing.calls.end());
+    CHECK(pop->block_bytes == 2048);  // the block that replaced one; not the 9 MiB one
+    CHECK((pop + 1)->kind == ALLOCSCOPE_EVENT_ALLOC);
+    CHECK((pop + 1)->address == 9 * kMiB);
+    CHECK((pop + 1)->block_bytes == 2048 + 8192);
+
+    // At finish: the mapping at 16 MiB, the pinned memory and the segment at
+    // 50 MiB; two blocks. The driver's allocation and the handle never show.
+    const Call& last = viewing.calls.back();
+    CHECK(last.what == "finish");
+    CHECK(last.segment_bytes == kMiB + 4096 + kMiB);
+    CHECK(last.block_bytes == 2048 + 8192);
+    CHECK(last.all_bytes == last.segment_bytes + last.block_bytes);
+    REQUIRE(last.live.size() == 5);
+    CHECK(std::get<0>(last.live[0]) == 8 * kMiB + 4096);
+    CHECK(std::get<6>(last.live[0]) == "layers.1");
+    CHECK(std::get<0>(last.live[4]) == 50 * kMiB);
+    CHECK(std::get<6>(last.live[4]) == "layers.2");
+    for (const Call& c : viewing.calls)
+        for (const Call::Live& l : c.live)
+            CHECK(std::get<0>(l) != 40 * kMiB);
+    // At the step the writer's table held the driver's 3 MiB and the
+    // handle's 2 MiB as well; the plugins saw neither.
+    auto step = std::find_if(viewing.calls.begin(), viewing.calls.end(),
+                             [](const Call& c) { return c.what == "step"; });
+    REQUIRE(step != viewing.calls.end());
+    CHECK(step->step == 1);
+    CHECK(step->segment_bytes == 2 * kMiB + 3 * kMiB + 4096);
+    CHECK(view_writer.totals(Pool::physical).allocations == 1);
+    CHECK(view_writer.totals(Pool::device_segment).allocated_bytes ==
+          2 * kMiB + 3 * kMiB + 3 * kMiB + kMiB);
+}
+
+TEST_CASE("a viewing host given another source's stream drops the view and owns its table") {
+    TraceBuilder b;
+    b.push("layers.0", "forward");
+    b.segment(8 * kMiB, kMiB);
+    b.segment(12 * kMiB, 2 * kMiB);
+    b.pop();
+    Observed observed;
+    g_observed = &observed;
+    Replay writer;
+    std::vector<std::string> strings = b.strings;
+    PluginHost host(quiet_settings());
+    host.add(&kObserver, "inline");
+    host.view_live(writer, strings);
+    std::vector<LiveChange> changes;
+    for (size_t i = 0; i < b.events.size(); ++i) {
+        Event e = b.events[i];
+        changes.clear();
+        writer.apply_written(e, [&](const LiveChange& c) { changes.push_back(c); });
+        // The second allocation comes as another stream's.
+        const uint32_t source = i < 2 ? ALLOCSCOPE_SOURCE_RUN : ALLOCSCOPE_SOURCE_BASELINE;
+        host.feed(e, strings, b.params, changes, source);
+        if (i == 1) CHECK(host.viewing());
+    }
+    CHECK_FALSE(host.viewing());
+    host.finish();
+    g_observed = nullptr;
+    // The writer's replay holds both; the new stream's table only its own.
+    CHECK(writer.totals(Pool::device_segment).live_bytes == 3 * kMiB);
+    CHECK(observed.calls.back().segment_bytes == 2 * kMiB);
+    REQUIRE(observed.calls.back().live.size() == 1);
+    CHECK(std::get<0>(observed.calls.back().live[0]) == 12 * kMiB);
 }
