@@ -450,10 +450,37 @@ class WeightDetector {
 
     // A layer's most-retaining window as a finding, without its summary:
     // an error over proven evidence, an info over size-only evidence.
+    // Whether proven evidence holds a copy of a parameter's data, not only
+    // statistics of it (an amax, a scale, which a compiled graph may save
+    // for backward instead of recomputing): an allocation of at least half
+    // a byte per element of its parameter's shard (an FP4 copy). A
+    // parameter registered without sizes counts: nothing to compare with.
+    bool holds_copy(const std::vector<WeightHeld>& evidence) const {
+        for (const WeightHeld& h : evidence) {
+            if (!h.origin.proven) continue;
+            const allocscope_param_v2* p = host_.param(host_.ctx, h.origin.param);
+            if (!p || p->numel == 0) return true;
+            const uint64_t shard =
+                p->sharded_numel != 0 && p->sharded_numel < p->numel ? p->sharded_numel : p->numel;
+            if (h.size * 2 >= shard) return true;
+        }
+        return false;
+    }
+
+    // A proven finding whose evidence holds no copy is an info (holds_copy):
+    // its summary says why.
+    static void note_statistics_only(Finding& f) {
+        if (f.basis == kProven && f.severity != ALLOCSCOPE_SEVERITY_ERROR)
+            f.summary +=
+                "; none of them holds as much as half a byte per element of its "
+                "parameter: statistics of the weights (scales, amax), not copies";
+    }
+
     Finding layer_finding(const RetentionByLayer::Entry& e, bool proven, const char* phase,
                           std::string_view why) {
         Finding f;
-        f.severity = proven ? ALLOCSCOPE_SEVERITY_ERROR : ALLOCSCOPE_SEVERITY_INFO;
+        f.severity =
+            proven && holds_copy(e.evidence) ? ALLOCSCOPE_SEVERITY_ERROR : ALLOCSCOPE_SEVERITY_INFO;
         f.basis = proven ? kProven : kSizeOnly;
         f.layer = text(e.layer);
         f.phase = phase;

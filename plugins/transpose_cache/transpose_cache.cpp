@@ -321,6 +321,7 @@ class TransposeCacheRetention final : public WeightDetector {
                         "'s weights (" + std::to_string(e.count) + ") made in " + f.layer +
                         "'s backward are alive after backward ended (step " +
                         std::to_string(e.step) + "; " + retained_after(e) + ")";
+            note_statistics_only(f);
             emit(host_, f);
         }
         for (const RetentionByLayer::Entry& e : sized_.entries()) {

@@ -438,6 +438,7 @@ class WeightCopyAccumulation final : public WeightDetector {
                         std::to_string(params.size()) +
                         (params.size() == 1 ? " parameter" : " parameters") + ") outlive " + layer +
                         "'s forward (step " + std::to_string(e.step) + "; " + retained_in(e) + ")";
+            note_statistics_only(f);
             emit(host_, f);
         }
         for (const RetentionByLayer::Entry& e : sized_.entries()) {
@@ -470,7 +471,8 @@ class WeightCopyAccumulation final : public WeightDetector {
     void emit_total(const Total& t, bool proven) {
         if (t.bytes == 0) return;
         Finding f;
-        f.severity = proven ? ALLOCSCOPE_SEVERITY_ERROR : ALLOCSCOPE_SEVERITY_INFO;
+        f.severity =
+            proven && holds_copy(t.evidence) ? ALLOCSCOPE_SEVERITY_ERROR : ALLOCSCOPE_SEVERITY_INFO;
         f.basis = proven ? kProven : kSizeOnly;
         f.layer = common_layer(t.layers);
         f.phase = "forward";
@@ -489,6 +491,7 @@ class WeightCopyAccumulation final : public WeightDetector {
                 : format_bytes(t.bytes) +
                       " of allocations whose sizes match weight-derived forms of " + layers + when +
                       "; size alone does not show they are weight copies: " + how_to_settle();
+        note_statistics_only(f);
         emit(host_, f);
     }
 

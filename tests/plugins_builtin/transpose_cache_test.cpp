@@ -834,7 +834,7 @@ TEST_CASE(
     s.param("model.layers.2.mlp.fc2", "weight", 262144, 131072);
     s.step(1);
     s.push("model.layers.2", "backward");
-    s.alloc(0x100000, 777, 4);  // thread 4: no tag; an unusual size
+    s.alloc(0x100000, 262921, 4);  // thread 4: no tag; an unusual size, a copy's bytes
     s.derived(0x100000, "model.layers.2.mlp.fc2", "weight", "", 4);
     s.pop();
     s.push("optimizer", "optimizer");
@@ -843,7 +843,7 @@ TEST_CASE(
     REQUIRE(d.findings.size() == 1);
     CHECK(d.findings[0].severity == ALLOCSCOPE_SEVERITY_ERROR);
     CHECK(d.findings[0].layer == "model.layers.2");
-    CHECK(d.findings[0].bytes == 777);
+    CHECK(d.findings[0].bytes == 262921);
     CHECK(d.findings[0].evidence[0].note ==
           "derived from model.layers.2.mlp.fc2.weight; alive after backward");
 }

@@ -980,7 +980,7 @@ TEST_CASE("a proven copy of an unusual size (not a weight-derived size) is still
     s.step(1);
     s.push("layers.0", "forward");
     s.push("layers.0.mlp.fc1", "forward/quantize");
-    s.alloc(0x100000, 12345);
+    s.alloc(0x100000, 200001);  // a copy's bytes (more than half a byte per element), no form's
     s.derived(0x100000, "layers.0.mlp.fc1", "weight", "abs -> amax");
     s.pop();
     s.pop();
@@ -989,8 +989,47 @@ TEST_CASE("a proven copy of an unusual size (not a weight-derived size) is still
     const auto layers = per_layer(d);
     REQUIRE(layers.size() == 1);
     CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
-    CHECK(layers[0]->bytes == 12345);
+    CHECK(layers[0]->bytes == 200001);
     CHECK(layers[0]->layer == "layers.0");
+}
+
+TEST_CASE("proven statistics of a weight kept alone (a compiled graph's saved amax) are an info") {
+    // A compiled graph may save a weight's amax or scale for backward
+    // instead of recomputing it: derived, retained, but no copy.
+    auto stream = [](bool with_copy) {
+        Stream s;
+        s.param("layers.0.mlp.fc1", "weight", 262144, 131072);
+        s.step(1);
+        s.push("layers.0", "forward");
+        s.push("layers.0.mlp.fc1", "forward");
+        s.alloc(0x100000, 512);
+        s.derived(0x100000, "layers.0.mlp.fc1", "weight", "weight -> abs -> amax");
+        if (with_copy) {
+            s.alloc(0x200000, 131072);  // the FP8 copy of this rank's shard
+            s.derived(0x200000, "layers.0.mlp.fc1", "weight", "weight -> _to_copy");
+        }
+        s.pop();
+        s.pop();
+        backward_freeing(s, {0x100000, 0x200000});
+        return drive(s);
+    };
+    const Outcome alone = stream(false);
+    const auto layers = per_layer(alone);
+    REQUIRE(layers.size() == 1);
+    CHECK(layers[0]->severity == ALLOCSCOPE_SEVERITY_INFO);
+    CHECK(layers[0]->basis == "proven");
+    CHECK(layers[0]->bytes == 512);
+    CHECK(layers[0]->summary.find("statistics of the weights (scales, amax), not copies") !=
+          std::string::npos);
+    for (const auto& f : alone.findings)
+        CHECK(f.severity != ALLOCSCOPE_SEVERITY_ERROR);
+
+    const Outcome copied = stream(true);
+    const auto both = per_layer(copied);
+    REQUIRE(both.size() == 1);
+    CHECK(both[0]->severity == ALLOCSCOPE_SEVERITY_ERROR);
+    CHECK(both[0]->bytes == 512 + 131072);
+    CHECK(both[0]->summary.find("not copies") == std::string::npos);
 }
 
 TEST_CASE(
