@@ -62,12 +62,17 @@ OptimizedModule), "_checkpoint_wrapped_module" (checkpoint_wrapper) and
 a name.
 
 torch.compile. Hooks do nothing while Dynamo traces (they would put
-graph breaks in the compiled code): a module called inside a compiled region
-gets no tag of its own, and its allocations go to the nearest module called
-outside one. A block compiled as torch.compile(block) (an OptimizedModule)
-is itself called outside, so its allocations and its backward keep the
-block's tag; with model.compile() or torch.compile(model) only the modules
-outside the compiled code tag.
+graph breaks in the compiled code). A block compiled as torch.compile(block)
+(an OptimizedModule) is itself called outside, so its allocations and its
+backward keep the block's tag; a module compiled in place (module.compile())
+gets its hooks called around its compiled call (_compiled.py). Inside the
+compiled code, the buffers inductor's generated file allocates are tagged
+per line with the module of the FX node each was lowered from, under the
+enclosing tag ("layers.3" + "mlp.fc1"), declared derived from a parameter
+when computed from parameters alone, and their frames named by the user's
+source line (_compiled.py; docs/DESIGN.md "Compiled graphs"). For that,
+inductor's FX graph and AOT autograd caches are off unless the program's
+environment sets TORCHINDUCTOR_FX_GRAPH_CACHE / TORCHINDUCTOR_AUTOGRAD_CACHE.
 
 Pairing. Tags are the interposer's keyed tags (allocscope_enter and friends
 in include/allocscope/allocscope.h), keyed by the module's (or optimizer's)
