@@ -282,7 +282,8 @@ void python_frame_scope(const char* file, int line, const char* module, const ch
         scope->param_module = param_module ? param_module : "";
         scope->param = param ? param : "";
         scope->how = how ? how : "";
-        scope->layer_cache.store(0, std::memory_order_relaxed);
+        for (auto& entry : scope->layer_cache)
+            entry.store(0, std::memory_order_relaxed);
         g_any_frame_alias.store(true, std::memory_order_release);
         g_any_frame_scope.store(true, std::memory_order_release);
     } catch (...) {  // out of host memory: the line's allocations keep their tags
@@ -316,7 +317,8 @@ std::string scoped_name(const std::string* layer, const std::string& module) {
 
 void apply_frame_scope(const FrameScope& scope, Event& e) noexcept {
     if (scope.module.empty()) return;
-    const uint64_t cached = scope.layer_cache.load(std::memory_order_acquire);
+    std::atomic<uint64_t>& slot = scope.layer_cache[e.layer % FrameScope::kLayerCache];
+    const uint64_t cached = slot.load(std::memory_order_acquire);
     if (cached != 0 && cached >> 32 == uint64_t{e.layer} + 1) {
         e.layer = static_cast<uint32_t>(cached);
         return;
@@ -324,7 +326,7 @@ void apply_frame_scope(const FrameScope& scope, Event& e) noexcept {
     try {
         const TagEntry tag = current_tag();
         const uint32_t id = intern(scoped_name(tag.layer_text, scope.module).c_str());
-        scope.layer_cache.store((uint64_t{e.layer} + 1) << 32 | id, std::memory_order_release);
+        slot.store((uint64_t{e.layer} + 1) << 32 | id, std::memory_order_release);
         e.layer = id;
     } catch (...) {  // out of host memory: the tag stays the enclosing layer's
     }

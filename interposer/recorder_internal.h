@@ -297,8 +297,11 @@ struct FrameScope {
     std::string param_module;
     std::string param;
     std::string how;
-    // The last (enclosing layer id + 1) << 32 | the scoped layer's id.
-    mutable std::atomic<uint64_t> layer_cache{0};
+    // (enclosing layer id + 1) << 32 | the scoped layer's id, per enclosing
+    // layer id modulo kLayerCache: one generated file serves every block
+    // compiled alike, so a line's allocations alternate between layers.
+    static constexpr size_t kLayerCache = 16;
+    mutable std::atomic<uint64_t> layer_cache[kLayerCache]{};
 };
 
 // Whether any scope was registered: record_alloc looks only then.

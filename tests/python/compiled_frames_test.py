@@ -12,15 +12,16 @@ import types
 import pytest
 
 sys.path.insert(0, os.environ.get("ALLOCSCOPE_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "../../tools/python")))
-sys.modules.setdefault("torch", types.ModuleType("torch"))  # the package's __init__ is not run here
 import allocscope  # noqa: E402
-import importlib.util  # noqa: E402
+import importlib  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "allocscope_compiled", os.path.join(os.path.dirname(allocscope.__file__), "torch", "_compiled.py")
-)
-compiled = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compiled)
+# allocscope.torch's __init__ imports torch: a bare package of its folder
+# instead, so that _compiled and what it imports (_params) load alone.
+if "allocscope.torch" not in sys.modules:
+    _package = types.ModuleType("allocscope.torch")
+    _package.__path__ = [os.path.join(os.path.dirname(allocscope.__file__), "torch")]
+    sys.modules["allocscope.torch"] = _package
+compiled = importlib.import_module("allocscope.torch._compiled")
 
 # The shape of inductor's output (torch 2.11, a LayerNorm's forward graph).
 GENERATED = textwrap.dedent(

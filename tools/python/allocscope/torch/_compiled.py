@@ -50,6 +50,8 @@ import weakref
 
 import allocscope as _allocscope
 
+from ._params import WRAPPER_COMPONENTS
+
 _CODECACHE = "torch._inductor.codecache"
 
 # A buffer (or a memory-planning pool) bound to a new tensor: not an alias
@@ -97,7 +99,6 @@ def aliases(source_lines, linemap):
     return out
 
 
-_WRAPPERS = frozenset(("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"))
 _GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
 _ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]")
 _SUBSCRIPT = re.compile(r"\.?_(?:modules|parameters|buffers)\[['\"]([^'\"]+)['\"]\]|\[['\"]?([^'\"\]]+)['\"]?\]")
@@ -118,7 +119,7 @@ def relative_path(source):
     if not m:
         return None
     rest = _SUBSCRIPT.sub(lambda g: "." + (g.group(1) or g.group(2)), text[m.end():])
-    return ".".join(c for c in rest.split(".") if c and c not in _WRAPPERS)
+    return ".".join(c for c in rest.split(".") if c and c not in WRAPPER_COMPONENTS)
 
 
 def node_module(node):

@@ -49,7 +49,7 @@ def _dtensor_type():
 # Components that wrappers insert into qualified names (torch's state dicts
 # leave them out too): torch.compile's OptimizedModule, checkpoint_wrapper,
 # FSDP1.
-_WRAPPER_COMPONENTS = frozenset(("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"))
+_WRAPPER_COMPONENTS = _params.WRAPPER_COMPONENTS
 
 
 def _join(prefix, name):

@@ -4,6 +4,12 @@ nothing of the package, so both can use it."""
 
 import weakref
 
+# Components that wrappers insert into module paths, left out of names as
+# torch's state dicts leave them out: torch.compile's OptimizedModule,
+# checkpoint_wrapper, FSDP1 (_naming for module names, _compiled for paths
+# in compiled graphs).
+WRAPPER_COMPONENTS = frozenset(("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"))
+
 # id(parameter) -> (weakref to it, layer, name)
 _parameters = {}
 
