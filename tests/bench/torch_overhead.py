@@ -327,6 +327,8 @@ def concurrent(args, configs, command, env):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cli", required=True)
+    ap.add_argument("--cli-base", help="a second build's allocscope CLI: the configuration "
+                    "allocscope/base runs its defaults beside the others (before and after a change)")
     ap.add_argument("--harness")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--skip", type=int, default=10)
@@ -391,6 +393,9 @@ def main():
         ("torch/python", {}, None),
         ("torch/all", {}, None),
     ]
+    if args.cli_base:
+        configs.insert(4, ("allocscope/base", {},
+                           [args.cli_base, "run", "--force", "--out", os.path.join(scratch, "base"), "--"]))
     all_configs = list(configs)
     if args.breakdown and args.no_baselines:
         configs = configs[:1]

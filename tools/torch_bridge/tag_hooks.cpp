@@ -15,6 +15,14 @@
 //   leave_kind(kind, older_than)                 allocscope_leave_kind
 //   keyed_depth()                                allocscope_keyed_depth
 //   keyed_kind_depth(kind)                       allocscope_keyed_kind_depth
+//   forward_pre(module, generation, names, roots)  the forward pre-hook's
+//       plain case, as _hooks.py's _forward_pre: `module` has a final name
+//       in `names` (id -> (weakref, name, provisional, encoded name)) and is
+//       no root in `roots`: enters (id(module), forward) with its encoded
+//       name and the phase, "backward/recompute" inside a backward pass
+//       (torch >= 2.0; before, the engine cannot be asked from here), and
+//       returns True. Any other case returns False and enters nothing: the
+//       Python hook settles the name and enters.
 //   forward_post(key, args, output, backward)    leaves (key, forward); when
 //       found, `backward` is true and grad mode is on, puts C++ hooks on the
 //       output tensors that require grad (those that are not inputs passed
@@ -49,6 +57,9 @@
 
 #include <Python.h>
 #include <c10/core/GradMode.h>
+#if __has_include(<torch/version.h>)
+#include <torch/version.h>
+#endif
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -173,6 +184,45 @@ PyObject* keyed_kind_depth(PyObject*, PyObject* const* args, Py_ssize_t n) {
     return PyLong_FromLong(g_tags.keyed_kind_depth(static_cast<uint32_t>(kind)));
 }
 
+// Whether the calling thread runs a backward pass (a forward then is a
+// recompute): 1 or 0, -1 where this torch cannot tell from C++.
+int in_backward_pass() noexcept {
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+    return torch::autograd::get_current_graph_task_id() >= 0 ? 1 : 0;
+#else
+    return -1;
+#endif
+}
+
+PyObject* forward_pre(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    uint64_t generation = 0;
+    if (!arg_count(n, 4, "forward_pre") || !u64_arg(args[1], generation)) return nullptr;
+    if (!PyDict_Check(args[2]) || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "allocscope bridge: forward_pre's names and roots are dicts");
+        return nullptr;
+    }
+    const int backward = in_backward_pass();
+    if (backward < 0) Py_RETURN_FALSE;
+    PyObject* key = PyLong_FromVoidPtr(args[0]);  // id(module)
+    if (!key) return nullptr;
+    PyObject* entry = PyDict_GetItemWithError(args[2], key);  // borrowed
+    const int root = entry ? PyDict_Contains(args[3], key) : 0;
+    Py_DECREF(key);
+    if (root < 0 || (!entry && PyErr_Occurred())) return nullptr;
+    if (!entry || root || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 4 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(entry, 3)))
+        Py_RETURN_FALSE;
+    const int provisional = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 2));
+    if (provisional < 0) return nullptr;
+    if (provisional) Py_RETURN_FALSE;
+    g_tags.enter(reinterpret_cast<uint64_t>(args[0]), g_tags.forward, generation,
+                 PyBytes_AS_STRING(PyTuple_GET_ITEM(entry, 3)),
+                 backward ? "backward/recompute" : "forward");
+    provenance_tag_changed();
+    Py_RETURN_TRUE;
+}
+
 // Containers inside containers looked into (allocscope/torch/_hooks.py: the same).
 constexpr int kMaxNesting = 4;
 
@@ -286,6 +336,8 @@ PyMethodDef g_methods[] = {
     {"keyed_kind_depth",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keyed_kind_depth)), METH_FASTCALL,
      "allocscope_keyed_kind_depth(kind)"},
+    {"forward_pre", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_pre)),
+     METH_FASTCALL, "forward_pre(module, generation, names, roots): see tag_hooks.cpp"},
     {"forward_post", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_post)),
      METH_FASTCALL, "forward_post(key, args, output, backward): see tag_hooks.cpp"},
 };

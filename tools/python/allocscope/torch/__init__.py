@@ -106,7 +106,9 @@ the trace with the first parameters registered (allocscope.h,
 ALLOCSCOPE_PROVENANCE_MARK), for the run's summary.
 
 Where the bridge (tools/torch_bridge) is built, the hooks' tag calls are
-its builtins, not ctypes, and the backward wiring of _forward_post is C++:
+its builtins, not ctypes, the forward pre-hook's plain case (a named module
+that is no root) enters there in one call, and the backward wiring of
+_forward_post is C++:
 tensor hooks that call the interposer on autograd's threads without the GIL,
 by the same rules (tag_hooks.cpp). The bridge also attaches to the native
 caching allocator's trace tracker once CUDA is initialized and reports every

@@ -28,6 +28,10 @@ class _CtypesOps:
         self.keyed_kind_depth = api.keyed_kind_depth
         self.forward_post = _python_forward_post
 
+    @staticmethod
+    def forward_pre(_module, _generation, _names, _roots):
+        return False  # the forward pre-hook enters in Python
+
 
 def _make_ops(api):
     """The tag calls and how they are made: the bridge's builtins where it is
