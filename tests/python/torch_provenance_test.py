@@ -209,10 +209,31 @@ SCRIPT = textwrap.dedent(
                 v = v.mul(1.0)
             return x + x.mm(v) * 0.0
 
+    SCOPE = os.environ.get("FP8_SCOPE", "module")  # "module", "block" or "twins"
+
+    class Block(nn.Module):
+        # The linear's own forward (and its module hooks) never runs: its
+        # parameters are used in the block's scope, as in a block compiled
+        # in place whose quantization runs eagerly. "twins": a second
+        # linear of the same shape, used alike.
+        def __init__(self, key):
+            super().__init__()
+            self.lin = QLinear(key)
+            self.twin = QLinear(key + 100) if SCOPE == "twins" else None
+
+        def forward(self, x):
+            y = 0
+            for lin in (self.lin, self.twin):
+                if lin is not None:
+                    _TRANSPOSE_CACHE.pop(lin.key, None)
+                    y = y + LINEAR.apply(x, lin.weight, lin.key) + lin.bias
+            return y
+
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = nn.ModuleList(QLinear(i) for i in range(LAYERS))
+            layer = QLinear if SCOPE == "module" else Block
+            self.layers = nn.ModuleList(layer(i) for i in range(LAYERS))
             self.chain = Chain()
 
         def forward(self, x):
@@ -337,6 +358,50 @@ def test_each_weight_copy_is_declared_with_its_chain_of_ops(script, impl, mode):
         "%s: long chains %r" % (label, sorted({d["how"] for d in chain}))
     )
     assert len(chain) == 10 * STEPS, "%s: %d chain declarations" % (label, len(chain))
+
+
+@pytest.mark.parametrize("impl", ["function", "subclass"])
+def test_a_childs_weight_used_in_its_blocks_scope_is_declared_as_the_childs(script, impl):
+    # Block: the linears' forwards never run, so the tag is the block's
+    # (layers.N), which has no parameters of its own; the weight is its
+    # child's, layers.N.lin.weight, the only parameter of that shape inside.
+    label = "block/%s" % impl
+    out = os.path.join(os.path.dirname(script), "out-block-%s" % impl)
+    p, derived, kinds = run(script, out, {"FP8_IMPL": impl, "FP8_MODE": "seed", "FP8_SCOPE": "block"})
+    assert p.returncode == 0 and "done" in p.stdout, "%s: exit status %d" % (label, p.returncode)
+    assert derived is not None, "%s: no replay" % label
+    m = re.search(r"provenance: .*; (\d+) seeds,", p.stderr)
+    assert m is not None and int(m.group(1)) == LAYERS + 1, "%s: seeds: %s" % (label, m and m.group(0))
+    for i in range(LAYERS):
+        layer = "layers.%d" % i
+        how = "%s.lin.weight -> mul -> round -> clamp -> _to_copy" % layer
+        copies = [d for d in derived if d["how"] == how]
+        assert len(copies) == STEPS and all(
+            d["layer"] == layer + ".lin" and d["name"] == "weight" and d["tag_layer"] == layer
+            and d["tag_phase"] == "forward" for d in copies), (
+            "%s: %s copies %r" % (label, layer, copies))
+        transposes = [d for d in derived if d["how"] == how + " -> clone"]
+        assert len(transposes) == STEPS and all(
+            d["tag_layer"] == layer and d["tag_phase"] == "backward" for d in transposes), (
+            "%s: %s transposes %r" % (label, layer, transposes))
+    assert not [d for d in derived if d["name"] != "weight"], (
+        "%s: declarations of %r" % (label, sorted({d["name"] for d in derived})))
+
+
+def test_two_weights_of_one_shape_in_a_blocks_scope_are_not_guessed(script):
+    # twins: layers.N.lin.weight and layers.N.twin.weight have one shape and
+    # are both used in the block's scope: neither is a seed, nothing of
+    # them is declared; the chain module's own weight still is.
+    out = os.path.join(os.path.dirname(script), "out-twins")
+    p, derived, kinds = run(script, out, {"FP8_IMPL": "function", "FP8_MODE": "seed",
+                                          "FP8_SCOPE": "twins"})
+    assert p.returncode == 0 and "done" in p.stdout, "twins: exit status %d" % p.returncode
+    assert derived is not None, "twins: no replay"
+    m = re.search(r"provenance: .*; (\d+) seeds,", p.stderr)
+    assert m is not None and int(m.group(1)) == 1, "twins: seeds: %s" % (m and m.group(0))
+    assert [d for d in derived if d["layer"].startswith("layers.")] == [], (
+        "twins: guessed %r" % sorted({d["how"] for d in derived if d["layer"].startswith("layers.")}))
+    assert len([d for d in derived if d["layer"] == "chain"]) == 10 * STEPS
 
 
 @pytest.mark.parametrize("how", ["--no-provenance", "ALLOCSCOPE_PROVENANCE=0"])

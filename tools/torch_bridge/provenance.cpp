@@ -27,10 +27,17 @@
 //    is a leaf that "requires grad" too), not yet in the map, seen while
 //    the thread is inside a module's forward or backward tag (the shim's
 //    keyed tag kinds), is the parameter `name` of the thread's current
-//    layer (allocscope_current_layer) or of the nearest enclosing layer
-//    that has registered parameters when its shape equals that parameter's
-//    (registered by the shim with its full, unsharded shape) and no other
-//    parameter of that layer has the same shape. The seed is its
+//    layer (allocscope_current_layer) when its shape equals that
+//    parameter's (registered by the shim with its full, unsharded shape)
+//    and no other parameter of that layer has the same shape. A layer with
+//    no parameters of its own looks at those of the modules inside it (a
+//    transformer block whose linears' own forwards never ran: a block
+//    compiled in place whose quantization runs eagerly, or code that uses
+//    a child's weight directly), and where it has none inside either, at
+//    the nearest enclosing layer that has some. Only leaves that require
+//    grad are looked up, so an activation of a weight's shape is never one;
+//    two parameters of one shape in the layer looked at make neither a
+//    seed. The seed is its
 //    StorageImpl: FSDP2's unsharded parameter keeps one StorageImpl across
 //    all-gathers (the storage is resized), so one seed serves every step. A
 //    seed is the parameter itself: no event.
@@ -304,6 +311,8 @@ struct State {
     size_t sweep_at = kFirstSweep;
     std::deque<Param> params;  // never shrinks: chains point into it
     TextMap<std::vector<const Param*>> by_layer;
+    // The parameters of the modules inside each layer ("" holds all).
+    TextMap<std::vector<const Param*>> inside;
 
     // Set once by install, read-only after.
     Derived derived = nullptr;
@@ -335,8 +344,9 @@ uint64_t mono_ns() noexcept {
 
 // The gate. An op can derive from a parameter only where a seed can be
 // found (inside a forward or backward tag of a layer that has registered
-// parameters, or of one inside such a layer: seed_param's rule) or where
-// what was derived there is used again, which is the same places for the
+// parameters, or has modules with some inside it, or is inside such a
+// layer: seed_param's rule) or where what was derived there is used
+// again, which is the same places for the
 // weight copies and transposes that FP8 linears make. Elsewhere (attention
 // and activation functions between the linears, the loss, the optimizer,
 // FSDP's copies between the layers) no op can take a parameter's seed, and
@@ -508,10 +518,15 @@ std::string_view current_layer(const State& s) {
     return std::string_view(layer.data(), n);
 }
 
-// The registered parameters of `layer` or of the nearest layer enclosing
-// it that has some, or nullptr. `s`'s map lock is held.
+// The registered parameters of `layer`; where it has none, those of the
+// modules inside it; where it has none inside either, those of the nearest
+// layer enclosing it that has some; or nullptr. `s`'s map lock is held.
 const std::vector<const Param*>* nearest_params(const State& s, std::string_view layer) {
     if (s.by_layer.empty()) return nullptr;
+    if (auto own = s.by_layer.find(layer); own == s.by_layer.end() || own->second.empty()) {
+        auto inside = s.inside.find(layer);
+        if (inside != s.inside.end() && !inside->second.empty()) return &inside->second;
+    }
     for (;;) {
         auto it = s.by_layer.find(layer);
         if (it != s.by_layer.end() && !it->second.empty()) return &it->second;
@@ -917,7 +932,15 @@ ALLOCSCOPE_BRIDGE_EXPORT void allocscope_torch_provenance_param(const char* laye
         for (const Param* q : of_layer)
             if (q->name == p.name) return;  // registered already (a second root of it)
         s.params.push_back(std::move(p));
-        of_layer.push_back(&s.params.back());
+        const Param* added = &s.params.back();
+        of_layer.push_back(added);
+        // Each enclosing layer's "inside": "a.b.c" is inside "a.b", "a" and "".
+        std::string_view enclosing = added->layer;
+        while (!enclosing.empty()) {
+            const size_t dot = enclosing.rfind('.');
+            enclosing = enclosing.substr(0, dot == std::string_view::npos ? 0 : dot);
+            s.inside[std::string(enclosing)].push_back(added);
+        }
     } catch (...) {
     }
 }
