@@ -113,6 +113,12 @@ enum EventFlag : uint32_t {
     // live mapping that starts inside [address, address + size)
     // (core/replay.h); older traces hold those frees one event each.
     kFlagRange = 1u << 5,
+    // On a block alloc: the block is in a CUDA graph's private memory pool
+    // (the caching allocator's pool of a capture: torch.cuda.graph,
+    // inductor's CUDA graph trees), `aux` the pool's id, truncated. Such
+    // memory is held by the graph for as long as it can be replayed, by
+    // design: reports count it apart and the detectors never see it.
+    kFlagGraphPool = 1u << 6,
 };
 
 // One recorded event. Tag = (rank, step, layer, phase): rank is per trace

@@ -32,6 +32,7 @@ LiveRecord LiveRecord::from(const Event& e) noexcept {
     r.device = e.device;
     r.memory = e.memory;
     r.api = e.api;
+    r.graph_pool = (e.flags & kFlagGraphPool) != 0;
     return r;
 }
 

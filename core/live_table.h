@@ -34,6 +34,7 @@ struct LiveRecord {
     int32_t device = -1;
     MemoryKind memory = MemoryKind::none;
     Api api = Api::none;
+    bool graph_pool = false;  // a CUDA graph's private pool holds it (kFlagGraphPool)
 
     // The record an alloc event leaves in the table.
     static LiveRecord from(const Event& alloc) noexcept;

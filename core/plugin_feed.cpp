@@ -138,13 +138,17 @@ namespace {
 // blocks. Not physical handles and VA reservations (the mappings are the
 // memory a tag owns), and not plain driver allocations: those are
 // libraries' own (a cuBLAS handle made inside a layer's backward would look
-// like that layer's retained memory). Reports account for all.
+// like that layer's retained memory), and not the blocks of CUDA graphs'
+// private pools (kFlagGraphPool: a graph holds them while it can be
+// replayed, by design; their frees read as of unknown addresses, as plain
+// driver allocations' do). Reports account for all.
 bool hidden_from_plugins(const Event& e) noexcept {
     if (e.kind != EventKind::alloc && e.kind != EventKind::free && e.kind != EventKind::oom)
         return false;
     const Pool pool = pool_of(e);
     return pool == Pool::physical || pool == Pool::address_range ||
-           is_direct_driver_allocation(e.api);
+           is_direct_driver_allocation(e.api) ||
+           (e.kind == EventKind::alloc && (e.flags & kFlagGraphPool) != 0);
 }
 
 }  // namespace

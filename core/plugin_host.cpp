@@ -528,6 +528,7 @@ uint64_t PluginHost::cb_live_bytes(void* ctx, uint32_t level) {
             bytes += h->live().totals(pool).live_bytes;
             // An owning host's table holds none: it never takes them in.
             if (pool == Pool::device_segment) bytes -= h->live().direct_driver_live_bytes();
+            if (pool == Pool::device_block) bytes -= h->live().graph_pools().live_bytes;
         }
     }
     return bytes;

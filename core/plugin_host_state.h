@@ -30,7 +30,7 @@ inline std::string one_line(std::string_view text) {
 // host's table holds none; a view of the writer's Replay skips them, exactly
 // the records Replay::direct_driver_live_bytes counts.
 inline bool shown_to_plugins(Pool pool, const LiveRecord& r) noexcept {
-    return pool != Pool::device_segment || !is_direct_driver_allocation(r.api);
+    return (pool != Pool::device_segment || !is_direct_driver_allocation(r.api)) && !r.graph_pool;
 }
 
 struct PluginHost::Instance {

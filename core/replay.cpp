@@ -1,5 +1,7 @@
 #include "replay.h"
 
+#include <algorithm>
+
 namespace allocscope {
 
 const char* to_string(Pool pool) noexcept {
@@ -79,12 +81,23 @@ void Replay::entered(Pool pool, const LiveRecord& r) noexcept {
         direct_bytes_ += r.size;
         ++direct_count_;
     }
+    if (r.graph_pool) {
+        graph_.live_bytes += r.size;
+        ++graph_.live_count;
+        ++graph_.allocations;
+        graph_.allocated_bytes += r.size;
+        graph_.peak_bytes = std::max(graph_.peak_bytes, graph_.live_bytes);
+    }
 }
 
 void Replay::left(Pool pool, const LiveRecord& r, bool still_mapped) noexcept {
     if (is_direct(pool, r)) {
         direct_bytes_ -= r.size;
         --direct_count_;
+    }
+    if (r.graph_pool) {
+        graph_.live_bytes -= r.size;
+        --graph_.live_count;
     }
     if (is_mapping(pool, r) && !still_mapped) mappings_.erase(r.address);
 }

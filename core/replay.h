@@ -121,6 +121,17 @@ class Replay {
     // segments libraries take for themselves), a part of device_segment's.
     uint64_t direct_driver_live_bytes() const noexcept { return direct_bytes_; }
     uint64_t direct_driver_live_count() const noexcept { return direct_count_; }
+    // Blocks of CUDA graphs' private pools (kFlagGraphPool), a part of
+    // device_block's: live now, and over the stream (allocations, their
+    // bytes, the most live at once).
+    struct GraphPoolTotals {
+        uint64_t live_bytes = 0;
+        uint64_t live_count = 0;
+        uint64_t allocations = 0;
+        uint64_t allocated_bytes = 0;
+        uint64_t peak_bytes = 0;
+    };
+    const GraphPoolTotals& graph_pools() const noexcept { return graph_; }
     // The live mappings' addresses (device segments of api cuMemMap).
     const std::set<uint64_t>& mappings() const noexcept { return mappings_; }
 
@@ -140,6 +151,7 @@ class Replay {
     uint64_t largest_failed_request_ = 0;
     uint64_t direct_bytes_ = 0;
     uint64_t direct_count_ = 0;
+    GraphPoolTotals graph_;
     std::set<uint64_t> mappings_;
 };
 

@@ -56,6 +56,7 @@ Event memory_event(EventKind kind, Pool pool, const LiveRecord& r, const TraceCh
     e.memory = r.memory;
     e.api = r.api;
     e.level = pool == Pool::device_block ? Level::block : Level::segment;
+    if (kind == EventKind::alloc && r.graph_pool) e.flags |= kFlagGraphPool;
     return e;
 }
 

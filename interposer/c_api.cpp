@@ -160,6 +160,17 @@ ALLOCSCOPE_EXPORT void allocscope_block_alloc_frames(void* ptr, size_t size, int
         ptr, 0, {outer_frames, outer_frames ? outer_count : 0});  // null: the provider's
 }
 
+ALLOCSCOPE_EXPORT void allocscope_block_alloc_graph_pool(void* ptr, size_t size, int device,
+                                                         void* stream, uint64_t pool) {
+    allocscope::recorder::HookGuard guard;
+    if (!guard.recording() || ptr == nullptr) return;
+    allocscope::recorder::record_alloc(
+        {allocscope::Api::block_alloc, allocscope::Level::block, allocscope::MemoryKind::device,
+         size, reinterpret_cast<uint64_t>(stream), device, allocscope::kFlagGraphPool,
+         static_cast<uint32_t>(pool)},
+        ptr, 0);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_block_free(void* ptr) {
     allocscope::recorder::HookGuard guard;
     if (!guard.recording() || ptr == nullptr) return;

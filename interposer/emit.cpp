@@ -180,6 +180,8 @@ void fill_request(Event& e, const AllocInfo& info, uint32_t stack, int result) n
     e.level = info.level;
     e.memory = info.memory;
     e.api = info.api;
+    e.flags |= info.flags;
+    e.aux = info.aux;
 }
 
 }  // namespace

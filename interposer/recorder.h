@@ -64,6 +64,8 @@ struct AllocInfo {
     uint64_t size;
     uint64_t stream;
     int32_t device;
+    uint32_t flags = 0;  // EventFlag bits of the alloc event (kFlagGraphPool)
+    uint32_t aux = 0;    // its aux (kFlagGraphPool: the pool's id)
 };
 
 // A successful allocation at `address`, or a failed one (`result` != 0 or

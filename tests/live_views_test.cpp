@@ -624,6 +624,9 @@ TraceBuilder host_stream() {
     b.segment(30 * kMiB, 4096, 0, 1, MemoryKind::host_pinned);
     driver(b, EventKind::alloc, Api::cuMemAlloc_v2, MemoryKind::device, 40 * kMiB, 3 * kMiB);
     driver(b, EventKind::alloc, Api::cuMemCreate, MemoryKind::physical, 0x7000, 2 * kMiB);
+    b.block(10 * kMiB, 8192, 7);  // a block of a CUDA graph's pool
+    b.events.back().flags = kFlagGraphPool;
+    b.events.back().aux = 1;
     b.pop();
     b.step(1);
     b.push("layers.1", "backward");
@@ -642,6 +645,7 @@ TraceBuilder host_stream() {
     b.push("layers.2", "forward");
     b.segment(50 * kMiB, kMiB, 6);
     b.segment_free(8 * kMiB);
+    b.block_free(10 * kMiB);  // the graph pool's block
     b.pop();
     return b;
 }
@@ -664,12 +668,19 @@ TEST_CASE("a host viewing the writer's replay shows plugins exactly what an owni
     CHECK(viewing.moved_strings == 0);
     CHECK(owning.moved_strings == 0);
 
-    // What the plugins saw, in numbers: six frees (the failed one, the
-    // driver's and the handle's are not delivered; the range is two).
+    // What the plugins saw, in numbers: seven frees (the failed one, the
+    // driver's and the handle's are not delivered; the range is two; the
+    // graph pool's block, never shown, is freed as an unknown address).
     std::vector<const Call*> frees;
     for (const Call& c : viewing.calls)
         if (c.what == "event" && c.kind == ALLOCSCOPE_EVENT_FREE) frees.push_back(&c);
-    REQUIRE(frees.size() == 6);
+    REQUIRE(frees.size() == 7);
+    CHECK(frees[6]->address == 10 * kMiB);
+    CHECK(frees[6]->alloc_seq == 0);
+    CHECK(frees[6]->alloc_layer.empty());
+    for (const Call& c : viewing.calls)
+        CHECK_FALSE(
+            (c.what == "event" && c.kind == ALLOCSCOPE_EVENT_ALLOC && c.address == 10 * kMiB));
     CHECK(frees[0]->address == 8 * kMiB);
     CHECK(frees[0]->size == 4096);
     CHECK(frees[0]->alloc_seq == 3);  // the first block

@@ -707,8 +707,8 @@ allocscope_plugin_status bytes_finish(void* state) {
 }  // namespace
 
 TEST_CASE(
-    "plugins see runtime segments, driver mappings and blocks; not handles, VA or libraries' "
-    "driver allocations") {
+    "plugins see runtime segments, driver mappings and blocks; not handles, VA, libraries' "
+    "driver allocations or CUDA graph pools' blocks") {
     const allocscope_plugin_v2 p{sizeof(allocscope_plugin_v2),
                                  ALLOCSCOPE_PLUGIN_V2_ABI_VERSION,
                                  "bytes",
@@ -738,6 +738,10 @@ TEST_CASE(
     with(Api::block_alloc, MemoryKind::device);
     st.free(0x2000, 200, Level::segment);  // the hidden allocation's free: hidden too
     st.events.back().api = Api::cuMemFree_v2;
+    st.alloc(0x6000, 6400, Level::block, 0);  // a block of a CUDA graph's pool: hidden
+    with(Api::block_alloc, MemoryKind::device);
+    st.events.back().flags = kFlagGraphPool;
+    st.events.back().aux = 1;
     st.pop();
 
     Captured c;

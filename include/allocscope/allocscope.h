@@ -146,6 +146,14 @@ void allocscope_derived(const void* ptr, const char* layer, const char* name, co
 void allocscope_block_alloc(void* ptr, size_t size, int device, void* stream);
 void allocscope_block_free(void* ptr);
 
+/* A block of a CUDA graph's private memory pool (the allocator's pool of a
+ * capture, `pool` its id): recorded as allocscope_block_alloc records a
+ * block, marked as the pool's. A graph holds such memory for as long as it
+ * can be replayed, by design: reports count it apart ("CUDA graph pools")
+ * and the detection plugins never see it. Freed with allocscope_block_free. */
+void allocscope_block_alloc_graph_pool(void* ptr, size_t size, int device, void* stream,
+                                       uint64_t pool);
+
 /* A request the caching allocator could not serve, after freeing what it had
  * cached and retrying: the program sees an out-of-memory error for it.
  * `size` is the request as the allocator rounded it, `device_free` the

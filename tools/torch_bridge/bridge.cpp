@@ -9,7 +9,9 @@
 // library turns them into the interposer's block events:
 //
 //   ALLOC            -> allocscope_block_alloc(addr, size rounded up to 512 B
-//                       like the allocator's round_size, device, stream)
+//                       like the allocator's round_size, device, stream), or
+//                       allocscope_block_alloc_graph_pool(..., pool) for a
+//                       block of a CUDA graph's private pool (graph_pool_of)
 //   FREE_REQUESTED   -> allocscope_block_free(addr): the moment
 //                       memory_allocated() drops (the block's stats are
 //                       decreased right before this entry is recorded); a
@@ -111,10 +113,12 @@ using allocscope::pyframes::kPythonFrames;
 using allocscope::pyframes::python_frames;
 #endif
 using BlockAlloc = void (*)(void*, size_t, int, void*);
+using BlockAllocGraphPool = void (*)(void*, size_t, int, void*, uint64_t);
 using BlockFree = void (*)(void*);
 using BlockOom = void (*)(size_t, int, void*, uint64_t);
 
 std::atomic<BlockAlloc> g_block_alloc{nullptr};
+std::atomic<BlockAllocGraphPool> g_block_alloc_graph_pool{nullptr};
 std::atomic<PythonFrame> g_python_frame{nullptr};
 std::atomic<BlockFree> g_block_free{nullptr};
 std::atomic<BlockOom> g_block_oom{nullptr};
@@ -178,6 +182,20 @@ void copy_error(const std::string& text, char* error, size_t error_size) {
     error[n] = '\0';
 }
 
+// The CUDA graph private pool a block was allocated in, 0 for none. The
+// caching allocator's pool ids are pairs: (0, 0) the default pool, (n, 0)
+// a graph's (CUDAGraph's own, torch.cuda.graph_pool_handle, inductor's
+// CUDA graph trees), (0, n) one a user made (torch.cuda.MemPool), which
+// holds the program's ordinary tensors. Torch before the field: none.
+template <class Entry>
+uint64_t graph_pool_of(const Entry& e) noexcept {
+    if constexpr (requires(const Entry& x) { x.mempool_.first; }) {
+        return e.mempool_.first > 0 ? static_cast<uint64_t>(e.mempool_.first) : 0;
+    } else {
+        return 0;
+    }
+}
+
 // One trace entry. Generic over the entry type so that it compiles against
 // the TraceEntry of any PyTorch version that has the tracker (the fields
 // action_, addr_, size_, stream_ and, since 2.4, device_).
@@ -194,9 +212,15 @@ void on_entry(const Entry& e) noexcept {
         void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_));
         const size_t size = rounded(static_cast<size_t>(e.size_));
         // Python frames come from outer_frames, which the interposer calls.
+        const uint64_t graph_pool = graph_pool_of(e);
+        BlockAllocGraphPool in_pool = g_block_alloc_graph_pool.load(std::memory_order_relaxed);
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
-        if (alloc)
+        if (graph_pool != 0 && in_pool) {
+            timed(g_cost.allocs, g_cost.alloc_ns,
+                  [&] { in_pool(addr, size, device, stream, graph_pool); });
+        } else if (alloc) {
             timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
+        }
     } else if (action == Action::OOM) {
         // Python frames come from outer_frames, as for blocks.
         if (BlockOom oom = g_block_oom.load(std::memory_order_relaxed))
@@ -279,6 +303,8 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
         if (!g_attached.compare_exchange_strong(expected, 1)) return 2;
         g_block_alloc.store(
             reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
+        g_block_alloc_graph_pool.store(reinterpret_cast<BlockAllocGraphPool>(
+            dlsym(RTLD_DEFAULT, "allocscope_block_alloc_graph_pool")));
         g_block_free.store(
             reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
         g_block_oom.store(reinterpret_cast<BlockOom>(dlsym(RTLD_DEFAULT, "allocscope_block_oom")));
