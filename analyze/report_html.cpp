@@ -15,6 +15,7 @@
 #include "frames.h"
 #include "report.h"
 #include "report_assets.h"
+#include "report_internal.h"
 
 // The page's style sheet and script are report_assets/report.css and
 // report.js, embedded at build time (tools/embed_assets.py). The script draws
@@ -596,6 +597,8 @@ std::string render_html(const Report& report) {
                    "</td></tr>";
         }
         out += "</table>";
+        if (const std::string line = graph_pool_line(a); !line.empty())
+            out += "<p class=graph-pools>" + h(line) + ".</p>";
         out += "<h3>Timeline: live " + h(to_string(a.owner)) + " bytes per layer</h3>" +
                timeline_panel(a, ri);
         out += "<h3>Layer &times; phase: bytes allocated</h3>" + heat_map(a, ri);

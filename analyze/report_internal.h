@@ -32,5 +32,7 @@ namespace allocscope {
 
 // What a bounded trace dropped, in one line; "" for a whole trace.
 std::string bounded_line(const TraceAnalysis& a);
+// The blocks of CUDA graphs' private pools, in one line; "" when none.
+std::string graph_pool_line(const TraceAnalysis& a);
 
 }  // namespace allocscope

@@ -214,6 +214,7 @@ std::string full_text(const Report& report) {
         for (const std::string& line : counter_lines(a))
             out += line + "\n";
         if (const std::string line = bounded_line(a); !line.empty()) out += line + "\n";
+        if (const std::string line = graph_pool_line(a); !line.empty()) out += line + "\n";
         out += "\n  " + pad("pool", 16) + rpad("allocations", 12) + rpad("allocated", 12) +
                rpad("peak", 12) + "  at\n";
         for (const PoolSummary& p : a.pools) {
@@ -543,6 +544,7 @@ std::string run_lines(const TraceAnalysis& a) {
     for (const std::string& line : counter_lines(a))
         out += "  " + line + "\n";
     if (const std::string line = bounded_line(a); !line.empty()) out += "  " + line + "\n";
+    if (const std::string line = graph_pool_line(a); !line.empty()) out += "  " + line + "\n";
     return out;
 }
 

@@ -469,6 +469,49 @@ int run_dlopen_late(const char* lib) {
     return g_failures == 0 ? 0 : 1;
 }
 
+// A CUDA graph's private pool as the PyTorch bridge reports it: one 1 MiB
+// block of the pool per step in layers.0's forward, never freed (the graph
+// holds its memory for replay), beside an ordinary block made and freed.
+// `in_pool` false: the same blocks reported as ordinary ones, which grow
+// step after step.
+int run_graph_pool(bool in_pool) {
+    using Push = void (*)(const char*, const char*);
+    using Pop = void (*)();
+    using Step = void (*)(uint64_t);
+    using BlockAlloc = void (*)(void*, size_t, int, void*);
+    using BlockAllocPool = void (*)(void*, size_t, int, void*, uint64_t);
+    using BlockFree = void (*)(void*);
+    auto push = reinterpret_cast<Push>(dlsym(RTLD_DEFAULT, "allocscope_push"));
+    auto pop = reinterpret_cast<Pop>(dlsym(RTLD_DEFAULT, "allocscope_pop"));
+    auto step = reinterpret_cast<Step>(dlsym(RTLD_DEFAULT, "allocscope_step"));
+    auto block_alloc = reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc"));
+    auto pool_alloc =
+        reinterpret_cast<BlockAllocPool>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc_graph_pool"));
+    auto block_free = reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free"));
+    if (!push || !pop || !step || !block_alloc || !pool_alloc || !block_free) {
+        std::fprintf(stderr, "preload_program: the block calls are missing\n");
+        return 1;
+    }
+    constexpr size_t kMiB = size_t{1} << 20;
+    const uintptr_t pool_base = uintptr_t{0x7e0000000000};  // addresses only: never touched
+    for (uint64_t n = 1; n <= 6; ++n) {
+        push("layers.0", "forward");
+        void* kept = reinterpret_cast<void*>(pool_base + n * kMiB);
+        if (in_pool) {
+            pool_alloc(kept, kMiB, 0, nullptr, 1);
+        } else {
+            block_alloc(kept, kMiB, 0, nullptr);
+        }
+        void* temporary = reinterpret_cast<void*>(pool_base + 64 * kMiB);
+        block_alloc(temporary, 4096, 0, nullptr);
+        block_free(temporary);
+        pop();
+        step(n);
+    }
+    std::printf("graph-pool done\n");
+    return 0;
+}
+
 // The keyed tag calls of allocscope.h, looked up like a Python or hook
 // library does (dlsym), in the order module hooks make them.
 int run_keyed_tags() {
@@ -799,6 +842,8 @@ int main(int argc, char** argv) {
         return g_failures == 0 ? 0 : 1;
     }
     if (mode == "keyed-tags") return run_keyed_tags();
+    if (mode == "graph-pool") return run_graph_pool(true);
+    if (mode == "graph-pool-control") return run_graph_pool(false);
     if (mode == "stress" && argc > 3) return run_stress(std::atoi(argv[2]), std::atol(argv[3]));
     if (mode == "fork-alloc") return run_fork_alloc();
     if (mode == "dlopen-late" && argc > 2) return run_dlopen_late(argv[2]);
