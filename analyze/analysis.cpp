@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include <allocscope/allocscope.h>
 #include <allocscope/sdk/flat_map.h>
 
+#include "diff.h"
 #include "segment_owners.h"
 #include "trace_bound.h"
 
@@ -45,7 +47,10 @@ class Tables {
     explicit Tables(const TraceTables& t) : trace_(t), group_of_layer_(t.strings.size(), kNone) {}
 
     uint32_t tag(uint32_t layer, uint32_t phase) {
-        uint32_t& index = tag_ids_[uint64_t(layer) << 32 | phase];
+        // Events come in runs of one tag: the last one is kept at hand.
+        const uint64_t key = uint64_t(layer) << 32 | phase;
+        if (last_tag_ != kNone && key == last_key_) return last_tag_;
+        uint32_t& index = tag_ids_[key];
         if (index == 0) {
             TagStats s;
             s.layer = trace_.str(layer);
@@ -53,7 +58,9 @@ class Tables {
             tags.push_back(std::move(s));
             index = uint32_t(tags.size());  // 1-based: 0 marks a new entry
         }
-        return index - 1;
+        last_key_ = key;
+        last_tag_ = index - 1;
+        return last_tag_;
     }
     uint32_t group(uint32_t layer) {
         if (layer >= group_of_layer_.size()) return group_name("(untagged)");
@@ -73,6 +80,8 @@ class Tables {
     }
     const TraceTables& trace_;
     FlatMap<uint64_t, uint32_t> tag_ids_;
+    uint64_t last_key_ = 0;
+    uint32_t last_tag_ = kNone;
     std::vector<uint32_t> group_of_layer_;
     std::unordered_map<std::string, uint32_t> group_ids_;
 };
@@ -455,7 +464,8 @@ TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options) {
     return analyze(stream, options);
 }
 
-TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
+TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
+                      std::vector<StepMemory>* steps) {
     // Pass 0 (a file's first: its tables too): the owner pool, the training
     // thread, counts, the out-of-memory episodes.
     ShapeCounter shape_counter;
@@ -506,7 +516,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
                           oom.moments.end() - std::ptrdiff_t(options.oom_moments));
     size_t next_oom = 0;
 
-    // Pass 1: totals, tags, scopes, bands, steps, sample points.
+    // Pass 1: totals, tags, scopes, bands, steps, sample points, and
+    // step_memory's samples where asked for (saving its pass).
     Tables tables(t);
     Replay replay;
     OwnerLive live(replay, a.owner, tables);
@@ -523,7 +534,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
     };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Per tag: bytes and count allocated per stack (TagStats::sites).
-    std::vector<std::unordered_map<uint32_t, StackBytes>> tag_stacks;
+    std::vector<FlatMap<uint32_t, StackBytes>> tag_stacks;
     auto group_slot = [&](uint32_t g) {
         if (g >= group_live.size()) {
             group_live.resize(g + 1, 0);
@@ -568,6 +579,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
     uint64_t last_own_step = 0;   // the step of the last event not carried
     bool async_segments = false;  // stream-ordered allocations seen so far
     uint64_t last_seq = 0, last_t_ns = 0;
+    std::optional<StepCounter> step_counter;
+    if (steps) step_counter.emplace(t, shape);
     size_t i = 0;
     stream.for_each([&](const Event& e) {
         if (e.flags & kFlagCarried) {
@@ -588,10 +601,12 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
             last_own_step = e.step;
         }
         owner_changes.clear();
+        const uint64_t owner_before = replay.totals(a.owner).live_bytes;
         const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
             segment_owners.apply(c);
             if (c.pool == a.owner) owner_changes.push_back(c);
         });
+        if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
         // Plain driver allocations live (is_direct_driver_allocation): device
         // memory that is not the caching allocator's.
         const uint64_t direct_driver_live = replay.direct_driver_live_bytes();
@@ -732,6 +747,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
         ++i;
     });
     if (n > 0) close_band(last_seq, last_t_ns);
+    if (steps) *steps = step_counter->finish(replay.totals(a.owner).live_bytes);
     for (size_t g = 0; g < groups_at_step.size(); ++g) {
         if (groups_at_step[g] > 0)
             a.groups_at_last_step.push_back({tables.groups[g], groups_at_step[g]});
@@ -768,8 +784,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options) {
 
     for (size_t tag = 0; tag < tag_stacks.size(); ++tag) {
         std::vector<StackBytes>& sites = tables.tags[tag].sites;
-        for (const auto& [stack, sb] : tag_stacks[tag])
-            sites.push_back(sb);
+        tag_stacks[tag].for_each([&](uint32_t, const StackBytes& sb) { sites.push_back(sb); });
         std::sort(sites.begin(), sites.end(), [](const StackBytes& x, const StackBytes& y) {
             return x.bytes != y.bytes ? x.bytes > y.bytes : x.stack < y.stack;
         });

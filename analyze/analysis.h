@@ -355,9 +355,14 @@ struct TraceAnalysis {
     bool operator==(const TraceAnalysis&) const = default;
 };
 
+struct StepMemory;  // analyze/diff.h
+
 // Three passes over the events (TraceStream): memory is the live set, the
 // trace's tables and what the analysis keeps, whatever the event count.
-TraceAnalysis analyze(TraceStream& trace, const AnalysisOptions& options = {});
+// `steps`, when given, gets the trace's step_memory (analyze/diff.h) from
+// the second pass, without a pass of its own.
+TraceAnalysis analyze(TraceStream& trace, const AnalysisOptions& options = {},
+                      std::vector<StepMemory>* steps = nullptr);
 TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options = {});
 
 // Where a trace's tensors are (the owner pool: blocks when the trace has any

@@ -92,12 +92,11 @@ TraceReport report_trace(const std::string& path, const ReportInputs& in) {
     // throws where it comes before any event; a later pass, where the file
     // no longer holds what the first read (an error, as alone).
     try {
-        r.analysis = analyze(*stream, in.options);
+        r.analysis = analyze(*stream, in.options, &r.steps);
     } catch (const TraceError& e) {
         if (stream->counted() || !unreadable(e)) throw;
         return out;
     }
-    r.steps = step_memory(*stream, TraceShape{r.analysis.owner, r.analysis.main_tid});
     const TraceTables& t = stream->tables();
     // One trace each: paired whatever their ranks (as diff pairs them).
     auto base = in.baseline_steps.size() == 1 && in.only ? in.baseline_steps.begin()

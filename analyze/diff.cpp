@@ -42,77 +42,87 @@ std::vector<StepMemory> step_memory(const Trace& trace) {
     return step_memory(stream);
 }
 
-std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShape> known) {
-    const TraceShape shape = known ? *known : trace_shape(stream);
-    const TraceTables& t = stream.tables();
-    const Pool owner = shape.owner;
-    const uint32_t main_tid = shape.main_tid;
+StepCounter::StepCounter(const TraceTables& tables, TraceShape shape)
+    : t_(tables), main_tid_(shape.main_tid) {}
 
-    Replay replay;
-    std::map<uint64_t, StepMemory> steps;
-    struct Frame {
-        uint32_t layer, phase;
-        bool backward;
-    };
-    std::vector<Frame> stack;  // the training thread's tags
-    int open_backward = 0;
-    uint64_t current_step = 0;
-    bool any_event = false;
-    auto live = [&] { return replay.totals(owner).live_bytes; };
-    auto end_step = [&](uint64_t step) {
-        auto it = steps.find(step);
-        if (it != steps.end() && it->second.after_forward && !it->second.after_backward)
-            it->second.after_backward = live();
-    };
-    // The base phase of an event's phase: a view of the trace's string (a
-    // conditional between it and "" would make a temporary copy, and the
-    // view would outlive it).
-    auto phase_of = [&t](const Event& e) {
-        return base_phase(e.phase < t.strings.size() ? std::string_view(t.str(e.phase))
-                                                     : std::string_view());
-    };
-    stream.for_each([&](const Event& e) {
-        if (any_event && e.step != current_step) end_step(current_step);
-        current_step = e.step;
-        any_event = true;
-        replay.apply(e);
-        if (e.kind == EventKind::tag_push) {
-            // Forward ends where backward begins and backward where the
-            // optimizer does, on whichever thread: PyTorch runs backward on
-            // autograd's threads, whose tags the training thread never sees.
-            const std::string_view phase = phase_of(e);
-            StepMemory& s = steps[e.step];
-            if (phase == "backward" && !s.after_forward) s.after_forward = live();
-            if (phase == "optimizer" && s.after_forward && !s.after_backward)
-                s.after_backward = live();
+StepMemory& StepCounter::step(uint64_t step) {
+    if (!current_ || current_step_ != step) {
+        current_ = &steps_[step];
+        current_step_ = step;
+    }
+    return *current_;
+}
+
+void StepCounter::end_step(uint64_t step, uint64_t live) {
+    auto it = steps_.find(step);
+    if (it != steps_.end() && it->second.after_forward && !it->second.after_backward)
+        it->second.after_backward = live;
+}
+
+// The base phase of an event's phase: a view of the trace's string (a
+// conditional between it and "" would make a temporary copy, and the view
+// would outlive it).
+std::string_view StepCounter::phase_of(const Event& e) const {
+    return base_phase(e.phase < t_.strings.size() ? std::string_view(t_.str(e.phase))
+                                                  : std::string_view());
+}
+
+void StepCounter::add(const Event& e, uint64_t live_before, uint64_t live) {
+    if (any_event_ && e.step != last_step_) end_step(last_step_, live_before);
+    last_step_ = e.step;
+    any_event_ = true;
+    if (e.kind == EventKind::tag_push) {
+        // Forward ends where backward begins and backward where the
+        // optimizer does, on whichever thread: PyTorch runs backward on
+        // autograd's threads, whose tags the training thread never sees.
+        const std::string_view phase = phase_of(e);
+        StepMemory& s = step(e.step);
+        if (phase == "backward" && !s.after_forward) s.after_forward = live;
+        if (phase == "optimizer" && s.after_forward && !s.after_backward) s.after_backward = live;
+    }
+    if (e.tid != main_tid_) return;
+    if (e.kind == EventKind::tag_push) {
+        const bool backward = phase_of(e) == "backward";
+        stack_.push_back({e.layer, e.phase, backward});
+        open_backward_ += backward;
+    } else if (e.kind == EventKind::tag_pop && !stack_.empty()) {
+        const Frame f = stack_.back();
+        stack_.pop_back();
+        open_backward_ -= f.backward;
+        if (f.layer >= t_.strings.size() || f.phase >= t_.strings.size()) return;
+        const std::string& layer = t_.str(f.layer);
+        // The layer's own forward scope: exactly "forward" (its
+        // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
+        if (open_backward_ == 0 && t_.str(f.phase) == "forward" && !layer.empty() &&
+            layer_group(layer) == layer) {
+            step(e.step).forward_ends.emplace_back(layer, live);
         }
-        if (e.tid != main_tid) return;
-        if (e.kind == EventKind::tag_push) {
-            const std::string_view phase = phase_of(e);
-            const bool backward = phase == "backward";
-            stack.push_back({e.layer, e.phase, backward});
-            open_backward += backward;
-        } else if (e.kind == EventKind::tag_pop && !stack.empty()) {
-            const Frame f = stack.back();
-            stack.pop_back();
-            open_backward -= f.backward;
-            if (f.layer >= t.strings.size() || f.phase >= t.strings.size()) return;
-            const std::string& layer = t.str(f.layer);
-            // The layer's own forward scope: exactly "forward" (its
-            // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
-            if (open_backward == 0 && t.str(f.phase) == "forward" && !layer.empty() &&
-                layer_group(layer) == layer) {
-                steps[e.step].forward_ends.emplace_back(layer, live());
-            }
-        }
-    });
-    if (any_event) end_step(current_step);
+    }
+}
+
+std::vector<StepMemory> StepCounter::finish(uint64_t live) {
+    if (any_event_) end_step(last_step_, live);
     std::vector<StepMemory> out;
-    for (auto& [step, s] : steps) {
+    for (auto& [step, s] : steps_) {
         s.step = step;
         out.push_back(std::move(s));
     }
+    steps_.clear();
+    current_ = nullptr;
     return out;
+}
+
+std::vector<StepMemory> step_memory(TraceStream& stream, std::optional<TraceShape> known) {
+    const TraceShape shape = known ? *known : trace_shape(stream);
+    Replay replay;
+    StepCounter counter(stream.tables(), shape);
+    auto live = [&] { return replay.totals(shape.owner).live_bytes; };
+    stream.for_each([&](const Event& e) {
+        const uint64_t before = live();
+        replay.apply(e);
+        counter.add(e, before, live());
+    });
+    return counter.finish(live());
 }
 
 RunMeasure measure_run(const Trace& trace) {
@@ -130,9 +140,8 @@ RunMeasure measure_run(TraceStream& stream) {
     options.timeline_points = 1;
     options.top_sites = 0;
     options.oom_tags = 0;
-    const TraceAnalysis analysis = analyze(stream, options);
-    std::vector<StepMemory> steps =
-        step_memory(stream, TraceShape{analysis.owner, analysis.main_tid});
+    std::vector<StepMemory> steps;
+    const TraceAnalysis analysis = analyze(stream, options, &steps);
     if (!analysis.ooms.empty() && !analysis.ooms.back().continued) {
         const OomMoment& o = analysis.ooms.back();
         m.oom = RunMeasure::Oom{o.step, o.layer, o.phase, o.requested};

@@ -23,8 +23,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "analysis.h"
@@ -88,10 +90,42 @@ struct StepMemory {
 };
 // Every step of the trace that has one sample or more, in step order: one
 // pass over its events given its shape (trace_shape), two without.
+// analyze() gives the same from its second pass.
 std::vector<StepMemory> step_memory(TraceStream& trace, std::optional<TraceShape> shape = {});
 std::vector<StepMemory> step_memory(const Trace& trace);
 
-// Four passes over the events (analyze's, step_memory's).
+// step_memory event by event, given the trace's shape and its complete
+// tables (a pass after the first): add() each event in order with the
+// owner pool's live bytes before and after it is replayed, then finish()
+// with those at the end.
+class StepCounter {
+  public:
+    StepCounter(const TraceTables& tables, TraceShape shape);
+    void add(const Event& e, uint64_t live_before, uint64_t live);
+    std::vector<StepMemory> finish(uint64_t live);
+
+  private:
+    struct Frame {
+        uint32_t layer, phase;
+        bool backward;
+    };
+    // The step's entry; the last one is kept at hand (tags come step by step).
+    StepMemory& step(uint64_t step);
+    void end_step(uint64_t step, uint64_t live);
+    std::string_view phase_of(const Event& e) const;
+
+    const TraceTables& t_;
+    uint32_t main_tid_ = 0;
+    std::map<uint64_t, StepMemory> steps_;
+    StepMemory* current_ = nullptr;
+    uint64_t current_step_ = 0;
+    std::vector<Frame> stack_;  // the training thread's tags
+    int open_backward_ = 0;
+    uint64_t last_step_ = 0;  // the step of the last event added
+    bool any_event_ = false;
+};
+
+// Three passes over the events (analyze's, which give step_memory's too).
 RunMeasure measure_run(TraceStream& trace);
 RunMeasure measure_run(const Trace& trace);
 

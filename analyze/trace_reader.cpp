@@ -130,11 +130,11 @@ std::string TraceReader::truncation_message() const {
 }
 
 bool TraceReader::next(TraceRecord& record) {
-    if (block_next_ < block_.size()) {
+    if (block_next_ < block_size_) {
         record.type = RecordType::event;
         record.offset = block_offset_;
         record.event = block_[block_next_++];
-        check_event(record.event, block_offset_);
+        if (block_next_ > block_valid_) check_event(record.event, block_offset_);
         return true;
     }
     if (footer_seen_ || truncated_) return false;
@@ -196,15 +196,18 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
             break;
         }
         case RecordType::event_block: {
-            if (!decode_event_block({p, n}, block_, block_problem_)) {
-                fail(r.offset, block_problem_);
-            }
+            if (!block_) block_ = std::make_unique<Event[]>(kMaxBlockEvents);
+            block_size_ = block_next_ = block_valid_ = 0;
+            const uint32_t count =
+                decode_event_block({p, n}, {block_.get(), kMaxBlockEvents}, block_problem_);
+            if (count == 0) fail(r.offset, block_problem_);
+            block_size_ = count;
+            block_offset_ = r.offset;
+            check_block();
             // Yield the block's first event now, the others from next().
             r.type = RecordType::event;
             r.event = block_[0];
             block_next_ = 1;
-            block_offset_ = r.offset;
-            check_event(r.event, r.offset);
             break;
         }
         case RecordType::string: {
@@ -270,6 +273,30 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
     }
 }
 
+bool TraceReader::valid_event(const Event& e, uint64_t last_seq) const noexcept {
+    return e.seq > last_seq && static_cast<uint8_t>(e.kind) >= 1 &&
+           static_cast<uint8_t>(e.kind) <= kEventKindCount && static_cast<uint8_t>(e.level) <= 2 &&
+           static_cast<uint8_t>(e.memory) <= kMemoryKindMax &&
+           static_cast<uint8_t>(e.api) < kApiCount &&
+           !(e.kind == EventKind::derived && header_.format_version < 3) &&
+           e.layer < strings_defined_ && e.phase < strings_defined_ && e.stack < stacks_defined_ &&
+           !(e.kind == EventKind::mark && e.aux >= strings_defined_) &&
+           !(e.kind == EventKind::param && e.aux >= params_defined_) &&
+           !(e.kind == EventKind::derived &&
+             (e.aux >= params_defined_ || e.stream >= strings_defined_));
+}
+
+void TraceReader::check_block() {
+    check_event(block_[0], block_offset_);
+    size_t i = 1;
+    for (; i < block_size_ && valid_event(block_[i], block_[i - 1].seq); ++i) {
+    }
+    // check_event records the last event yielded: next() checks the first
+    // invalid one again when it comes to it.
+    block_valid_ = i;
+    last_seq_ = block_[i - 1].seq;
+}
+
 void TraceReader::check_event(const Event& e, uint64_t offset) {
     if (any_event_ && e.seq <= last_seq_) {
         fail(offset, "event sequence goes backwards (" + std::to_string(e.seq) + " after " +
@@ -330,6 +357,10 @@ const Event* TraceStream::next() {
             reader_.reset();
             return nullptr;
         }
+        if (const Event* e = reader_->next_block_event()) {
+            ++given_;
+            return e;
+        }
         while (reader_->next(record_)) {
             if (record_.type == RecordType::event) {
                 ++given_;
@@ -339,6 +370,10 @@ const Event* TraceStream::next() {
         throw TraceError(tables_.path, reader_->truncation_offset(),
                          "the trace has " + std::to_string(given_) + " events, " +
                              std::to_string(count_) + " when it was first read");
+    }
+    if (const Event* e = reader_->next_block_event()) {
+        ++count_;
+        return e;
     }
     for (;;) {
         // A corrupt record (a flipped byte, a torn write) ends the trace

@@ -55,6 +55,12 @@ class TraceReader {
     const std::string& path() const noexcept { return path_; }
 
     bool next(TraceRecord& record);
+    // The next event of the current event block, checked, without a copy
+    // (valid until the next call), or null: the block has no more, or its
+    // next event is invalid (next() then throws its error).
+    const Event* next_block_event() noexcept {
+        return block_next_ < block_valid_ ? &block_[block_next_++] : nullptr;
+    }
 
     bool complete() const noexcept { return footer_seen_; }
     bool truncated() const noexcept { return truncated_; }
@@ -67,8 +73,15 @@ class TraceReader {
     [[noreturn]] void fail(uint64_t offset, const std::string& problem) const;
     bool read_exact(void* dst, size_t n);
     void decode(TraceRecord& record, const std::string& payload);
-    // Checks an event against seq order and the definitions read so far.
+    // Checks an event against seq order and the definitions read so far:
+    // valid_event says whether one that follows `last_seq` passes,
+    // check_event throws where it does not.
+    bool valid_event(const Event& e, uint64_t last_seq) const noexcept;
     void check_event(const Event& event, uint64_t offset);
+    // Checks the current block's events at once, after the first, which is
+    // checked here (it throws where that one is invalid); the others' error
+    // waits until next() reaches them, the events before yielded.
+    void check_block();
 
     std::string path_;
     std::FILE* file_ = nullptr;
@@ -84,8 +97,12 @@ class TraceReader {
     uint32_t stacks_defined_ = 1;   // id 0 is "no stack"
     uint32_t params_defined_ = 0;
     std::string payload_;
-    std::vector<Event> block_;  // the current event block, decoded
-    size_t block_next_ = 0;     // index of the next event of block_ to yield
+    // The current event block, decoded into room for any block (allocated
+    // with the first one): each block overwrites what it holds.
+    std::unique_ptr<Event[]> block_;
+    size_t block_size_ = 0;
+    size_t block_next_ = 0;   // index of the next event of block_ to yield
+    size_t block_valid_ = 0;  // the events before this index passed the checks
     uint64_t block_offset_ = 0;
     std::string block_problem_;
 };

@@ -157,14 +157,19 @@ class Replay {
 
 template <class F>
 FreeOutcome Replay::apply(const Event& e, F&& on_change) {
-    LiveChange c;
-    c.event = &e;
+    // The change is made only where there is one: most events (tags, marks,
+    // steps) are none, and it is large.
     switch (e.kind) {
-        case EventKind::alloc:
+        case EventKind::alloc: {
+            LiveChange c;
+            c.event = &e;
             apply_alloc(e, c);
             on_change(static_cast<const LiveChange&>(c));
             return FreeOutcome::freed;
+        }
         case EventKind::free: {
+            LiveChange c;
+            c.event = &e;
             if ((e.flags & kFlagRange) == 0) {
                 apply_free(e, e.address, c);
                 on_change(static_cast<const LiveChange&>(c));

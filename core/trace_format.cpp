@@ -318,6 +318,22 @@ class BlockCursor {
     }
 
     bool varint(uint64_t& v) noexcept {
+        // Where a whole varint's room is left, no byte needs a bound check.
+        if (end_ - p_ >= 10) {
+            uint64_t result = 0;
+            for (int shift = 0; shift < 63; shift += 7) {
+                const uint8_t b = *p_++;
+                result |= uint64_t{b & 0x7Fu} << shift;
+                if (!(b & 0x80)) {
+                    v = result;
+                    return true;
+                }
+            }
+            const uint8_t b = *p_++;  // the tenth: bit 63 alone
+            if (b > 1) return fail("a value is too large for 64 bits");
+            v = result | uint64_t{b} << 63;
+            return true;
+        }
         uint64_t result = 0;
         for (int shift = 0; shift < 70; shift += 7) {
             if (p_ == end_) return fail("a value runs past the end of the block");
@@ -375,8 +391,27 @@ class BlockCursor {
     const char* problem_ = "";
 };
 
-bool decode_one(BlockCursor& in, EventPredictor& predictor, Event& e) noexcept {
-    const Event& prev = predictor.prev;
+// The block's predictors (EventPredictor's), as the events already decoded
+// into the block: no copy of each event beside its own.
+struct DecodePredictor {
+    const Event* prev;
+    const Event* last[16];  // by kind code; valid where `seen` has the bit
+    uint16_t seen = 0;
+
+    explicit DecodePredictor(const Event* start) noexcept : prev(start) {}
+    const Event& same_kind(uint8_t kind) const noexcept {
+        return (seen >> (kind & 15)) & 1 ? *last[kind & 15] : *prev;
+    }
+    void update(const Event& e) noexcept {
+        const uint8_t kind = static_cast<uint8_t>(e.kind) & 15;
+        prev = &e;
+        last[kind] = &e;
+        seen = static_cast<uint16_t>(seen | (1u << kind));
+    }
+};
+
+bool decode_one(BlockCursor& in, DecodePredictor& predictor, Event& e) noexcept {
+    const Event& prev = *predictor.prev;
     uint8_t b0, b1 = 0, b2 = 0, kind;
     if (!in.byte(b0)) return false;
     if ((b0 & kB0More) && !in.byte(b1)) return false;
@@ -466,42 +501,38 @@ bool decode_one(BlockCursor& in, EventPredictor& predictor, Event& e) noexcept {
 
 }  // namespace
 
-bool decode_event_block(std::span<const uint8_t> payload, std::vector<Event>& events,
-                        std::string& problem) {
-    events.clear();
+uint32_t decode_event_block(std::span<const uint8_t> payload, std::span<Event> events,
+                            std::string& problem) {
     if (payload.size() < 2) {
         problem = "event block too short";
-        return false;
+        return 0;
     }
     const uint32_t count = get_u16(payload.data());
-    if (count == 0 || count > kMaxBlockEvents) {
+    if (count == 0 || count > kMaxBlockEvents || count > events.size()) {
         problem = "event block has an invalid event count (" + std::to_string(count) + ")";
-        return false;
+        return 0;
     }
-    events.resize(count);
     BlockCursor in(payload.data() + 2, payload.data() + payload.size());
-    EventPredictor predictor;
+    static constexpr Event kBeforeBlock{};
+    DecodePredictor predictor(&kBeforeBlock);
     for (uint32_t i = 0; i < count; ++i) {
         if (in.at_end()) {
             problem = "event block ends after " + std::to_string(i) + " of its " +
                       std::to_string(count) + " events";
-            events.clear();
-            return false;
+            return 0;
         }
         if (!decode_one(in, predictor, events[i])) {
             problem = std::string("corrupt event block: ") + in.problem() + " (event " +
                       std::to_string(i + 1) + " of " + std::to_string(count) + ")";
-            events.clear();
-            return false;
+            return 0;
         }
     }
     if (!in.at_end()) {
         problem = "event block has " + std::to_string(in.left()) + " bytes after its " +
                   std::to_string(count) + " events";
-        events.clear();
-        return false;
+        return 0;
     }
-    return true;
+    return count;
 }
 
 void append_record(std::string& out, RecordType type, std::string_view payload) {

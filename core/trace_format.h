@@ -200,13 +200,15 @@ class EventBlockEncoder {
     uint32_t count_ = 0;
 };
 
-// Decodes an event_block payload into `events` (replacing its contents).
-// Returns false and says why in `problem` when the payload is malformed: a
-// value running past the end, a field out of range, reserved bits set, a
-// count of 0 or above kMaxBlockEvents, or bytes left after the last event.
-// Kinds, levels, ids and seq order are the caller's to check.
-bool decode_event_block(std::span<const uint8_t> payload, std::vector<Event>& events,
-                        std::string& problem);
+// Decodes an event_block payload into the first events of `events`
+// (kMaxBlockEvents of them hold any block), overwriting each field, and
+// returns how many it holds. Returns 0 and says why in `problem` when the
+// payload is malformed: a value running past the end, a field out of range,
+// reserved bits set, a count of 0 or above kMaxBlockEvents (or the room
+// given), or bytes left after the last event. Kinds, levels, ids and seq
+// order are the caller's to check.
+uint32_t decode_event_block(std::span<const uint8_t> payload, std::span<Event> events,
+                            std::string& problem);
 
 // Appends one framed record (header + payload) to `out`.
 void append_record(std::string& out, RecordType type, std::string_view payload);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "streamed.h"
 #include "support.h"
 #include "trace_reader.h"
+#include "trace_writer.h"
 
 using namespace allocscope;
 using namespace allocscope::test;
@@ -62,6 +64,53 @@ TEST_CASE("every corpus trace streams to the analysis, step memory and measure i
         CHECK(stream.tables().stacks == trace.stacks);
         CHECK(stream.tables().footer.has_value() == trace.footer.has_value());
     }
+}
+
+TEST_CASE("analyze gives every corpus trace's step memory from its own passes") {
+    for (const fs::path& p : corpus_traces()) {
+        CAPTURE(p);
+        const Trace trace = load_trace(p.string());
+        const std::vector<StepMemory> expected = step_memory(trace);
+        for (bool from_file : {true, false}) {
+            std::optional<TraceStream> stream;
+            if (from_file)
+                stream.emplace(p.string());
+            else
+                stream.emplace(trace);
+            std::vector<StepMemory> steps;
+            const TraceAnalysis a = analyze(*stream, {}, &steps);
+            CHECK(steps == expected);
+            check_same_analysis(a, analyze(trace));
+        }
+    }
+}
+
+TEST_CASE("an invalid event inside a block ends the trace after the block's events before it") {
+    TempDir t;
+    const fs::path path = t.dir / "backwards.trace";
+    {
+        TraceWriter w;
+        std::string error;
+        REQUIRE(w.open(path.string(), TraceHeader{}, error));
+        Event e;
+        for (uint64_t seq : {1, 2, 3, 2}) {  // one block: the fourth goes backwards
+            e.seq = seq;
+            w.event(e);
+        }
+        w.close({});
+    }
+    const Trace loaded = load_trace(path.string());
+    REQUIRE(loaded.corrupt);
+    CHECK(loaded.events.size() == 3);
+    CHECK(loaded.truncation_message.find("sequence goes backwards") != std::string::npos);
+    TraceStream stream(path.string());
+    for (int pass = 0; pass < 2; ++pass) {  // the first pass counts, the second reads again
+        std::vector<uint64_t> seqs;
+        stream.for_each([&](const Event& e) { seqs.push_back(e.seq); });
+        CHECK(seqs == std::vector<uint64_t>{1, 2, 3});
+    }
+    CHECK(stream.tables().corrupt);
+    CHECK(stream.tables().truncation_message == loaded.truncation_message);
 }
 
 TEST_CASE("a trace cut short or corrupt streams its prefix, with the loaded trace's warning") {
