@@ -33,7 +33,9 @@
 //    no parameters of its own looks at those of the modules inside it (a
 //    transformer block whose linears' own forwards never ran: a block
 //    compiled in place whose quantization runs eagerly, or code that uses
-//    a child's weight directly), and where it has none inside either, at
+//    a child's weight directly; not in a forward recomputed inside a
+//    backward pass, whose inputs a reentrant checkpoint detaches into
+//    leaves that require grad), and where it has none inside either, at
 //    the nearest enclosing layer that has some. Only leaves that require
 //    grad are looked up, so an activation of a weight's shape is never one;
 //    two parameters of one shape in the layer looked at make neither a
@@ -140,6 +142,10 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/engine.h>
+#if __has_include(<torch/version.h>)
+#include <torch/version.h>
+#endif
 
 #include <allocscope/allocscope.h>
 
@@ -518,12 +524,29 @@ std::string_view current_layer(const State& s) {
     return std::string_view(layer.data(), n);
 }
 
+// Whether the calling thread recomputes a forward inside a backward pass
+// (activation checkpointing). A reentrant checkpoint detaches the inputs
+// of what it recomputes: leaves that require grad, whose shape (tokens,
+// hidden) one of the parameters inside a block may have where a layer's
+// own rarely does. Torch before 2.0 cannot be asked from here: false.
+bool recomputing(const State& s) {
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+    return s.kind_depth(s.forward) > 0 && torch::autograd::get_current_graph_task_id() >= 0;
+#else
+    (void)s;
+    return false;
+#endif
+}
+
 // The registered parameters of `layer`; where it has none, those of the
-// modules inside it; where it has none inside either, those of the nearest
-// layer enclosing it that has some; or nullptr. `s`'s map lock is held.
-const std::vector<const Param*>* nearest_params(const State& s, std::string_view layer) {
+// modules inside it (not while recomputing: see there); where it has none
+// inside either, those of the nearest layer enclosing it that has some; or
+// nullptr. `s`'s map lock is held.
+const std::vector<const Param*>* nearest_params(const State& s, std::string_view layer,
+                                                bool look_inside) {
     if (s.by_layer.empty()) return nullptr;
-    if (auto own = s.by_layer.find(layer); own == s.by_layer.end() || own->second.empty()) {
+    if (auto own = s.by_layer.find(layer);
+        look_inside && (own == s.by_layer.end() || own->second.empty())) {
         auto inside = s.inside.find(layer);
         if (inside != s.inside.end() && !inside->second.empty()) return &inside->second;
     }
@@ -540,7 +563,7 @@ const std::vector<const Param*>* nearest_params(const State& s, std::string_view
 // map lock is held.
 const Param* seed_param(State& s, const at::Tensor& t) {
     if (s.by_layer.empty() || !in_pass(s)) return nullptr;
-    const std::vector<const Param*>* params = nearest_params(s, current_layer(s));
+    const std::vector<const Param*>* params = nearest_params(s, current_layer(s), !recomputing(s));
     if (!params) return nullptr;
     const c10::IntArrayRef shape = t.sizes();
     const Param* found = nullptr;
@@ -555,8 +578,9 @@ const Param* seed_param(State& s, const at::Tensor& t) {
 bool in_param_scope(State& s) {
     if (!in_pass(s)) return false;
     const std::string_view layer = current_layer(s);
+    const bool look_inside = !recomputing(s);
     std::lock_guard lock(s.mu);
-    return nearest_params(s, layer) != nullptr;
+    return nearest_params(s, layer, look_inside) != nullptr;
 }
 
 // Drops the entries of dead storages when the map has doubled since the
