@@ -2,6 +2,7 @@
 #include "allocscope/allocscope.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -169,6 +170,42 @@ ALLOCSCOPE_EXPORT void allocscope_block_alloc_graph_pool(void* ptr, size_t size,
          size, reinterpret_cast<uint64_t>(stream), device, allocscope::kFlagGraphPool,
          static_cast<uint32_t>(pool)},
         ptr, 0);
+}
+
+namespace {
+
+// The (0, second) pools declared as graphs' (allocscope_graph_pool): read
+// under the allocator's lock on every pooled block, so lock-free; few
+// pools are ever made, so a scan of a short array.
+constexpr uint32_t kGraphPools = 256;
+std::atomic<uint64_t> g_graph_pools[kGraphPools];
+std::atomic<uint32_t> g_graph_pool_count{0};
+
+bool is_graph_pool(uint64_t first, uint64_t second) noexcept {
+    if (first != 0) return true;
+    if (second == 0) return false;
+    const uint32_t n = std::min(g_graph_pool_count.load(std::memory_order_acquire), kGraphPools);
+    for (uint32_t i = 0; i < n; ++i)
+        if (g_graph_pools[i].load(std::memory_order_acquire) == second) return true;
+    return false;
+}
+
+}  // namespace
+
+ALLOCSCOPE_EXPORT void allocscope_graph_pool(uint64_t first, uint64_t second) {
+    if (first != 0 || second == 0 || is_graph_pool(0, second)) return;
+    const uint32_t i = g_graph_pool_count.fetch_add(1, std::memory_order_acq_rel);
+    if (i < kGraphPools) g_graph_pools[i].store(second, std::memory_order_release);
+}
+
+ALLOCSCOPE_EXPORT void allocscope_block_alloc_in_pool(void* ptr, size_t size, int device,
+                                                      void* stream, uint64_t first,
+                                                      uint64_t second) {
+    if (is_graph_pool(first, second)) {
+        allocscope_block_alloc_graph_pool(ptr, size, device, stream, first != 0 ? first : second);
+    } else {
+        allocscope_block_alloc(ptr, size, device, stream);
+    }
 }
 
 ALLOCSCOPE_EXPORT void allocscope_block_free(void* ptr) {

@@ -154,6 +154,20 @@ void allocscope_block_free(void* ptr);
 void allocscope_block_alloc_graph_pool(void* ptr, size_t size, int device, void* stream,
                                        uint64_t pool);
 
+/* A block of a memory pool other than the allocator's default, as a caching
+ * allocator names its pools (PyTorch: MempoolId_t, the pair (first,
+ * second)). Recorded as a CUDA graph pool's block (as
+ * allocscope_block_alloc_graph_pool) when the pool is a graph's: `first`
+ * != 0 (the pool a capture made for itself), or (0, second) declared with
+ * allocscope_graph_pool; else as an ordinary block (a pool the program made
+ * for its own tensors, torch.cuda.MemPool). allocscope_graph_pool declares
+ * a pool that graphs capture into (torch.cuda.graph_pool_handle(), which
+ * inductor's CUDA graph trees use, or a pool passed to a capture), before
+ * its blocks are allocated; the first 256 pools declared are kept. */
+void allocscope_graph_pool(uint64_t first, uint64_t second);
+void allocscope_block_alloc_in_pool(void* ptr, size_t size, int device, void* stream,
+                                    uint64_t first, uint64_t second);
+
 /* A request the caching allocator could not serve, after freeing what it had
  * cached and retrying: the program sees an out-of-memory error for it.
  * `size` is the request as the allocator rounded it, `device_free` the

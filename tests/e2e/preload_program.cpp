@@ -469,42 +469,59 @@ int run_dlopen_late(const char* lib) {
     return g_failures == 0 ? 0 : 1;
 }
 
-// A CUDA graph's private pool as the PyTorch bridge reports it: one 1 MiB
-// block of the pool per step in layers.0's forward, never freed (the graph
-// holds its memory for replay), beside an ordinary block made and freed.
-// `in_pool` false: the same blocks reported as ordinary ones, which grow
-// step after step.
+// CUDA graphs' private pools as the PyTorch bridge reports them: a pool
+// declared as graphs' (0, 7), one 1 MiB block of it per step in layers.0's
+// forward, never freed (the graphs hold their memory for replay); a
+// capture's own pool (5, 0), one 2 MiB block in the first step, kept; and
+// in every step an ordinary block and a block of an undeclared pool (0, 9)
+// (a torch.cuda.MemPool of the program's), made and freed. `in_pool`
+// false: the kept blocks reported as ordinary ones, which grow step after
+// step.
 int run_graph_pool(bool in_pool) {
     using Push = void (*)(const char*, const char*);
     using Pop = void (*)();
     using Step = void (*)(uint64_t);
     using BlockAlloc = void (*)(void*, size_t, int, void*);
-    using BlockAllocPool = void (*)(void*, size_t, int, void*, uint64_t);
+    using BlockAllocInPool = void (*)(void*, size_t, int, void*, uint64_t, uint64_t);
+    using GraphPool = void (*)(uint64_t, uint64_t);
     using BlockFree = void (*)(void*);
     auto push = reinterpret_cast<Push>(dlsym(RTLD_DEFAULT, "allocscope_push"));
     auto pop = reinterpret_cast<Pop>(dlsym(RTLD_DEFAULT, "allocscope_pop"));
     auto step = reinterpret_cast<Step>(dlsym(RTLD_DEFAULT, "allocscope_step"));
     auto block_alloc = reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc"));
     auto pool_alloc =
-        reinterpret_cast<BlockAllocPool>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc_graph_pool"));
+        reinterpret_cast<BlockAllocInPool>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc_in_pool"));
+    auto graph_pool = reinterpret_cast<GraphPool>(dlsym(RTLD_DEFAULT, "allocscope_graph_pool"));
     auto block_free = reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free"));
-    if (!push || !pop || !step || !block_alloc || !pool_alloc || !block_free) {
+    if (!push || !pop || !step || !block_alloc || !pool_alloc || !graph_pool || !block_free) {
         std::fprintf(stderr, "preload_program: the block calls are missing\n");
         return 1;
     }
     constexpr size_t kMiB = size_t{1} << 20;
     const uintptr_t pool_base = uintptr_t{0x7e0000000000};  // addresses only: never touched
+    graph_pool(0, 7);
     for (uint64_t n = 1; n <= 6; ++n) {
         push("layers.0", "forward");
         void* kept = reinterpret_cast<void*>(pool_base + n * kMiB);
         if (in_pool) {
-            pool_alloc(kept, kMiB, 0, nullptr, 1);
+            pool_alloc(kept, kMiB, 0, nullptr, 0, 7);
         } else {
             block_alloc(kept, kMiB, 0, nullptr);
+        }
+        if (n == 1) {
+            void* own = reinterpret_cast<void*>(pool_base + 32 * kMiB);
+            if (in_pool) {
+                pool_alloc(own, 2 * kMiB, 0, nullptr, 5, 0);
+            } else {
+                block_alloc(own, 2 * kMiB, 0, nullptr);
+            }
         }
         void* temporary = reinterpret_cast<void*>(pool_base + 64 * kMiB);
         block_alloc(temporary, 4096, 0, nullptr);
         block_free(temporary);
+        void* mine = reinterpret_cast<void*>(pool_base + 65 * kMiB);
+        pool_alloc(mine, 8192, 0, nullptr, 0, 9);
+        block_free(mine);
         pop();
         step(n);
     }

@@ -471,25 +471,31 @@ TEST_CASE("a CUDA graph pool's blocks are counted apart and never judged as a le
     auto files = traces_in(pool);
     REQUIRE(files.size() == 1);
     Trace t = load_trace(files[0].string());
-    size_t flagged = 0;
+    // The declared pool's six blocks and the capture's own one; not the
+    // undeclared pool's (a program's own, ordinary).
+    size_t declared = 0, own = 0, ordinary = 0;
     for (const Event& e : t.events) {
-        if (e.kind == EventKind::alloc && (e.flags & kFlagGraphPool) != 0) {
-            ++flagged;
-            CHECK(e.size == 1u << 20);
-            CHECK(e.aux == 1);
-            CHECK(t.str(e.layer) == "layers.0");
+        if (e.kind != EventKind::alloc) continue;
+        if ((e.flags & kFlagGraphPool) == 0) {
+            ordinary += e.size == 8192;
+            continue;
         }
+        CHECK(t.str(e.layer) == "layers.0");
+        declared += e.aux == 7 && e.size == 1u << 20;
+        own += e.aux == 5 && e.size == 2u << 20;
     }
-    CHECK(flagged == 6);
+    CHECK(declared == 6);
+    CHECK(own == 1);
+    CHECK(ordinary == 6);
     // The report counts them apart, in the blocks' totals too.
     const std::string report = slurp(pool / "report.txt");
-    CHECK(report.find("CUDA graph pools: 6 blocks (6.00 MiB), at most 6.00 MiB live at once, "
-                      "6.00 MiB in 6 at exit; held by the graphs for replay") != std::string::npos);
+    CHECK(report.find("CUDA graph pools: 7 blocks (8.00 MiB), at most 8.00 MiB live at once, "
+                      "8.00 MiB in 7 at exit; held by the graphs for replay") != std::string::npos);
     ShellResult json = run_shell(g_cli + " report " + pool.string() + " --format json");
     REQUIRE(json.status == 0);
-    CHECK(json.out.find("\"graph_pools\": {\"allocations\": 6, \"allocated_bytes\": 6291456, "
-                        "\"peak_bytes\": 6291456, \"live_bytes_at_exit\": 6291456, "
-                        "\"live_count_at_exit\": 6}") != std::string::npos);
+    CHECK(json.out.find("\"graph_pools\": {\"allocations\": 7, \"allocated_bytes\": 8388608, "
+                        "\"peak_bytes\": 8388608, \"live_bytes_at_exit\": 8388608, "
+                        "\"live_count_at_exit\": 7}") != std::string::npos);
 }
 
 TEST_CASE("keyed tags: a leave pops its own entry, nested enters drop what is over") {

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A model compiled with torch.compile(mode="reduce-overhead"): inductor's
 CUDA graph trees run its forward and backward from a private memory pool.
-Trains STEPS steps, then prints what torch's own snapshot counts in CUDA
-graph pools (segments whose pool id is (n, 0)): the blocks in use and the
-segments' bytes, as
+Trains STEPS steps, then prints what torch's own snapshot counts in pools
+other than the allocator's default one (this script makes none of its
+own: they are the graphs'): the blocks in use and the segments' bytes, as
 
     GRAPH_POOLS active <bytes> in <blocks> blocks, reserved <bytes>
 
@@ -20,12 +20,12 @@ import torch.nn as nn
 
 
 def graph_pool_usage():
-    """(active bytes, active blocks, reserved bytes) in CUDA graph pools,
-    from torch.cuda.memory_snapshot()."""
+    """(active bytes, active blocks, reserved bytes) in pools other than the
+    default one, from torch.cuda.memory_snapshot()."""
     active = blocks = reserved = 0
     for segment in torch.cuda.memory_snapshot():
         pool = tuple(segment.get("segment_pool_id", (0, 0)))
-        if not pool or pool[0] == 0:
+        if pool in ((), (0, 0)):
             continue
         reserved += segment["total_size"]
         for block in segment["blocks"]:

@@ -10,8 +10,8 @@
 //
 //   ALLOC            -> allocscope_block_alloc(addr, size rounded up to 512 B
 //                       like the allocator's round_size, device, stream), or
-//                       allocscope_block_alloc_graph_pool(..., pool) for a
-//                       block of a CUDA graph's private pool (graph_pool_of)
+//                       allocscope_block_alloc_in_pool(..., pool id) for a
+//                       block of any other pool than the default (pool_of)
 //   FREE_REQUESTED   -> allocscope_block_free(addr): the moment
 //                       memory_allocated() drops (the block's stats are
 //                       decreased right before this entry is recorded); a
@@ -113,12 +113,12 @@ using allocscope::pyframes::kPythonFrames;
 using allocscope::pyframes::python_frames;
 #endif
 using BlockAlloc = void (*)(void*, size_t, int, void*);
-using BlockAllocGraphPool = void (*)(void*, size_t, int, void*, uint64_t);
+using BlockAllocInPool = void (*)(void*, size_t, int, void*, uint64_t, uint64_t);
 using BlockFree = void (*)(void*);
 using BlockOom = void (*)(size_t, int, void*, uint64_t);
 
 std::atomic<BlockAlloc> g_block_alloc{nullptr};
-std::atomic<BlockAllocGraphPool> g_block_alloc_graph_pool{nullptr};
+std::atomic<BlockAllocInPool> g_block_alloc_in_pool{nullptr};
 std::atomic<PythonFrame> g_python_frame{nullptr};
 std::atomic<BlockFree> g_block_free{nullptr};
 std::atomic<BlockOom> g_block_oom{nullptr};
@@ -182,17 +182,18 @@ void copy_error(const std::string& text, char* error, size_t error_size) {
     error[n] = '\0';
 }
 
-// The CUDA graph private pool a block was allocated in, 0 for none. The
-// caching allocator's pool ids are pairs: (0, 0) the default pool, (n, 0)
-// a graph's (CUDAGraph's own, torch.cuda.graph_pool_handle, inductor's
-// CUDA graph trees), (0, n) one a user made (torch.cuda.MemPool), which
-// holds the program's ordinary tensors. Torch before the field: none.
+// The pool a block was allocated in, (0, 0) for the allocator's default
+// one. The caching allocator's pool ids are pairs: (n, 0) the pool a
+// capture made for itself; (0, n) torch.cuda.graph_pool_handle()'s (the
+// pools inductor's CUDA graph trees capture into) and torch.cuda.MemPool's
+// alike. The interposer tells them apart (allocscope_block_alloc_in_pool:
+// the shim declares the graphs' pools). Torch before the field: (0, 0).
 template <class Entry>
-uint64_t graph_pool_of(const Entry& e) noexcept {
+std::pair<uint64_t, uint64_t> pool_of(const Entry& e) noexcept {
     if constexpr (requires(const Entry& x) { x.mempool_.first; }) {
-        return e.mempool_.first > 0 ? static_cast<uint64_t>(e.mempool_.first) : 0;
+        return {static_cast<uint64_t>(e.mempool_.first), static_cast<uint64_t>(e.mempool_.second)};
     } else {
-        return 0;
+        return {0, 0};
     }
 }
 
@@ -212,12 +213,12 @@ void on_entry(const Entry& e) noexcept {
         void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_));
         const size_t size = rounded(static_cast<size_t>(e.size_));
         // Python frames come from outer_frames, which the interposer calls.
-        const uint64_t graph_pool = graph_pool_of(e);
-        BlockAllocGraphPool in_pool = g_block_alloc_graph_pool.load(std::memory_order_relaxed);
+        const auto [first, second] = pool_of(e);
+        BlockAllocInPool in_pool = g_block_alloc_in_pool.load(std::memory_order_relaxed);
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
-        if (graph_pool != 0 && in_pool) {
+        if ((first != 0 || second != 0) && in_pool) {
             timed(g_cost.allocs, g_cost.alloc_ns,
-                  [&] { in_pool(addr, size, device, stream, graph_pool); });
+                  [&] { in_pool(addr, size, device, stream, first, second); });
         } else if (alloc) {
             timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
         }
@@ -303,8 +304,8 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_bridge_attach(char* error, size_t 
         if (!g_attached.compare_exchange_strong(expected, 1)) return 2;
         g_block_alloc.store(
             reinterpret_cast<BlockAlloc>(dlsym(RTLD_DEFAULT, "allocscope_block_alloc")));
-        g_block_alloc_graph_pool.store(reinterpret_cast<BlockAllocGraphPool>(
-            dlsym(RTLD_DEFAULT, "allocscope_block_alloc_graph_pool")));
+        g_block_alloc_in_pool.store(reinterpret_cast<BlockAllocInPool>(
+            dlsym(RTLD_DEFAULT, "allocscope_block_alloc_in_pool")));
         g_block_free.store(
             reinterpret_cast<BlockFree>(dlsym(RTLD_DEFAULT, "allocscope_block_free")));
         g_block_oom.store(reinterpret_cast<BlockOom>(dlsym(RTLD_DEFAULT, "allocscope_block_oom")));

@@ -90,6 +90,7 @@ _SIGNATURES = {
         None,
     ),
     "block_free": ([_ptr], None),
+    "graph_pool": ([_u64, _u64], None),
     "block_oom": ([ctypes.c_size_t, ctypes.c_int, _ptr, _u64], None),
     "allocator_counters": ([ctypes.c_int, _u64, _u64, _u64], None),
     "oom_parameter": ([_str, _str, _u64], None),

@@ -8,7 +8,7 @@ import torch
 
 import allocscope as _allocscope
 
-from . import _compiled, _hooks, _optimizer
+from . import _compiled, _graphs, _hooks, _optimizer
 from ._bridge import _attach_when_cuda_ready, attach_bridge
 from ._common import _lock, _say
 from ._cost import _timed
@@ -79,6 +79,11 @@ def enable(model=None, optimizer=None):
             _install_provenance()
         except Exception as e:  # never break the program
             _provenance_off(str(e))
+        try:
+            # CUDA graphs' pools, for the bridge's blocks in them.
+            _graphs.install()
+        except Exception as e:  # never break the program
+            _say("graphs", "CUDA graph pools will read as ordinary blocks: %s" % e)
         try:
             # torch.compile: generated frames named by the user's lines, and
             # compiled buffers attributed to modules and parameters.
