@@ -213,12 +213,12 @@ void on_entry(const Entry& e) noexcept {
         void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(e.addr_));
         const size_t size = rounded(static_cast<size_t>(e.size_));
         // Python frames come from outer_frames, which the interposer calls.
-        const auto [first, second] = pool_of(e);
+        const std::pair<uint64_t, uint64_t> pool = pool_of(e);
         BlockAllocInPool in_pool = g_block_alloc_in_pool.load(std::memory_order_relaxed);
         BlockAlloc alloc = g_block_alloc.load(std::memory_order_relaxed);
-        if ((first != 0 || second != 0) && in_pool) {
+        if ((pool.first != 0 || pool.second != 0) && in_pool) {
             timed(g_cost.allocs, g_cost.alloc_ns,
-                  [&] { in_pool(addr, size, device, stream, first, second); });
+                  [&] { in_pool(addr, size, device, stream, pool.first, pool.second); });
         } else if (alloc) {
             timed(g_cost.allocs, g_cost.alloc_ns, [&] { alloc(addr, size, device, stream); });
         }
