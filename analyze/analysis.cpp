@@ -778,9 +778,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         s.live_count_at_exit = pt.live_count;
         a.pools.push_back(std::move(s));
     }
-    const Replay::GraphPoolTotals& graph = replay.graph_pools();
-    a.graph_pools = {graph.allocations, graph.allocated_bytes, graph.peak_bytes, graph.live_bytes,
-                     graph.live_count};
+    a.graph_pools = replay.graph_pools();
 
     for (size_t tag = 0; tag < tag_stacks.size(); ++tag) {
         std::vector<StackBytes>& sites = tables.tags[tag].sites;

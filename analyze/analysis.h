@@ -71,19 +71,6 @@ struct PoolSummary {
     bool operator==(const PoolSummary&) const = default;
 };
 
-// The blocks of CUDA graphs' private pools (kFlagGraphPool), counted apart
-// from the others: a graph holds them for as long as it can be replayed.
-// They are part of their pool's PoolSummary too.
-struct GraphPoolSummary {
-    uint64_t allocations = 0;
-    uint64_t allocated_bytes = 0;
-    uint64_t peak_bytes = 0;  // the most live at once
-    uint64_t live_bytes_at_exit = 0;
-    uint64_t live_count_at_exit = 0;
-
-    bool operator==(const GraphPoolSummary&) const = default;
-};
-
 // A base phase ("forward", "backward", "optimizer", ...) on the training
 // thread (the one that pushed the most tags) from t_start to t_end.
 struct PhaseBand {
@@ -330,7 +317,9 @@ struct TraceAnalysis {
     Pool owner = Pool::device_segment;
     uint32_t main_tid = 0;           // the training thread (trace_shape)
     std::vector<PoolSummary> pools;  // those with allocations
-    GraphPoolSummary graph_pools;
+    // The blocks of CUDA graphs' private pools, also counted in their pool
+    // above; live_bytes and live_count at exit.
+    Replay::GraphPoolTotals graph_pools;
     std::vector<TagStats> tags;  // by allocated bytes, largest first
     Timeline timeline;
     std::vector<Site> sites_at_peak;  // by bytes, largest first

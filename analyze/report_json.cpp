@@ -198,8 +198,8 @@ std::string render_json(const Report& report) {
         out += "],\n     \"graph_pools\": {\"allocations\": " + u(a.graph_pools.allocations) +
                ", \"allocated_bytes\": " + u(a.graph_pools.allocated_bytes) +
                ", \"peak_bytes\": " + u(a.graph_pools.peak_bytes) +
-               ", \"live_bytes_at_exit\": " + u(a.graph_pools.live_bytes_at_exit) +
-               ", \"live_count_at_exit\": " + u(a.graph_pools.live_count_at_exit) + "}";
+               ", \"live_bytes_at_exit\": " + u(a.graph_pools.live_bytes) +
+               ", \"live_count_at_exit\": " + u(a.graph_pools.live_count) + "}";
         out += ",\n     \"tags\": ";
         json_tags(out, a.tags);
         out += ",\n     \"timeline\": {\"layers\": ";

@@ -78,11 +78,11 @@ std::string bounded_line(const TraceAnalysis& a) {
 
 // The blocks of CUDA graphs' private pools, in one line; "" when none.
 std::string graph_pool_line(const TraceAnalysis& a) {
-    const GraphPoolSummary& g = a.graph_pools;
+    const Replay::GraphPoolTotals& g = a.graph_pools;
     if (g.allocations == 0) return {};
     return "CUDA graph pools: " + u(g.allocations) + " blocks (" + human_bytes(g.allocated_bytes) +
            "), at most " + human_bytes(g.peak_bytes) + " live at once, " +
-           human_bytes(g.live_bytes_at_exit) + " in " + u(g.live_count_at_exit) +
+           human_bytes(g.live_bytes) + " in " + u(g.live_count) +
            " at exit; held by the graphs for replay, part of the blocks above, never judged by "
            "the detectors";
 }

@@ -273,24 +273,30 @@ void TraceReader::decode(TraceRecord& r, const std::string& payload) {
     }
 }
 
-bool TraceReader::valid_event(const Event& e, uint64_t last_seq) const noexcept {
-    return e.seq > last_seq && static_cast<uint8_t>(e.kind) >= 1 &&
-           static_cast<uint8_t>(e.kind) <= kEventKindCount && static_cast<uint8_t>(e.level) <= 2 &&
-           static_cast<uint8_t>(e.memory) <= kMemoryKindMax &&
-           static_cast<uint8_t>(e.api) < kApiCount &&
-           !(e.kind == EventKind::derived && header_.format_version < 3) &&
-           e.layer < strings_defined_ && e.phase < strings_defined_ && e.stack < stacks_defined_ &&
-           !(e.kind == EventKind::mark && e.aux >= strings_defined_) &&
-           !(e.kind == EventKind::param && e.aux >= params_defined_) &&
-           !(e.kind == EventKind::derived &&
-             (e.aux >= params_defined_ || e.stream >= strings_defined_));
+TraceReader::EventProblem TraceReader::event_problem(const Event& e, bool ordered,
+                                                     uint64_t last_seq) const noexcept {
+    if (ordered && e.seq <= last_seq) return EventProblem::backwards;
+    if (static_cast<uint8_t>(e.kind) < 1 || static_cast<uint8_t>(e.kind) > kEventKindCount ||
+        static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > kMemoryKindMax ||
+        static_cast<uint8_t>(e.api) >= kApiCount)
+        return EventProblem::bad_enum;
+    if (e.kind == EventKind::derived && header_.format_version < 3)
+        return EventProblem::derived_too_old;
+    if (e.layer >= strings_defined_ || e.phase >= strings_defined_ || e.stack >= stacks_defined_ ||
+        (e.kind == EventKind::mark && e.aux >= strings_defined_) ||
+        (e.kind == EventKind::param && e.aux >= params_defined_) ||
+        (e.kind == EventKind::derived &&
+         (e.aux >= params_defined_ || e.stream >= strings_defined_)))
+        return EventProblem::undefined;
+    return EventProblem::none;
 }
 
 void TraceReader::check_block() {
     check_event(block_[0], block_offset_);
     size_t i = 1;
-    for (; i < block_size_ && valid_event(block_[i], block_[i - 1].seq); ++i) {
-    }
+    while (i < block_size_ &&
+           event_problem(block_[i], true, block_[i - 1].seq) == EventProblem::none)
+        ++i;
     // check_event records the last event yielded: next() checks the first
     // invalid one again when it comes to it.
     block_valid_ = i;
@@ -298,25 +304,19 @@ void TraceReader::check_block() {
 }
 
 void TraceReader::check_event(const Event& e, uint64_t offset) {
-    if (any_event_ && e.seq <= last_seq_) {
-        fail(offset, "event sequence goes backwards (" + std::to_string(e.seq) + " after " +
-                         std::to_string(last_seq_) + ")");
-    }
-    if (static_cast<uint8_t>(e.kind) < 1 || static_cast<uint8_t>(e.kind) > kEventKindCount ||
-        static_cast<uint8_t>(e.level) > 2 || static_cast<uint8_t>(e.memory) > kMemoryKindMax ||
-        static_cast<uint8_t>(e.api) >= kApiCount) {
-        fail(offset, "event has an invalid kind, level, memory kind or api");
-    }
-    if (e.kind == EventKind::derived && header_.format_version < 3) {
-        fail(offset, "event of kind derived in a version " +
-                         std::to_string(header_.format_version) + " trace");
-    }
-    if (e.layer >= strings_defined_ || e.phase >= strings_defined_ || e.stack >= stacks_defined_ ||
-        (e.kind == EventKind::mark && e.aux >= strings_defined_) ||
-        (e.kind == EventKind::param && e.aux >= params_defined_) ||
-        (e.kind == EventKind::derived &&
-         (e.aux >= params_defined_ || e.stream >= strings_defined_))) {
-        fail(offset, "event refers to an undefined string, stack or param");
+    switch (event_problem(e, any_event_, last_seq_)) {
+        case EventProblem::none:
+            break;
+        case EventProblem::backwards:
+            fail(offset, "event sequence goes backwards (" + std::to_string(e.seq) + " after " +
+                             std::to_string(last_seq_) + ")");
+        case EventProblem::bad_enum:
+            fail(offset, "event has an invalid kind, level, memory kind or api");
+        case EventProblem::derived_too_old:
+            fail(offset, "event of kind derived in a version " +
+                             std::to_string(header_.format_version) + " trace");
+        case EventProblem::undefined:
+            fail(offset, "event refers to an undefined string, stack or param");
     }
     any_event_ = true;
     last_seq_ = e.seq;

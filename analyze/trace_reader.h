@@ -73,10 +73,12 @@ class TraceReader {
     [[noreturn]] void fail(uint64_t offset, const std::string& problem) const;
     bool read_exact(void* dst, size_t n);
     void decode(TraceRecord& record, const std::string& payload);
-    // Checks an event against seq order and the definitions read so far:
-    // valid_event says whether one that follows `last_seq` passes,
-    // check_event throws where it does not.
-    bool valid_event(const Event& e, uint64_t last_seq) const noexcept;
+    // Checks an event against seq order and the definitions read so far,
+    // one set of rules: event_problem names what is wrong with one that
+    // follows `last_seq` (none: nothing; `ordered` false: the first event,
+    // no order to keep), check_event throws where something is.
+    enum class EventProblem { none, backwards, bad_enum, derived_too_old, undefined };
+    EventProblem event_problem(const Event& e, bool ordered, uint64_t last_seq) const noexcept;
     void check_event(const Event& event, uint64_t offset);
     // Checks the current block's events at once, after the first, which is
     // checked here (it throws where that one is invalid); the others' error

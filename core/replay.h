@@ -130,6 +130,8 @@ class Replay {
         uint64_t allocations = 0;
         uint64_t allocated_bytes = 0;
         uint64_t peak_bytes = 0;
+
+        bool operator==(const GraphPoolTotals&) const = default;
     };
     const GraphPoolTotals& graph_pools() const noexcept { return graph_; }
     // The live mappings' addresses (device segments of api cuMemMap).
