@@ -247,3 +247,50 @@ def test_a_node_of_another_graph_is_not_trusted():
     g, n = _fp8_graph()
     other, m = _fp8_graph()
     assert compiled.scopes(FP8_SOURCE, {"buf1": Buffer(m["q"])}, g, {m["w"]: ("fc1", "weight")}, set()) == []
+
+
+class Module:
+    """A module's shape as frame_module reads it: its own parameters."""
+
+    def __init__(self, **parameters):
+        self._parameters = parameters
+
+
+class Tensor:
+    pass
+
+
+def _names_of(modules):
+    """_naming's table for {name: module}."""
+    import weakref
+
+    return {id(m): (weakref.ref(m), name, False, name.encode()) for name, m in modules.items()}
+
+
+def test_the_compiled_frames_module_is_found_from_the_parameters_it_is_called_with():
+    # One generated file for sibling linears of one shape (Dynamo guards on
+    # neither): which one ran is known from the parameter passed.
+    wq, wk, x = Tensor(), Tensor(), Tensor()
+    q, k = Module(weight=wq), Module(weight=wk)
+    block = Module()
+    names = _names_of({"layers.0": block, "layers.0.wq": q, "layers.0.wk": k})
+    inputs = [(0, ("", "weight"))]  # the frame's self is the linear: L['self']._parameters['weight']
+    assert compiled.frame_module([wq, x], inputs, names) is q
+    assert compiled.frame_module([wk, x], inputs, names) is k
+    assert compiled.frame_module([Tensor(), x], inputs, names) is None, "an unknown tensor names nothing"
+
+
+def test_a_parameter_of_a_module_inside_the_frames_self_leads_up_to_it():
+    w1, x = Tensor(), Tensor()
+    fc1, mlp = Module(weight=w1), Module()
+    names = _names_of({"layers.3.mlp": mlp, "layers.3.mlp.fc1": fc1})
+    assert compiled.frame_module([x, w1], [(1, ("fc1", "weight"))], names) is mlp
+    # A path that does not end the owner's name is not trusted.
+    assert compiled.frame_module([x, w1], [(1, ("fc2", "weight"))], names) is None
+
+
+def test_a_frame_whose_self_is_the_models_root_enters_nothing():
+    w = Tensor()
+    fc = Module(weight=w)
+    names = _names_of({"": Module(), "fc": fc})
+    assert compiled.frame_module([w], [(0, ("fc", "weight"))], names) is None

@@ -358,10 +358,153 @@ def _scope_graph(lowering, module):
         if sources and len(sources) == len(placeholders):
             params = {n: s for n, s in zip(placeholders, sources) if s}
     saved = _saved_for_backward(lowering)
+    registered = 0
     for number, module_path, param_module, param, how in scopes(
         lines, lowering.name_to_buffer, graph, params, saved
     ):
         _allocscope.python_frame_scope(path, number, module_path, param_module, param, how)
+        registered += 1
+    inputs = [(i, params[n]) for i, n in enumerate(placeholders) if n in params]
+    if inputs:
+        _enter_frame_module(module, inputs)
+    if _debug:
+        from ._common import _say
+
+        _say(
+            "compiled " + path,
+            "torch.compile: %s graph %s: %d allocating lines scoped, parameters %s"
+            % (
+                "backward" if getattr(lowering, "is_backward", False) else "forward",
+                path,
+                registered,
+                ", ".join(".".join(c for c in s if c) for _, s in inputs) or "none",
+            ),
+        )
+
+
+# --- the compiled frame's module, at call time ------------------------------
+#
+# Dynamo compiles a frame of a module's code, `forward` or `_call_impl`, and
+# the module hooks inside a traced _call_impl do nothing, so a module whose
+# own call was compiled (a linear inside a block, compiled apart after a
+# graph break) runs without its tag: its buffers would be scoped to the
+# enclosing block and its parameters looked for there. One generated file
+# serves every module that passes the frame's guards (the 8 blocks of a
+# model, or sibling linears of one shape), so which module ran is known only
+# at call time: from the parameters the call is given. The generated
+# module's `call` is wrapped so that it enters the tag of the module whose
+# parameters these are (a second entry of a tag already entered changes
+# nothing).
+
+_owners = {}  # id(parameter) -> (weakref to it, weakref to its module)
+
+
+def _owner(parameter, name, names):
+    """The named module (of `names`, _naming's table) that holds `parameter`
+    as its parameter `name`."""
+    got = _owners.get(id(parameter))
+    if got is not None and got[0]() is parameter:
+        return got[1]()
+    found = None
+    for ref, _name, provisional, _b in list(names.values()):
+        m = ref()
+        if m is None or provisional:
+            continue
+        try:
+            if m._parameters.get(name) is parameter:
+                found = m
+                break
+        except Exception:
+            continue
+    try:
+        _owners[id(parameter)] = (
+            weakref.ref(parameter),
+            (weakref.ref(found) if found is not None else (lambda: None)),
+        )
+    except TypeError:
+        pass
+    return found
+
+
+def frame_module(args, inputs, names):
+    """The module the compiled frame ran as: `inputs` are (index, (module
+    path from the frame's self, name)) of the graph's parameter inputs and
+    `names` _naming's table (id(module) -> (weakref, name, provisional,
+    bytes)); the first input whose owner is named and whose path leads back
+    up to a named module gives it. None when none does, or when the frame's
+    self is the model's root (whose tag its hooks entered)."""
+    for index, (module_path, name) in inputs:
+        if index >= len(args):
+            continue
+        owner = _owner(args[index], name, names)
+        if owner is None:
+            continue
+        m = owner
+        if module_path:
+            # Up from the owner to the frame's self: the owner's name ends
+            # with module_path.
+            entry = names.get(id(owner))
+            if entry is None:
+                continue
+            full = entry[1]
+            if full == module_path:
+                return None  # the frame's self is the model's root: its tag is entered
+            if not full.endswith("." + module_path):
+                continue
+            root_name = full[: -len(module_path) - 1]
+            m = None
+            for ref, n, provisional, _b in list(names.values()):
+                if n == root_name and not provisional:
+                    m = ref()
+                    break
+            if m is None:
+                continue
+        return m
+    return None
+
+
+def _enter_frame_module(module, inputs):
+    from . import _hooks
+    from ._common import _FORWARD
+    from ._naming import _names
+
+    call = getattr(module, "call", None)
+    if call is None or getattr(call, "_allocscope", False):
+        return
+    # Resolved once per distinct first parameter: the module's name bytes.
+    keys = {}
+
+    def wrapped(args):
+        ops = _hooks._ops
+        key = entry = None
+        if ops is not None and args:
+            try:
+                first = args[inputs[0][0]]
+                got = keys.get(id(first))
+                if got is None or got[0]() is not first:
+                    m = frame_module(args, inputs, _names)
+                    named = _names.get(id(m)) if m is not None else None
+                    # Not the model's root (named ""): its hooks entered its tag.
+                    tag = (id(m) + 1, named[3]) if named is not None and named[1] else None
+                    got = (weakref.ref(first), tag)
+                    keys[id(first)] = got
+                if got[1] is not None:
+                    key, entry = got[1]
+                    # id + 1 is odd: no module's own key.
+                    ops.enter(key, _FORWARD, _hooks._generation, entry, _hooks._forward_phase(ops))
+            except Exception:
+                key = None
+        try:
+            return call(args)
+        finally:
+            if key is not None:
+                try:
+                    ops.leave(key, _FORWARD, None)
+                except Exception:
+                    pass
+
+    wrapped._allocscope = True
+    module.call = wrapped
 
 
 _CACHES = (
@@ -502,6 +645,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 _installed = False
 _derive = True  # declare what compiled buffers derive from (provenance on)
+_debug = os.environ.get("ALLOCSCOPE_LOG") == "debug"  # one line per compiled graph
 
 
 def _when_imported(name, then):
