@@ -7,6 +7,7 @@ findings.
         [--modes seed,fixed,bf16] [--allocators default,async,expandable] [--steps N]
         [--nproc N] [--checkpoint] [--grad-accum N] [--backend nccl|gloo|auto]
         [--fp8-impl function|subclass] [--tokens T] [--no-provenance]
+        [--compile none|inplace|wrap]
 
 Allocator settings: default (the native caching allocator: per-tensor blocks
 come from the PyTorch bridge), async (PYTORCH_CUDA_ALLOC_CONF=
@@ -32,6 +33,11 @@ Checks, on both ranks:
   fixed, bf16  neither plugin gives a warning or an error
   --no-provenance: no mode gives either plugin's warning or error
 The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
+--compile inplace|wrap compiles each layer (the script's --compile): then
+whether seed keeps its forward copies and its transposes is read from
+torch.cuda.memory_allocated() (seed's over fixed's, after forward and at
+the step's end; bf16's printed beside), never assumed, and seed's
+weight-copy errors must name a linear of the layer.
 --nproc 1 runs one rank on one GPU (the same checks for rank 0).
 --checkpoint runs the script with activation checkpointing: seed then keeps
 no forward copy (no weight-copy-accumulation finding may appear) but still
@@ -50,6 +56,7 @@ GPUs (--nproc, default 2) or FP8 support (sm_89 or newer).
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,7 +111,8 @@ def run_one(cli, out_dir, mode, allocator, args, backend):
         "--fp8-impl", args.fp8_impl,
     ] + (["--checkpoint"] if args.checkpoint else []) + [
         "--grad-accum", str(args.grad_accum), "--backend", backend
-    ] + (["--tokens", str(args.tokens)] if args.tokens else [])
+    ] + (["--tokens", str(args.tokens)] if args.tokens else []) + (
+        ["--compile", args.compile] if args.compile != "none" else [])
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=600)
     return proc
@@ -146,7 +154,63 @@ def check_stacks(rank, plugin, finding, stacks, problems):
                        if finding.get("evidence") else "no evidence"))
 
 
-def check(mode, findings, expected, problems, nproc, stacks, provenance):
+_STEP = re.compile(r"^rank (\d+) step (\d+) loss \S+ allocated (\d+) forward_allocated (\d+)$")
+
+
+def step_memory(stdout):
+    """rank -> (allocated at the end of the last step, allocated right after
+    its forward), as the script read torch.cuda.memory_allocated()."""
+    last = {}
+    for line in stdout.splitlines():
+        m = _STEP.match(line.strip())
+        if m:
+            rank, step, end, forward = (int(g) for g in m.groups())
+            if rank not in last or step >= last[rank][0]:
+                last[rank] = (step, end, forward)
+    return {rank: (end, forward) for rank, (_, end, forward) in last.items()}
+
+
+def compiled_truth(memory, expected, nproc, problems):
+    """What a compiled seed run keeps, from torch's own counter, never
+    assumed: the partitioner may recompute what eager saves, or save what
+    eager recomputes. Per rank, seed's memory after forward over fixed's
+    (the same FP8 linear without the retention) must be either the
+    script's forward copies (kept) or nothing (not kept), and the same for
+    the transposes at the step's end. Returns {rank: (copies kept,
+    transposes kept)}; a difference that is neither is a failure: the
+    truth is unknown, nothing can be judged."""
+    truth = {}
+    for rank in range(nproc):
+        seed, fixed = memory.get(("seed", rank)), memory.get(("fixed", rank))
+        if seed is None or fixed is None:
+            problems.append("compiled rank %d: no memory_allocated() of seed and fixed" % rank)
+            continue
+        layers = [e for (r, _), e in expected.items() if r == rank]
+        copies = sum(e["forward_copy_bytes"] for e in layers)
+        transposes = sum(e["transpose_bytes"] for e in layers)
+        slack = SLACK * max(len(layers), 1)
+        kept = []
+        for what, measured, want in (("forward copies", seed[1] - fixed[1], copies),
+                                     ("transposes", seed[0] - fixed[0], transposes)):
+            bf16 = memory.get(("bf16", rank))
+            print("    truth rank %d: %s: seed - fixed = %d B (script: %d B)%s"
+                  % (rank, what, measured, want,
+                     "" if bf16 is None else "; seed - bf16 after forward %d B, at the end %d B"
+                     % (seed[1] - bf16[1], seed[0] - bf16[0])))
+            if abs(measured - want) <= slack:
+                kept.append(True)
+            elif abs(measured) <= slack:
+                kept.append(False)
+            else:
+                problems.append("compiled rank %d: seed keeps %d B more %s than fixed: neither the "
+                                "script's %d B nor nothing, so the truth is unknown"
+                                % (rank, measured, what, want))
+                kept.append(None)
+        truth[rank] = tuple(kept)
+    return truth
+
+
+def check(mode, findings, expected, problems, nproc, stacks, provenance, truth=None):
     by = {}
     for f in findings.get("findings", []):
         if f["plugin"] not in ("weight-copy-accumulation", "transpose-cache-retention"):
@@ -173,8 +237,14 @@ def check(mode, findings, expected, problems, nproc, stacks, provenance):
             if e is None:
                 problems.append("seed rank %d: the script printed no expectation for %s" % (rank, layer))
                 continue
-            for plugin, want in (("weight-copy-accumulation", e["forward_copy_bytes"]),
-                                 ("transpose-cache-retention", e["transpose_bytes"])):
+            wants = [("weight-copy-accumulation", e["forward_copy_bytes"]),
+                     ("transpose-cache-retention", e["transpose_bytes"])]
+            if truth is not None:  # compiled: what memory says is kept
+                kept = truth.get(rank)
+                if kept is None or None in kept:
+                    continue  # unknown: already a failure
+                wants = [(plugin, want if k else 0) for (plugin, want), k in zip(wants, kept)]
+            for plugin, want in wants:
                 got = [f for f in by.get((plugin, rank), []) if f["layer"] == layer]
                 if want == 0:  # nothing retained (checkpointing drops the forward copy)
                     for f in got:
@@ -189,6 +259,12 @@ def check(mode, findings, expected, problems, nproc, stacks, provenance):
                     problems.append("seed rank %d: %s %s: %d B, want %d..%d B"
                                     % (rank, plugin, layer, b, want, want + SLACK))
                 check_stacks(rank, plugin, got[0], stacks.get(rank, {}), problems)
+                if truth is not None and plugin == "weight-copy-accumulation":
+                    # Compiled: the evidence names the linear, not only the block.
+                    text = json.dumps(got[0])
+                    if not re.search(re.escape(layer) + r"\.(qkv|proj|fc1|fc2)\b", text):
+                        problems.append("seed rank %d: %s %s names no linear of the layer: %s"
+                                        % (rank, plugin, layer, got[0]["summary"]))
 
 
 def check_recompute(cli, out_dir, problems, nproc):
@@ -232,6 +308,11 @@ def main():
     parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="nccl",
                         help="the script's process group backend; gloo lets ranks share a GPU; "
                              "auto: nccl with a GPU per rank, else gloo")
+    parser.add_argument("--compile", choices=("none", "inplace", "wrap"), default="none",
+                        help="the script's torch.compile of each layer; then what seed keeps is "
+                             "taken from torch.cuda.memory_allocated() against fixed, never "
+                             "assumed, and seed's findings must name the linear (needs the modes "
+                             "seed and fixed)")
     args = parser.parse_args()
     cli = os.environ.get("E2E_CLI")
     if not cli or not os.access(cli, os.X_OK):
@@ -244,10 +325,25 @@ def main():
     failed = []
     try:
         for allocator in args.allocators.split(","):
+            runs = []
             for mode in args.modes.split(","):
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
+                runs.append((mode, out_dir, run_one(cli, out_dir, mode, allocator, args, backend)))
+            truth = None
+            if args.compile != "none":
+                memory = {}
+                for mode, _, proc in runs:
+                    for rank, m in step_memory(proc.stdout).items():
+                        memory[(mode, rank)] = m
+                truth_problems = []
+                truth = compiled_truth(memory, expectations(runs[0][2].stdout), args.nproc,
+                                       truth_problems)
+                if truth_problems:
+                    failed.append("truth / %s" % allocator)
+                    for p in truth_problems:
+                        print("    " + p)
+            for mode, out_dir, proc in runs:
                 label = "%s / %s" % (mode, allocator)
-                proc = run_one(cli, out_dir, mode, allocator, args, backend)
                 problems = []
                 if proc.returncode != 0:
                     problems.append("exit status %d" % proc.returncode)
@@ -265,7 +361,7 @@ def main():
                 if not problems or findings:
                     stacks = stacks_by_rank(cli, out_dir, problems) if mode == "seed" else {}
                     check(mode, findings, expectations(proc.stdout), problems, args.nproc, stacks,
-                          args.provenance)
+                          args.provenance, truth)
                     if args.checkpoint:
                         check_recompute(cli, out_dir, problems, args.nproc)
                 status = "ok" if not problems else "FAILED"
