@@ -330,7 +330,7 @@ def main():
                 out_dir = os.path.join(root, "%s-%s" % (mode, allocator))
                 runs.append((mode, out_dir, run_one(cli, out_dir, mode, allocator, args, backend)))
             truth = None
-            if args.compile != "none":
+            if args.compile != "none" and {"seed", "fixed"} <= {m for m, _, _ in runs}:
                 memory = {}
                 for mode, _, proc in runs:
                     for rank, m in step_memory(proc.stdout).items():
