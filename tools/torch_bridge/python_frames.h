@@ -164,32 +164,9 @@ inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil)
     thread_local struct {
         FrameKey key[kPythonFrames];
         FrameName name[kPythonFrames];
-        // The frames the walk went through (shim frames included), and how
-        // many: mostly where the next walk's are (the interpreter's frames
-        // are a stack).
-        const RawFrame* visited[2 * kPythonFrames];
-        size_t visited_count;
     } last{};
-    // The walk chases pointers (a frame, its code object, the frame before
-    // it), each load waiting for the one before, and between two
-    // allocations the program's own work has pushed most of them out of
-    // the cache. So the lines the last walk read are asked for at once, all
-    // in flight together, before the chase begins: a prefetch of memory that
-    // is gone since does nothing (it never faults).
-    for (size_t i = 0; i < last.visited_count; ++i) {
-        __builtin_prefetch(last.visited[i]);
-        __builtin_prefetch(&last.visited[i]->instr);
-    }
-    for (size_t i = 0; i < kPythonFrames && last.key[i].code; ++i) {
-        const auto* code = static_cast<const PyCodeObject*>(last.key[i].code);
-        __builtin_prefetch(code);
-        __builtin_prefetch(&code->co_qualname);
-        __builtin_prefetch(&code->co_firstlineno);
-    }
     size_t n = 0;
-    size_t visited = 0;
     for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
-        if (visited < 2 * kPythonFrames) last.visited[visited++] = f;
         if (f->owner == kOwnedByCStack || !f->code) continue;
         auto* code = reinterpret_cast<PyCodeObject*>(f->code);
         const CodeUnit* first = first_unit(code);  // an address: nothing read yet
@@ -219,7 +196,6 @@ inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil)
             out[n++] = name.address;
         }
     }
-    last.visited_count = visited;
     return n;
 }
 #endif
