@@ -126,6 +126,66 @@ class OwnerLive {
     FlatMap<uint64_t, uint32_t> scopes_;  // alloc seq -> scope, where made in one
 };
 
+// One timeline column's largest live owner-pool allocations, largest first
+// (the older first among equals): the first `cap` of them at most, so that a
+// sample reads its largest without a pass over everything live, and no node
+// is allocated per allocation. What is kept is always the column's largest
+// that many: an allocation enters when it is larger than the last one kept
+// (or all of the column's are kept); one freed leaves; a sample that finds
+// fewer kept than it needs while the column has more refills them in one
+// scan of the live set (stale, start_refill, refill).
+class LargestLive {
+  public:
+    explicit LargestLive(size_t cap) : cap_(cap) {}
+
+    void insert(const LiveRecord& r) {
+        const bool all = top_.size() == count_;
+        ++count_;
+        if (!top_.empty() && larger(r, top_.back())) {
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+            if (top_.size() > cap_) top_.pop_back();
+        } else if (all && top_.size() < cap_) {
+            top_.push_back(r);  // the smallest of the column
+        }
+    }
+    void erase(const LiveRecord& r) {
+        --count_;
+        for (auto it = top_.begin(); it != top_.end(); ++it) {
+            if (it->seq == r.seq) {
+                top_.erase(it);
+                return;
+            }
+        }
+    }
+    // Fewer than `keep` kept while the column has more.
+    bool stale(size_t keep) const noexcept { return top_.size() < keep && top_.size() < count_; }
+    // Where stale: forget what is kept, then refill(r) every live record of
+    // the column.
+    void start_refill(size_t keep) {
+        refilling_ = stale(keep);
+        if (refilling_) top_.clear();
+    }
+    void refill(const LiveRecord& r) {
+        if (!refilling_) return;
+        if (top_.size() < cap_) {
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+        } else if (larger(r, top_.back())) {
+            top_.pop_back();
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+        }
+    }
+    const std::vector<LiveRecord>& top() const noexcept { return top_; }
+
+  private:
+    static bool larger(const LiveRecord& x, const LiveRecord& y) noexcept {
+        return x.size != y.size ? x.size > y.size : x.seq < y.seq;
+    }
+    size_t cap_;
+    size_t count_ = 0;  // the column's live allocations
+    bool refilling_ = false;
+    std::vector<LiveRecord> top_;
+};
+
 std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const OwnerLive& live,
                             size_t top) {
     struct Acc {
@@ -441,6 +501,11 @@ TraceShape ShapeCounter::shape() const {
     return s;
 }
 
+uint64_t ShapeCounter::pushes(uint32_t tid) const {
+    const auto it = pushes_.find(tid);
+    return it == pushes_.end() ? 0 : it->second.second;
+}
+
 TraceShape trace_shape(TraceStream& trace) {
     ShapeCounter counter;
     trace.for_each([&](const Event& e) { counter.add(e, trace.tables()); });
@@ -548,16 +613,23 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     std::vector<TimelinePoint> samples;
     uint64_t bucket_best = 0;
     std::string band_phase;
+    // A band begins at a push or pop of the training thread's, and a pop
+    // begins one only back in a scope pushed: room for as many as can be
+    // (up to 4 M, 256 MB of address space), so the bands never move; pages
+    // never written are never mapped.
+    a.timeline.bands.reserve(
+        size_t(std::min<uint64_t>(2 * shape_counter.pushes(main_tid) + 1, uint64_t{1} << 22)));
     uint64_t last_step = std::numeric_limits<uint64_t>::max();
 
     auto close_band = [&](uint64_t seq, uint64_t t_ns) {
         if (!band_phase.empty() && !a.timeline.bands.empty())
             a.timeline.bands.back().seq_end = seq, a.timeline.bands.back().t_end_ns = t_ns;
     };
-    auto main_thread_phase = [&]() -> std::string {
+    // A view of the tag's phase: valid until the next new tag.
+    auto main_thread_phase = [&]() -> std::string_view {
         const std::vector<uint32_t>* s = thread_scopes.find(main_tid);
         if (!s || s->empty()) return {};
-        return std::string(base_phase(tables.tags[scopes.find(s->back())->tag].phase));
+        return base_phase(tables.tags[scopes.find(s->back())->tag].phase);
     };
 
     // The allocator's counter marks, and the devices allocated on so far
@@ -682,10 +754,10 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                 break;
         }
         if (e.tid == main_tid && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
-            std::string phase = main_thread_phase();
+            const std::string_view phase = main_thread_phase();
             if (phase != band_phase) {
                 close_band(e.seq, e.t_ns);
-                band_phase = std::move(phase);
+                band_phase = phase;
                 if (!band_phase.empty())
                     a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
             }
@@ -832,33 +904,28 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         }
         return it->second;
     };
-    // Each layer's live allocations, largest first (the older first among
-    // equals): reading a sample's largest costs `keep` steps, not a pass
-    // over everything live.
-    struct Larger {
-        bool operator()(const std::pair<uint64_t, uint64_t>& x,
-                        const std::pair<uint64_t, uint64_t>& y) const {
-            return x.first != y.first ? x.first > y.first : x.second < y.second;
-        }
-    };
-    std::vector<std::map<std::pair<uint64_t, uint64_t>, Live, Larger>> by_size(
-        a.timeline.layers.size());
+    // Each column's largest live allocations, largest first (the older
+    // first among equals): reading a sample's largest costs `keep` steps,
+    // not a pass over everything live.
     const size_t keep = options.timeline_allocations;
-    auto forget = [&](const Live& l) {
-        group_live[l.group] -= l.size;
-        if (keep > 0) by_size[column[l.group]].erase({l.size, l.seq});
+    std::vector<LargestLive> largest(a.timeline.layers.size(),
+                                     LargestLive(std::max<size_t>(2 * keep, 8)));
+    auto forget = [&](const LiveRecord& r) {
+        const uint32_t g = tables.group(r.layer);
+        group_live[g] -= r.size;
+        if (keep > 0) largest[column[g]].erase(r);
     };
     i = 0;
     stream.for_each([&](const Event& e) {
         replay_again.apply(e, [&](const LiveChange& c) {
             if (c.pool != a.owner) return;
             if (c.kind == LiveChange::Kind::alloc) {
-                const Live l = again.live_of(c.record);
-                group_live[l.group] += l.size;
-                if (c.replaced) forget(again.live_of(c.old));
-                if (keep > 0) by_size[column[l.group]].emplace(std::pair{l.size, l.seq}, l);
+                const uint32_t g = tables.group(c.record.layer);
+                group_live[g] += c.record.size;
+                if (c.replaced) forget(c.old);
+                if (keep > 0) largest[column[g]].insert(c.record);
             } else if (c.released()) {
-                forget(again.live_of(c.record));
+                forget(c.record);
             }
         });
         if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
@@ -866,11 +933,26 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
             p.layer_bytes.assign(a.timeline.layers.size(), 0);
             for (uint32_t g = 0; g < column.size(); ++g)
                 p.layer_bytes[column[g]] += group_live[g];
-            p.largest.assign(by_size.size(), {});
-            for (size_t c = 0; c < by_size.size(); ++c) {
-                for (auto it = by_size[c].begin();
-                     it != by_size[c].end() && p.largest[c].size() < keep; ++it)
-                    p.largest[c].push_back(allocation_id(it->second));
+            p.largest.assign(largest.size(), {});
+            if (keep > 0) {
+                // Columns whose cache holds too few of their largest: one
+                // scan of the live set refills them all.
+                bool stale = false;
+                for (LargestLive& l : largest)
+                    stale |= l.stale(keep);
+                if (stale) {
+                    for (LargestLive& l : largest)
+                        l.start_refill(keep);
+                    replay_again.table(a.owner).any_of([&](const LiveRecord& r) {
+                        largest[column[tables.group(r.layer)]].refill(r);
+                        return false;
+                    });
+                }
+            }
+            for (size_t c = 0; c < largest.size() && keep > 0; ++c) {
+                const std::vector<LiveRecord>& top = largest[c].top();
+                for (size_t k = 0; k < top.size() && k < keep; ++k)
+                    p.largest[c].push_back(allocation_id(again.live_of(top[k])));
             }
         }
         if (!peak_taken && e.seq == peak_seq) {
