@@ -62,6 +62,27 @@ size_t LiveTable::probe(uint64_t address, bool& found) const noexcept {
 // as it was.
 void LiveTable::rehash() {
     const size_t want = std::bit_ceil(std::max<size_t>(16, (live_ + 1) * 2));
+    if (want == keys_.size()) {
+        // The same size (tombstones, not live records, filled it): in place,
+        // the live records set aside and put back in slot order, which
+        // leaves each where a fresh table would.
+        spare_.reserve(live_);  // may throw: the table is still whole
+        spare_.clear();
+        for (size_t k = 0; k < keys_.size(); ++k) {
+            if (keys_[k].state == SlotState::live) spare_.push_back(records_[k]);
+        }
+        std::fill(keys_.begin(), keys_.end(), Key{});
+        const size_t mask = want - 1;
+        for (const LiveRecord& r : spare_) {
+            size_t i = mix(r.address) & mask;
+            while (keys_[i].state != SlotState::empty)
+                i = (i + 1) & mask;
+            keys_[i] = {r.address, SlotState::live};
+            records_[i] = r;
+        }
+        freed_ = 0;
+        return;
+    }
     std::vector<Key> fresh_keys(want);  // may throw: the table is still whole
     std::vector<LiveRecord> fresh_records(want);
     const size_t mask = want - 1;

@@ -87,6 +87,7 @@ class LiveTable {
 
     std::vector<Key> keys_;            // size is 0 or a power of two
     std::vector<LiveRecord> records_;  // by slot, as keys_
+    std::vector<LiveRecord> spare_;    // a rehash in place: the live records
     uint64_t live_ = 0;
     uint64_t freed_ = 0;  // tombstones
     uint64_t live_bytes_ = 0;
