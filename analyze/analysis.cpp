@@ -97,6 +97,12 @@ class OwnerLive {
     Pool owner() const noexcept { return owner_; }
     // The record's row, with its scope when it was made in one.
     Live live_of(const LiveRecord& r) const {
+        Live l = new_live_of(r);
+        if (const uint32_t* scope = scopes_.find(r.seq)) l.scope = *scope;
+        return l;
+    }
+    // The row of a record just allocated: no scope entered yet.
+    Live new_live_of(const LiveRecord& r) const {
         Live l;
         l.size = r.size;
         l.tag = tables_->tag(r.layer, r.phase);
@@ -104,13 +110,21 @@ class OwnerLive {
         l.stack = r.stack;
         l.seq = r.seq;
         l.step = r.step;
-        if (const uint32_t* scope = scopes_.find(r.seq)) l.scope = *scope;
         return l;
     }
     void entered(uint64_t seq, uint32_t scope) {
         if (scope != kNone) scopes_[seq] = scope;
     }
-    void left(uint64_t seq) { scopes_.erase(seq); }
+    // An allocation released: its layer group and the scope it was made in
+    // (kNone: none), no longer kept.
+    std::pair<uint32_t, uint32_t> leave(const LiveRecord& r) {
+        uint32_t scope = kNone;
+        if (const uint32_t* s = scopes_.find(r.seq)) {
+            scope = *s;
+            scopes_.erase(r.seq);
+        }
+        return {tables_->group(r.layer), scope};
+    }
     template <class F>
     void for_each(F&& f) const {
         replay_.table(owner_).any_of([&](const LiveRecord& r) {
@@ -254,7 +268,7 @@ class OomEpisodes {
             } else {
                 ++ep.calls;
             }
-        } else if (e.kind == EventKind::alloc) {
+        } else if (e.kind == EventKind::alloc && !open_.empty()) {
             if (auto it = open_.find(e.tid); it != open_.end()) close(it->second, true);
         }
     }
@@ -586,16 +600,14 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     Tables tables(t);
     Replay replay;
     OwnerLive live(replay, a.owner, tables);
-    // The owner pool's changes of the event being replayed.
-    std::vector<LiveChange> owner_changes;
     // The scopes open, by id (the count of pushes before theirs): an
     // allocation names the scope it was made in, which may have ended.
     FlatMap<uint32_t, Scope> scopes;
     uint32_t scopes_pushed = 0;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
-    auto scope_left = [&](const Live& l) {
-        if (l.scope == kNone) return;
-        if (Scope* scope = scopes.find(l.scope)) scope->live -= l.size;
+    auto scope_left = [&](uint32_t id, uint64_t size) {
+        if (id == kNone) return;
+        if (Scope* scope = scopes.find(id)) scope->live -= size;
     };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Per tag: bytes and count allocated per stack (TagStats::sites).
@@ -672,11 +684,42 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         } else {
             last_own_step = e.step;
         }
-        owner_changes.clear();
+        // The owner pool's changes, as the replay makes them (nothing after
+        // the replay but the tags' scopes and bands reads what they change,
+        // and an event that changes the live set opens or closes no scope).
+        auto owner_change = [&](const LiveChange& c) {
+            if (c.kind == LiveChange::Kind::alloc) {
+                Live l = live.new_live_of(c.record);  // no scope yet
+                const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
+                if (s && !s->empty()) l.scope = s->back();
+                TagStats& ts = tables.tags[l.tag];
+                ts.allocated_bytes += l.size;
+                ++ts.allocations;
+                if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
+                StackBytes& sb = tag_stacks[l.tag][l.stack];
+                sb.stack = l.stack;
+                sb.bytes += l.size;
+                ++sb.count;
+                if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
+                group_slot(l.group);
+                group_live[l.group] += l.size;
+                group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
+                if (c.replaced) {  // its free was never recorded
+                    const auto [group, scope] = live.leave(c.old);
+                    scope_left(scope, c.old.size);
+                    group_live[group] -= c.old.size;
+                }
+                live.entered(c.record.seq, l.scope);
+            } else if (c.released()) {
+                const auto [group, scope] = live.leave(c.record);
+                scope_left(scope, c.record.size);
+                group_live[group] -= c.record.size;
+            }
+        };
         const uint64_t owner_before = replay.totals(a.owner).live_bytes;
         const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
             segment_owners.apply(c);
-            if (c.pool == a.owner) owner_changes.push_back(c);
+            if (c.pool == a.owner) owner_change(c);
         });
         if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
         // Plain driver allocations live (is_direct_driver_allocation): device
@@ -760,37 +803,6 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                 band_phase = phase;
                 if (!band_phase.empty())
                     a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
-            }
-        }
-        for (const LiveChange& c : owner_changes) {
-            if (c.kind == LiveChange::Kind::alloc) {
-                Live l = live.live_of(c.record);  // no scope yet
-                const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
-                if (s && !s->empty()) l.scope = s->back();
-                TagStats& ts = tables.tags[l.tag];
-                ts.allocated_bytes += l.size;
-                ++ts.allocations;
-                if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
-                StackBytes& sb = tag_stacks[l.tag][l.stack];
-                sb.stack = l.stack;
-                sb.bytes += l.size;
-                ++sb.count;
-                if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
-                group_slot(l.group);
-                group_live[l.group] += l.size;
-                group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
-                if (c.replaced) {  // its free was never recorded
-                    const Live old = live.live_of(c.old);
-                    live.left(c.old.seq);
-                    scope_left(old);
-                    group_live[old.group] -= old.size;
-                }
-                live.entered(c.record.seq, l.scope);
-            } else if (c.released()) {
-                const Live l = live.live_of(c.record);
-                live.left(c.record.seq);
-                scope_left(l);
-                group_live[l.group] -= l.size;
             }
         }
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
