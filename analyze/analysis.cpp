@@ -624,6 +624,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     std::vector<size_t> sample_index;
     std::vector<TimelinePoint> samples;
     uint64_t bucket_best = 0;
+    size_t in_bucket = 0;  // i % bucket, kept without a division per event
     std::string band_phase;
     // A band begins at a push or pop of the training thread's, and a pop
     // begins one only back in a scope pushed: room for as many as can be
@@ -812,8 +813,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         last_layer.add(e, t.strings.size());
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
-        if (i % bucket == 0 || owner_now > bucket_best) {
-            if (i % bucket == 0) {
+        if (in_bucket == 0 || owner_now > bucket_best) {
+            if (in_bucket == 0) {
                 sample_index.push_back(i);
                 samples.emplace_back();
             } else {
@@ -829,6 +830,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         last_seq = e.seq;
         last_t_ns = e.t_ns;
         ++i;
+        if (++in_bucket == bucket) in_bucket = 0;
     });
     if (n > 0) close_band(last_seq, last_t_ns);
     if (steps) *steps = step_counter->finish(replay.totals(a.owner).live_bytes);

@@ -141,7 +141,7 @@ class Replay {
     // The change apply() reports, as a LiveChange{} made for `e` would be:
     // one kept from call to call, so that its 160 bytes are not cleared
     // whole for each event; only what the last change set beyond what every
-    // change sets is cleared (record: by the caller where not set).
+    // change sets is cleared (record: by apply_free where it found none).
     LiveChange& blank_change(const Event& e) noexcept {
         LiveChange& c = change_;
         c.kind = LiveChange::Kind::alloc;
@@ -192,7 +192,6 @@ FreeOutcome Replay::apply(const Event& e, F&& on_change) {
         }
         case EventKind::free: {
             LiveChange& c = blank_change(e);
-            c.record = LiveRecord{};
             if ((e.flags & kFlagRange) == 0) {
                 apply_free(e, e.address, c);
                 on_change(static_cast<const LiveChange&>(c));
@@ -204,7 +203,7 @@ FreeOutcome Replay::apply(const Event& e, F&& on_change) {
             for (uint64_t from = e.address; from < end && next_mapping(from, end, at);
                  from = at + 1) {
                 covered = true;
-                blank_change(e).record = LiveRecord{};
+                blank_change(e);
                 apply_free(e, at, c);
                 on_change(static_cast<const LiveChange&>(c));
                 if (at == UINT64_MAX) break;
