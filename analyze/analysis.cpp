@@ -97,6 +97,12 @@ class OwnerLive {
     Pool owner() const noexcept { return owner_; }
     // The record's row, with its scope when it was made in one.
     Live live_of(const LiveRecord& r) const {
+        Live l = new_live_of(r);
+        if (const uint32_t* scope = scopes_.find(r.seq)) l.scope = *scope;
+        return l;
+    }
+    // The row of a record just allocated: no scope entered yet.
+    Live new_live_of(const LiveRecord& r) const {
         Live l;
         l.size = r.size;
         l.tag = tables_->tag(r.layer, r.phase);
@@ -104,13 +110,21 @@ class OwnerLive {
         l.stack = r.stack;
         l.seq = r.seq;
         l.step = r.step;
-        if (const uint32_t* scope = scopes_.find(r.seq)) l.scope = *scope;
         return l;
     }
     void entered(uint64_t seq, uint32_t scope) {
         if (scope != kNone) scopes_[seq] = scope;
     }
-    void left(uint64_t seq) { scopes_.erase(seq); }
+    // An allocation released: its layer group and the scope it was made in
+    // (kNone: none), no longer kept.
+    std::pair<uint32_t, uint32_t> leave(const LiveRecord& r) {
+        uint32_t scope = kNone;
+        if (const uint32_t* s = scopes_.find(r.seq)) {
+            scope = *s;
+            scopes_.erase(r.seq);
+        }
+        return {tables_->group(r.layer), scope};
+    }
     template <class F>
     void for_each(F&& f) const {
         replay_.table(owner_).any_of([&](const LiveRecord& r) {
@@ -124,6 +138,66 @@ class OwnerLive {
     Pool owner_;
     Tables* tables_;
     FlatMap<uint64_t, uint32_t> scopes_;  // alloc seq -> scope, where made in one
+};
+
+// One timeline column's largest live owner-pool allocations, largest first
+// (the older first among equals): the first `cap` of them at most, so that a
+// sample reads its largest without a pass over everything live, and no node
+// is allocated per allocation. What is kept is always the column's largest
+// that many: an allocation enters when it is larger than the last one kept
+// (or all of the column's are kept); one freed leaves; a sample that finds
+// fewer kept than it needs while the column has more refills them in one
+// scan of the live set (stale, start_refill, refill).
+class LargestLive {
+  public:
+    explicit LargestLive(size_t cap) : cap_(cap) {}
+
+    void insert(const LiveRecord& r) {
+        const bool all = top_.size() == count_;
+        ++count_;
+        if (!top_.empty() && larger(r, top_.back())) {
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+            if (top_.size() > cap_) top_.pop_back();
+        } else if (all && top_.size() < cap_) {
+            top_.push_back(r);  // the smallest of the column
+        }
+    }
+    void erase(const LiveRecord& r) {
+        --count_;
+        for (auto it = top_.begin(); it != top_.end(); ++it) {
+            if (it->seq == r.seq) {
+                top_.erase(it);
+                return;
+            }
+        }
+    }
+    // Fewer than `keep` kept while the column has more.
+    bool stale(size_t keep) const noexcept { return top_.size() < keep && top_.size() < count_; }
+    // Where stale: forget what is kept, then refill(r) every live record of
+    // the column.
+    void start_refill(size_t keep) {
+        refilling_ = stale(keep);
+        if (refilling_) top_.clear();
+    }
+    void refill(const LiveRecord& r) {
+        if (!refilling_) return;
+        if (top_.size() < cap_) {
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+        } else if (larger(r, top_.back())) {
+            top_.pop_back();
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+        }
+    }
+    const std::vector<LiveRecord>& top() const noexcept { return top_; }
+
+  private:
+    static bool larger(const LiveRecord& x, const LiveRecord& y) noexcept {
+        return x.size != y.size ? x.size > y.size : x.seq < y.seq;
+    }
+    size_t cap_;
+    size_t count_ = 0;  // the column's live allocations
+    bool refilling_ = false;
+    std::vector<LiveRecord> top_;
 };
 
 std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const OwnerLive& live,
@@ -194,7 +268,7 @@ class OomEpisodes {
             } else {
                 ++ep.calls;
             }
-        } else if (e.kind == EventKind::alloc) {
+        } else if (e.kind == EventKind::alloc && !open_.empty()) {
             if (auto it = open_.find(e.tid); it != open_.end()) close(it->second, true);
         }
     }
@@ -441,6 +515,11 @@ TraceShape ShapeCounter::shape() const {
     return s;
 }
 
+uint64_t ShapeCounter::pushes(uint32_t tid) const {
+    const auto it = pushes_.find(tid);
+    return it == pushes_.end() ? 0 : it->second.second;
+}
+
 TraceShape trace_shape(TraceStream& trace) {
     ShapeCounter counter;
     trace.for_each([&](const Event& e) { counter.add(e, trace.tables()); });
@@ -521,16 +600,14 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     Tables tables(t);
     Replay replay;
     OwnerLive live(replay, a.owner, tables);
-    // The owner pool's changes of the event being replayed.
-    std::vector<LiveChange> owner_changes;
     // The scopes open, by id (the count of pushes before theirs): an
     // allocation names the scope it was made in, which may have ended.
     FlatMap<uint32_t, Scope> scopes;
     uint32_t scopes_pushed = 0;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
-    auto scope_left = [&](const Live& l) {
-        if (l.scope == kNone) return;
-        if (Scope* scope = scopes.find(l.scope)) scope->live -= l.size;
+    auto scope_left = [&](uint32_t id, uint64_t size) {
+        if (id == kNone) return;
+        if (Scope* scope = scopes.find(id)) scope->live -= size;
     };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Per tag: bytes and count allocated per stack (TagStats::sites).
@@ -547,17 +624,25 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     std::vector<size_t> sample_index;
     std::vector<TimelinePoint> samples;
     uint64_t bucket_best = 0;
+    size_t in_bucket = 0;  // i % bucket, kept without a division per event
     std::string band_phase;
+    // A band begins at a push or pop of the training thread's, and a pop
+    // begins one only back in a scope pushed: room for as many as can be
+    // (up to 4 M, 256 MB of address space), so the bands never move; pages
+    // never written are never mapped.
+    a.timeline.bands.reserve(
+        size_t(std::min<uint64_t>(2 * shape_counter.pushes(main_tid) + 1, uint64_t{1} << 22)));
     uint64_t last_step = std::numeric_limits<uint64_t>::max();
 
     auto close_band = [&](uint64_t seq, uint64_t t_ns) {
         if (!band_phase.empty() && !a.timeline.bands.empty())
             a.timeline.bands.back().seq_end = seq, a.timeline.bands.back().t_end_ns = t_ns;
     };
-    auto main_thread_phase = [&]() -> std::string {
+    // A view of the tag's phase: valid until the next new tag.
+    auto main_thread_phase = [&]() -> std::string_view {
         const std::vector<uint32_t>* s = thread_scopes.find(main_tid);
         if (!s || s->empty()) return {};
-        return std::string(base_phase(tables.tags[scopes.find(s->back())->tag].phase));
+        return base_phase(tables.tags[scopes.find(s->back())->tag].phase);
     };
 
     // The allocator's counter marks, and the devices allocated on so far
@@ -600,11 +685,42 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         } else {
             last_own_step = e.step;
         }
-        owner_changes.clear();
+        // The owner pool's changes, as the replay makes them (nothing after
+        // the replay but the tags' scopes and bands reads what they change,
+        // and an event that changes the live set opens or closes no scope).
+        auto owner_change = [&](const LiveChange& c) {
+            if (c.kind == LiveChange::Kind::alloc) {
+                Live l = live.new_live_of(c.record);  // no scope yet
+                const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
+                if (s && !s->empty()) l.scope = s->back();
+                TagStats& ts = tables.tags[l.tag];
+                ts.allocated_bytes += l.size;
+                ++ts.allocations;
+                if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
+                StackBytes& sb = tag_stacks[l.tag][l.stack];
+                sb.stack = l.stack;
+                sb.bytes += l.size;
+                ++sb.count;
+                if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
+                group_slot(l.group);
+                group_live[l.group] += l.size;
+                group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
+                if (c.replaced) {  // its free was never recorded
+                    const auto [group, scope] = live.leave(c.old);
+                    scope_left(scope, c.old.size);
+                    group_live[group] -= c.old.size;
+                }
+                live.entered(c.record.seq, l.scope);
+            } else if (c.released()) {
+                const auto [group, scope] = live.leave(c.record);
+                scope_left(scope, c.record.size);
+                group_live[group] -= c.record.size;
+            }
+        };
         const uint64_t owner_before = replay.totals(a.owner).live_bytes;
         const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
             segment_owners.apply(c);
-            if (c.pool == a.owner) owner_changes.push_back(c);
+            if (c.pool == a.owner) owner_change(c);
         });
         if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
         // Plain driver allocations live (is_direct_driver_allocation): device
@@ -682,43 +798,12 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                 break;
         }
         if (e.tid == main_tid && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
-            std::string phase = main_thread_phase();
+            const std::string_view phase = main_thread_phase();
             if (phase != band_phase) {
                 close_band(e.seq, e.t_ns);
-                band_phase = std::move(phase);
+                band_phase = phase;
                 if (!band_phase.empty())
                     a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
-            }
-        }
-        for (const LiveChange& c : owner_changes) {
-            if (c.kind == LiveChange::Kind::alloc) {
-                Live l = live.live_of(c.record);  // no scope yet
-                const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
-                if (s && !s->empty()) l.scope = s->back();
-                TagStats& ts = tables.tags[l.tag];
-                ts.allocated_bytes += l.size;
-                ++ts.allocations;
-                if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
-                StackBytes& sb = tag_stacks[l.tag][l.stack];
-                sb.stack = l.stack;
-                sb.bytes += l.size;
-                ++sb.count;
-                if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
-                group_slot(l.group);
-                group_live[l.group] += l.size;
-                group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
-                if (c.replaced) {  // its free was never recorded
-                    const Live old = live.live_of(c.old);
-                    live.left(c.old.seq);
-                    scope_left(old);
-                    group_live[old.group] -= old.size;
-                }
-                live.entered(c.record.seq, l.scope);
-            } else if (c.released()) {
-                const Live l = live.live_of(c.record);
-                live.left(c.record.seq);
-                scope_left(l);
-                group_live[l.group] -= l.size;
             }
         }
         if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
@@ -728,8 +813,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         last_layer.add(e, t.strings.size());
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
-        if (i % bucket == 0 || owner_now > bucket_best) {
-            if (i % bucket == 0) {
+        if (in_bucket == 0 || owner_now > bucket_best) {
+            if (in_bucket == 0) {
                 sample_index.push_back(i);
                 samples.emplace_back();
             } else {
@@ -745,6 +830,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         last_seq = e.seq;
         last_t_ns = e.t_ns;
         ++i;
+        if (++in_bucket == bucket) in_bucket = 0;
     });
     if (n > 0) close_band(last_seq, last_t_ns);
     if (steps) *steps = step_counter->finish(replay.totals(a.owner).live_bytes);
@@ -832,33 +918,28 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         }
         return it->second;
     };
-    // Each layer's live allocations, largest first (the older first among
-    // equals): reading a sample's largest costs `keep` steps, not a pass
-    // over everything live.
-    struct Larger {
-        bool operator()(const std::pair<uint64_t, uint64_t>& x,
-                        const std::pair<uint64_t, uint64_t>& y) const {
-            return x.first != y.first ? x.first > y.first : x.second < y.second;
-        }
-    };
-    std::vector<std::map<std::pair<uint64_t, uint64_t>, Live, Larger>> by_size(
-        a.timeline.layers.size());
+    // Each column's largest live allocations, largest first (the older
+    // first among equals): reading a sample's largest costs `keep` steps,
+    // not a pass over everything live.
     const size_t keep = options.timeline_allocations;
-    auto forget = [&](const Live& l) {
-        group_live[l.group] -= l.size;
-        if (keep > 0) by_size[column[l.group]].erase({l.size, l.seq});
+    std::vector<LargestLive> largest(a.timeline.layers.size(),
+                                     LargestLive(std::max<size_t>(2 * keep, 8)));
+    auto forget = [&](const LiveRecord& r) {
+        const uint32_t g = tables.group(r.layer);
+        group_live[g] -= r.size;
+        if (keep > 0) largest[column[g]].erase(r);
     };
     i = 0;
     stream.for_each([&](const Event& e) {
         replay_again.apply(e, [&](const LiveChange& c) {
             if (c.pool != a.owner) return;
             if (c.kind == LiveChange::Kind::alloc) {
-                const Live l = again.live_of(c.record);
-                group_live[l.group] += l.size;
-                if (c.replaced) forget(again.live_of(c.old));
-                if (keep > 0) by_size[column[l.group]].emplace(std::pair{l.size, l.seq}, l);
+                const uint32_t g = tables.group(c.record.layer);
+                group_live[g] += c.record.size;
+                if (c.replaced) forget(c.old);
+                if (keep > 0) largest[column[g]].insert(c.record);
             } else if (c.released()) {
-                forget(again.live_of(c.record));
+                forget(c.record);
             }
         });
         if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
@@ -866,11 +947,26 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
             p.layer_bytes.assign(a.timeline.layers.size(), 0);
             for (uint32_t g = 0; g < column.size(); ++g)
                 p.layer_bytes[column[g]] += group_live[g];
-            p.largest.assign(by_size.size(), {});
-            for (size_t c = 0; c < by_size.size(); ++c) {
-                for (auto it = by_size[c].begin();
-                     it != by_size[c].end() && p.largest[c].size() < keep; ++it)
-                    p.largest[c].push_back(allocation_id(it->second));
+            p.largest.assign(largest.size(), {});
+            if (keep > 0) {
+                // Columns whose cache holds too few of their largest: one
+                // scan of the live set refills them all.
+                bool stale = false;
+                for (LargestLive& l : largest)
+                    stale |= l.stale(keep);
+                if (stale) {
+                    for (LargestLive& l : largest)
+                        l.start_refill(keep);
+                    replay_again.table(a.owner).any_of([&](const LiveRecord& r) {
+                        largest[column[tables.group(r.layer)]].refill(r);
+                        return false;
+                    });
+                }
+            }
+            for (size_t c = 0; c < largest.size() && keep > 0; ++c) {
+                const std::vector<LiveRecord>& top = largest[c].top();
+                for (size_t k = 0; k < top.size() && k < keep; ++k)
+                    p.largest[c].push_back(allocation_id(again.live_of(top[k])));
             }
         }
         if (!peak_taken && e.seq == peak_seq) {

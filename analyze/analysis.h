@@ -371,6 +371,8 @@ class ShapeCounter {
   public:
     void add(const Event& e, const TraceTables& tables);
     TraceShape shape() const;
+    // The tags `tid` pushed.
+    uint64_t pushes(uint32_t tid) const;
 
   private:
     bool any_event_ = false;

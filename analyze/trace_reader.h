@@ -78,7 +78,8 @@ class TraceReader {
     // follows `last_seq` (none: nothing; `ordered` false: the first event,
     // no order to keep), check_event throws where something is.
     enum class EventProblem { none, backwards, bad_enum, derived_too_old, undefined };
-    EventProblem event_problem(const Event& e, bool ordered, uint64_t last_seq) const noexcept;
+    inline EventProblem event_problem(const Event& e, bool ordered,
+                                      uint64_t last_seq) const noexcept;
     void check_event(const Event& event, uint64_t offset);
     // Checks the current block's events at once, after the first, which is
     // checked here (it throws where that one is invalid); the others' error
@@ -166,12 +167,22 @@ class TraceStream {
             return;
         }
         start_pass();
-        while (const Event* e = next())
+        while (const Event* e = next_inline())
             f(*e);
     }
 
   private:
     void start_pass();
+    // next()'s common case inline: the next event of the current block.
+    const Event* next_inline() {
+        if (reader_ && (!counted_ || given_ != count_)) {
+            if (const Event* e = reader_->next_block_event()) {
+                ++(counted_ ? given_ : count_);
+                return e;
+            }
+        }
+        return next();
+    }
     const Event* next();
     // The first pass's end: how the trace ended, from the reader.
     void finish_first_pass();

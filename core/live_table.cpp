@@ -39,19 +39,20 @@ LiveRecord LiveRecord::from(const Event& e) noexcept {
 // Index of `address`'s slot, or of the first reusable slot on its probe path
 // when absent (a tombstone of another address or an empty slot).
 size_t LiveTable::probe(uint64_t address, bool& found) const noexcept {
-    const size_t mask = slots_.size() - 1;
+    const size_t mask = keys_.size() - 1;
+    const Key* keys = keys_.data();
     size_t first_reusable = SIZE_MAX;
     for (size_t i = mix(address) & mask;; i = (i + 1) & mask) {
-        const Slot& s = slots_[i];
-        if (s.state == SlotState::empty) {
+        const Key& k = keys[i];
+        if (k.state == SlotState::empty) {
             found = false;
             return first_reusable != SIZE_MAX ? first_reusable : i;
         }
-        if (s.record.address == address) {
+        if (k.address == address) {
             found = true;
             return i;
         }
-        if (s.state == SlotState::freed && first_reusable == SIZE_MAX) first_reusable = i;
+        if (k.state == SlotState::freed && first_reusable == SIZE_MAX) first_reusable = i;
     }
 }
 
@@ -61,16 +62,40 @@ size_t LiveTable::probe(uint64_t address, bool& found) const noexcept {
 // as it was.
 void LiveTable::rehash() {
     const size_t want = std::bit_ceil(std::max<size_t>(16, (live_ + 1) * 2));
-    std::vector<Slot> fresh(want);  // may throw: the table is still whole
-    const size_t mask = want - 1;
-    for (const Slot& s : slots_) {
-        if (s.state != SlotState::live) continue;
-        size_t i = mix(s.record.address) & mask;
-        while (fresh[i].state != SlotState::empty)
-            i = (i + 1) & mask;
-        fresh[i] = s;
+    if (want == keys_.size()) {
+        // The same size (tombstones, not live records, filled it): in place,
+        // the live records set aside and put back in slot order, which
+        // leaves each where a fresh table would.
+        spare_.reserve(live_);  // may throw: the table is still whole
+        spare_.clear();
+        for (size_t k = 0; k < keys_.size(); ++k) {
+            if (keys_[k].state == SlotState::live) spare_.push_back(records_[k]);
+        }
+        std::fill(keys_.begin(), keys_.end(), Key{});
+        const size_t mask = want - 1;
+        for (const LiveRecord& r : spare_) {
+            size_t i = mix(r.address) & mask;
+            while (keys_[i].state != SlotState::empty)
+                i = (i + 1) & mask;
+            keys_[i] = {r.address, SlotState::live};
+            records_[i] = r;
+        }
+        freed_ = 0;
+        return;
     }
-    slots_.swap(fresh);
+    std::vector<Key> fresh_keys(want);  // may throw: the table is still whole
+    std::vector<LiveRecord> fresh_records(want);
+    const size_t mask = want - 1;
+    for (size_t k = 0; k < keys_.size(); ++k) {
+        if (keys_[k].state != SlotState::live) continue;
+        size_t i = mix(keys_[k].address) & mask;
+        while (fresh_keys[i].state != SlotState::empty)
+            i = (i + 1) & mask;
+        fresh_keys[i] = keys_[k];
+        fresh_records[i] = records_[k];
+    }
+    keys_.swap(fresh_keys);
+    records_.swap(fresh_records);
     freed_ = 0;
 }
 
@@ -78,42 +103,46 @@ bool LiveTable::insert(const LiveRecord& record, LiveRecord* replaced) {
     // An address seen before (live, or its tombstone) keeps its slot: the
     // table grows only for a new address.
     bool found = false;
-    size_t i = slots_.empty() ? 0 : probe(record.address, found);
-    if (!found && (slots_.empty() || (live_ + freed_ + 1) * 4 > slots_.size() * 3)) {
+    size_t i = keys_.empty() ? 0 : probe(record.address, found);
+    if (!found && (keys_.empty() || (live_ + freed_ + 1) * 4 > keys_.size() * 3)) {
         rehash();
         i = probe(record.address, found);
     }
-    Slot& slot = slots_[i];
+    Key& key = keys_[i];
+    LiveRecord& slot = records_[i];
     bool fresh = true;
-    if (found && slot.state == SlotState::live) {
-        if (replaced) *replaced = slot.record;
-        live_bytes_ -= slot.record.size;
+    if (found && key.state == SlotState::live) {
+        if (replaced) *replaced = slot;
+        live_bytes_ -= slot.size;
         ++replaced_;
         fresh = false;
     } else {
-        if (slot.state == SlotState::freed) --freed_;
+        if (key.state == SlotState::freed) --freed_;
         ++live_;
     }
-    slot.state = SlotState::live;
-    slot.record = record;
+    key.state = SlotState::live;
+    key.address = record.address;
+    slot = record;
     live_bytes_ += record.size;
     return fresh;
 }
 
 FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
     bool found = false;
-    if (!slots_.empty()) {
-        Slot& slot = slots_[probe(address, found)];
+    if (!keys_.empty()) {
+        const size_t i = probe(address, found);
         if (found) {
-            if (slot.state == SlotState::freed) {
+            Key& key = keys_[i];
+            if (key.state == SlotState::freed) {
                 ++doubles_;
                 return FreeOutcome::double_free;
             }
-            if (removed) *removed = slot.record;
-            slot.state = SlotState::freed;
+            const LiveRecord& slot = records_[i];
+            if (removed) *removed = slot;
+            key.state = SlotState::freed;
             --live_;
             ++freed_;
-            live_bytes_ -= slot.record.size;
+            live_bytes_ -= slot.size;
             return FreeOutcome::freed;
         }
     }
@@ -122,17 +151,17 @@ FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
 }
 
 bool LiveTable::contains(uint64_t address) const {
-    if (slots_.empty()) return false;
+    if (keys_.empty()) return false;
     bool found = false;
     const size_t i = probe(address, found);
-    return found && slots_[i].state == SlotState::live;
+    return found && keys_[i].state == SlotState::live;
 }
 
 std::vector<LiveRecord> LiveTable::snapshot() const {
     std::vector<LiveRecord> out;
     out.reserve(live_);
-    for (const Slot& slot : slots_) {
-        if (slot.state == SlotState::live) out.push_back(slot.record);
+    for (size_t i = 0; i < keys_.size(); ++i) {
+        if (keys_[i].state == SlotState::live) out.push_back(records_[i]);
     }
     return out;
 }

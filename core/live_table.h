@@ -4,7 +4,9 @@
 // a plugin host fed standalone, reports and exports all keep, so all of
 // them count exactly the same way.
 //
-// One open-addressing table with linear probing; not thread-safe (its one
+// One open-addressing table with linear probing over the slots' keys (an
+// address and its state, 16 bytes), the records in an array beside them at
+// the same index, so a probe reads keys only; not thread-safe (its one
 // user in the traced process is the writer thread). A freed address stays
 // as a tombstone so a second free of it is told apart from a free of an
 // address never seen; tombstones are dropped when the table rehashes, after
@@ -68,22 +70,24 @@ class LiveTable {
     // returns true; returns whether it did.
     template <class F>
     bool any_of(F&& f) const {
-        for (const Slot& slot : slots_)
-            if (slot.state == SlotState::live && f(static_cast<const LiveRecord&>(slot.record)))
+        for (size_t i = 0; i < keys_.size(); ++i)
+            if (keys_[i].state == SlotState::live && f(static_cast<const LiveRecord&>(records_[i])))
                 return true;
         return false;
     }
 
   private:
     enum class SlotState : uint8_t { empty = 0, live = 1, freed = 2 };
-    struct Slot {
+    struct Key {
+        uint64_t address = 0;  // a live record's, or a tombstone's
         SlotState state = SlotState::empty;
-        LiveRecord record;
     };
     size_t probe(uint64_t address, bool& found) const noexcept;
     void rehash();
 
-    std::vector<Slot> slots_;  // size is 0 or a power of two
+    std::vector<Key> keys_;            // size is 0 or a power of two
+    std::vector<LiveRecord> records_;  // by slot, as keys_
+    std::vector<LiveRecord> spare_;    // a rehash in place: the live records
     uint64_t live_ = 0;
     uint64_t freed_ = 0;  // tombstones
     uint64_t live_bytes_ = 0;

@@ -143,6 +143,7 @@ void Replay::apply_free(const Event& e, uint64_t address, LiveChange& c) {
     LiveTable& table = tables_[int(c.pool)];
     PoolTotals& t = totals_[int(c.pool)];
     c.outcome = table.remove(address, &c.record);
+    if (c.outcome != FreeOutcome::freed) c.record = LiveRecord{};  // none found
     if (c.failed) {
         // The real free failed and released nothing: the record goes back,
         // into its own tombstone (LiveTable::insert: no growth).

@@ -138,6 +138,25 @@ class Replay {
     const std::set<uint64_t>& mappings() const noexcept { return mappings_; }
 
   private:
+    // The change apply() reports, as a LiveChange{} made for `e` would be:
+    // one kept from call to call, so that its 160 bytes are not cleared
+    // whole for each event; only what the last change set beyond what every
+    // change sets is cleared (record: by apply_free where it found none).
+    LiveChange& blank_change(const Event& e) noexcept {
+        LiveChange& c = change_;
+        c.kind = LiveChange::Kind::alloc;
+        c.pool = Pool::device_segment;
+        c.outcome = FreeOutcome::freed;
+        c.failed = false;
+        c.replaced = false;
+        c.address = 0;
+        c.event = &e;
+        if (old_set_) {
+            c.old = LiveRecord{};
+            old_set_ = false;
+        }
+        return c;
+    }
     void apply_alloc(const Event& e, LiveChange& c);
     void apply_free(const Event& e, uint64_t address, LiveChange& c);
     void entered(Pool pool, const LiveRecord& r) noexcept;
@@ -155,6 +174,8 @@ class Replay {
     uint64_t direct_count_ = 0;
     GraphPoolTotals graph_;
     std::set<uint64_t> mappings_;
+    LiveChange change_;     // blank_change's
+    bool old_set_ = false;  // change_.old holds a replaced record
 };
 
 template <class F>
@@ -163,15 +184,14 @@ FreeOutcome Replay::apply(const Event& e, F&& on_change) {
     // steps) are none, and it is large.
     switch (e.kind) {
         case EventKind::alloc: {
-            LiveChange c;
-            c.event = &e;
+            LiveChange& c = blank_change(e);
             apply_alloc(e, c);
+            old_set_ = c.replaced;
             on_change(static_cast<const LiveChange&>(c));
             return FreeOutcome::freed;
         }
         case EventKind::free: {
-            LiveChange c;
-            c.event = &e;
+            LiveChange& c = blank_change(e);
             if ((e.flags & kFlagRange) == 0) {
                 apply_free(e, e.address, c);
                 on_change(static_cast<const LiveChange&>(c));
@@ -183,8 +203,7 @@ FreeOutcome Replay::apply(const Event& e, F&& on_change) {
             for (uint64_t from = e.address; from < end && next_mapping(from, end, at);
                  from = at + 1) {
                 covered = true;
-                c = LiveChange{};
-                c.event = &e;
+                blank_change(e);
                 apply_free(e, at, c);
                 on_change(static_cast<const LiveChange&>(c));
                 if (at == UINT64_MAX) break;
