@@ -32,6 +32,11 @@ layers.1 and layers.N, with the same allocations as unwrapped; no tag names
 a wrapper component, and torch's warning about global hooks on compiled
 modules is not shown.
 
+A generated module's call (the shape of inductor's `call(args)`), shared
+by two sibling linears of one shape whose own hooks did not run, allocates
+under the tag of the linear whose parameter it is given, and under the
+block's when it is given no module's parameter.
+
 Then the measuring switches: with ALLOCSCOPE_PYTHON_MODULES=0 the same
 script gets no layer tags and no parameters, but its optimizer tags and
 steps; with ALLOCSCOPE_TORCH_BLOCKS=0, attach_bridge() succeeds without
@@ -354,3 +359,90 @@ def test_importing_allocscope_torch_before_torch_still_enables_the_hooks(scratch
     p, _ = run_traced(probe, os.path.join(scratch, "out-import-order"), {})
     assert p.returncode == 0 and "enabled True" in p.stdout, (p.stdout, p.stderr)
     assert "hooks not installed" not in p.stderr, p.stderr
+
+
+# A generated module's shape (inductor's `call(args)`) serving two sibling
+# linears of one shape, whose own hooks did not run (compiled away): the
+# shim's wrapper (allocscope/torch/_compiled.py) enters the tag of the
+# module whose parameter each call is given.
+COMPILED_FRAME = textwrap.dedent(
+    """
+    import ctypes, os
+    import torch
+    import torch.nn as nn
+    from allocscope.torch import _compiled
+
+    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
+    _process = ctypes.CDLL(None)
+    _malloc, _free = _process.cudaMalloc, _process.cudaFree
+    _malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+    _free.argtypes = [ctypes.c_void_p]
+
+    def device_alloc_free(size):
+        p = ctypes.c_void_p()
+        assert _malloc(ctypes.byref(p), size) == 0
+        _free(p)
+
+    class Generated:  # one file for both linears: `self` is the linear
+        @staticmethod
+        def call(args):
+            weight, x = args
+            args.clear()
+            device_alloc_free(4096 if weight.shape[0] == 16 else 2048)
+            return (x,)
+
+    generated = Generated()
+    _compiled._enter_frame_module(generated, [(0, ("", "weight"))])
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Linear(16, 16)
+            self.wk = nn.Linear(16, 16)
+            self.other = nn.Linear(16, 8)
+
+        def forward(self, x):
+            # The linears' own forwards are not called: as compiled frames
+            # whose hooks were traced away, the generated call runs instead.
+            device_alloc_free(1024)
+            x = generated.call([self.wq.weight, x])[0]
+            x = generated.call([self.wk.weight, x])[0]
+            x = generated.call([self.other.weight, x])[0]
+            x = generated.call([torch.zeros(3), x])[0]  # no module's parameter: the block's
+            return x
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block()])
+
+        def forward(self, x):
+            return self.layers[0](x)
+
+    model = Model()
+    for step in range(%d):
+        model(torch.randn(4, 16)).sum()
+    print("done")
+    """
+    % STEPS
+)
+
+
+def test_a_compiled_frames_call_is_tagged_with_the_module_whose_parameters_it_is_given(scratch):
+    path = os.path.join(scratch, "compiled_frame.py")
+    with open(path, "w") as f:
+        f.write(COMPILED_FRAME)
+    p, rank = run_traced(path, os.path.join(scratch, "out-compiled-frame"), {})
+    assert p.returncode == 0 and "done" in p.stdout, (p.stdout, p.stderr)
+    assert rank is not None
+    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+    print("tags:", sorted((k, t["allocated_bytes"]) for k, t in tags.items() if t["allocations"]))
+    want = {
+        ("layers.0.wq", "forward"): 4096,
+        ("layers.0.wk", "forward"): 4096,
+        ("layers.0.other", "forward"): 2048,
+        ("layers.0", "forward"): 1024 + 2048,  # its own, and the call given no parameter
+    }
+    for key, size in want.items():
+        t = tags.get(key)
+        assert t is not None and t["allocated_bytes"] == STEPS * size, (key, t)
