@@ -351,16 +351,18 @@ def _scope_graph(lowering, module):
         lines = f.read().splitlines()
     graph = lowering.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    params = {}
-    if _derive and not getattr(lowering, "is_backward", False):
+    params = {}  # placeholder -> (module path, name) of a parameter, forward graphs
+    if not getattr(lowering, "is_backward", False):
         stack = getattr(_local, "sources", None)
         sources = stack[-1] if stack else None
         if sources and len(sources) == len(placeholders):
             params = {n: s for n, s in zip(placeholders, sources) if s}
     saved = _saved_for_backward(lowering)
     registered = 0
+    # Without provenance buffers are only tagged; the parameters still say
+    # which module a call ran as (_enter_frame_module).
     for number, module_path, param_module, param, how in scopes(
-        lines, lowering.name_to_buffer, graph, params, saved
+        lines, lowering.name_to_buffer, graph, params if _derive else {}, saved
     ):
         _allocscope.python_frame_scope(path, number, module_path, param_module, param, how)
         registered += 1
