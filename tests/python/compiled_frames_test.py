@@ -294,3 +294,13 @@ def test_a_frame_whose_self_is_the_models_root_enters_nothing():
     fc = Module(weight=w)
     names = _names_of({"": Module(), "fc": fc})
     assert compiled.frame_module([w], [(0, ("fc", "weight"))], names) is None
+
+
+def test_a_parameter_of_a_module_named_later_is_found_then():
+    w, x = Tensor(), Tensor()
+    fc = Module(weight=w)
+    names = _names_of({"layers.0": Module()})
+    inputs = [(0, ("", "weight"))]
+    assert compiled.frame_module([w, x], inputs, names) is None, "not named yet"
+    names.update(_names_of({"layers.0.fc": fc}))
+    assert compiled.frame_module([w, x], inputs, names) is fc

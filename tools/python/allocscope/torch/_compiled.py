@@ -398,34 +398,51 @@ def _scope_graph(lowering, module):
 # parameters these are (a second entry of a tag already entered changes
 # nothing).
 
-_owners = {}  # id(parameter) -> (weakref to it, weakref to its module)
+_owners = {}  # id(parameter) -> (weakref to it, weakref to its module, modules named)
+
+
+def _remember_owner(parameter, module, named=0):
+    """`module` (None: none, while `named` modules were named) holds it."""
+    try:
+        _owners[id(parameter)] = (
+            weakref.ref(parameter),
+            (weakref.ref(module) if module is not None else (lambda: None)),
+            named,
+        )
+    except TypeError:  # no weak references to it: looked up again next time
+        pass
 
 
 def _owner(parameter, name, names):
     """The named module (of `names`, _naming's table) that holds `parameter`
-    as its parameter `name`."""
+    as its parameter `name`. A miss indexes every parameter the named
+    modules hold now (one pass, not one per parameter: under FSDP2 a
+    block's unsharded parameters are registered while it runs), and a
+    tensor no named module holds is remembered as such until more modules
+    are named."""
     got = _owners.get(id(parameter))
     if got is not None and got[0]() is parameter:
-        return got[1]()
-    found = None
+        m = got[1]()
+        # A tensor held by none is looked for again once more modules are named.
+        if m is not None or got[2] == len(names):
+            return m
     for ref, _name, provisional, _b in list(names.values()):
         m = ref()
         if m is None or provisional:
             continue
         try:
-            if m._parameters.get(name) is parameter:
-                found = m
-                break
+            for p in m._parameters.values():
+                if p is not None:
+                    _remember_owner(p, m)
         except Exception:
             continue
-    try:
-        _owners[id(parameter)] = (
-            weakref.ref(parameter),
-            (weakref.ref(found) if found is not None else (lambda: None)),
-        )
-    except TypeError:
-        pass
-    return found
+    got = _owners.get(id(parameter))
+    if got is not None and got[0]() is parameter:
+        m = got[1]()
+        if m is not None and m._parameters.get(name) is parameter:
+            return m
+    _remember_owner(parameter, None, len(names))
+    return None
 
 
 def frame_module(args, inputs, names):
