@@ -490,7 +490,9 @@ def _enter_frame_module(module, inputs):
     call = getattr(module, "call", None)
     if call is None or getattr(call, "_allocscope", False):
         return
-    # Resolved once per distinct first parameter: the module's name bytes.
+    # Per distinct first parameter, the module found for it (its key and
+    # name bytes); one not found is looked for again next call (_owner
+    # keeps that cheap until more modules are named).
     keys = {}
 
     def wrapped(args):
@@ -506,7 +508,8 @@ def _enter_frame_module(module, inputs):
                     # Not the model's root (named ""): its hooks entered its tag.
                     tag = (id(m) + 1, named[3]) if named is not None and named[1] else None
                     got = (weakref.ref(first), tag)
-                    keys[id(first)] = got
+                    if tag is not None:
+                        keys[id(first)] = got
                 if got[1] is not None:
                     key, entry = got[1]
                     # id + 1 is odd: no module's own key.
