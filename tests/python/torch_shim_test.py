@@ -74,15 +74,11 @@ if HOOKS == "bridge" and not os.environ.get("ALLOCSCOPE_TORCH_BRIDGE"):
     pytest.skip("no bridge or tag hooks library built against this torch", allow_module_level=True)
 STEPS = 3
 
-SCRIPT = textwrap.dedent(
+# Device memory for the scripts below: cudaMalloc and cudaFree of the
+# host-memory runtime (SIM_CUDART), which the interposer records.
+DEVICE_ALLOC = textwrap.dedent(
     """
-    import ctypes, dataclasses, os
-    import torch
-    import torch.nn as nn
-    from torch.utils.checkpoint import checkpoint
-
-    # "", "reentrant", "non-reentrant" (layers.1), "root-reentrant" (the model)
-    CHECKPOINT = os.environ.get("CHECKPOINT", "")
+    import ctypes, os
     ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
     _process = ctypes.CDLL(None)
     _malloc, _free = _process.cudaMalloc, _process.cudaFree
@@ -93,6 +89,18 @@ SCRIPT = textwrap.dedent(
         p = ctypes.c_void_p()
         assert _malloc(ctypes.byref(p), size) == 0
         _free(p)
+    """
+)
+
+SCRIPT = DEVICE_ALLOC + textwrap.dedent(
+    """
+    import dataclasses
+    import torch
+    import torch.nn as nn
+    from torch.utils.checkpoint import checkpoint
+
+    # "", "reentrant", "non-reentrant" (layers.1), "root-reentrant" (the model)
+    CHECKPOINT = os.environ.get("CHECKPOINT", "")
 
     class Probe(torch.autograd.Function):
         @staticmethod
@@ -365,23 +373,11 @@ def test_importing_allocscope_torch_before_torch_still_enables_the_hooks(scratch
 # linears of one shape, whose own hooks did not run (compiled away): the
 # shim's wrapper (allocscope/torch/_compiled.py) enters the tag of the
 # module whose parameter each call is given.
-COMPILED_FRAME = textwrap.dedent(
+COMPILED_FRAME = DEVICE_ALLOC + textwrap.dedent(
     """
-    import ctypes, os
     import torch
     import torch.nn as nn
     from allocscope.torch import _compiled
-
-    ctypes.CDLL(os.environ["SIM_CUDART"], mode=os.RTLD_GLOBAL)
-    _process = ctypes.CDLL(None)
-    _malloc, _free = _process.cudaMalloc, _process.cudaFree
-    _malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-    _free.argtypes = [ctypes.c_void_p]
-
-    def device_alloc_free(size):
-        p = ctypes.c_void_p()
-        assert _malloc(ctypes.byref(p), size) == 0
-        _free(p)
 
     class Generated:  # one file for both linears: `self` is the linear
         @staticmethod
