@@ -48,6 +48,17 @@ RUNS["function-seed-t256-1rank"] = (FP8, 1, ["--mode", "seed", "--tokens", "256"
 RUNS["bf16-t256-1rank"] = (FP8, 1, ["--mode", "bf16", "--tokens", "256"])
 for problem in ("none", "keep-last-output", "keep-outputs", "module-cache", "optimizer-hook"):
     RUNS["generic-" + problem] = (GENERIC, 2, ["--problem", problem])
+# Each layer torch.compile'd in place (layer.compile(), as torchtitan does).
+# What a compiled run keeps is not the script's to say: the partitioner may
+# recompute what eager saves or save what eager recomputes. Its labels are
+# the script's only where torch's own memory_allocated() agrees (see
+# compiled_labels): every compiled group records seed, fixed and bf16.
+COMPILED = ("--compile", "inplace")
+for impl in ("function", "subclass"):
+    for mode in ("seed", "fixed"):
+        RUNS["compiled-%s-%s-t64" % (impl, mode)] = (
+            FP8, 2, ["--mode", mode, "--fp8-impl", impl, "--tokens", "64"] + list(COMPILED))
+RUNS["compiled-bf16-t64"] = (FP8, 2, ["--mode", "bf16", "--tokens", "64"] + list(COMPILED))
 
 
 def labels_from(stdout):
@@ -89,6 +100,68 @@ def labels_from(stdout):
     return problems
 
 
+def compiled_labels(outputs, names):
+    """The labels of the compiled runs among names, from torch's own memory:
+    per FP8 implementation, seed over fixed after forward (the forward
+    copies) and at the step's end (the transposes) must be the script's
+    bytes (seed keeps them: its labels stand) or nothing (the compiled graph
+    keeps nothing: no label), and fixed over bf16 nothing (a compiled
+    "fixed" is not clean by construction). outputs: name -> stdout of the
+    recorded runs. Returns ({name: problems}, {name: why it has no truth})."""
+    sys.path.insert(0, GPU)
+    from run_torch_fsdp2 import compiled_truth, expectations, step_memory
+
+    labels, unknown = {}, {}
+    bf16 = "compiled-bf16-t64"
+    for name in names:
+        if name.startswith("compiled-") and name != bf16:
+            labels[name] = []  # filled below; a run left without truth is unknown
+    if bf16 in names:
+        labels[bf16] = labels_from(outputs[bf16]) if bf16 in outputs else []
+    for impl in ("function", "subclass"):
+        group = {mode: "compiled-%s-%s-t64" % (impl, mode) for mode in ("seed", "fixed")}
+        if not any(n in labels for n in group.values()):
+            continue
+        missing = [n for n in list(group.values()) + [bf16] if n not in outputs]
+        if missing:
+            for n in group.values():
+                unknown[n] = "no memory_allocated() of " + ", ".join(missing)
+            continue
+        memory = {}
+        for mode, n in list(group.items()) + [("bf16", bf16)]:
+            for rank, m in step_memory(outputs[n]).items():
+                memory[(mode, rank)] = m
+        ranks = RUNS[group["seed"]][1]
+        expected = expectations(outputs[group["seed"]])
+        problems = []
+        truth = compiled_truth(memory, expected, ranks, problems)
+        for rank in range(ranks):
+            fixed, plain = memory.get(("fixed", rank)), memory.get(("bf16", rank))
+            if fixed is None or plain is None:
+                continue
+            layers = max(1, len([1 for r, _ in expected if r == rank]))
+            for what, extra in (("after forward", fixed[1] - plain[1]),
+                                ("at the step's end", fixed[0] - plain[0])):
+                if extra > SLACK * layers:
+                    problems.append("compiled fixed rank %d keeps %d B more than bf16 %s"
+                                    % (rank, extra, what))
+        if problems:
+            for n in group.values():
+                unknown[n] = "; ".join(problems)
+            continue
+        kept = []
+        for p in labels_from(outputs[group["seed"]]):
+            copies, transposes = truth[p["rank"]]
+            if "transpose-cache-retention" in p["plugins"]:
+                if transposes:
+                    kept.append(p)
+            elif copies:
+                kept.append(p)
+        labels[group["seed"]] = kept
+        labels[group["fixed"]] = labels_from(outputs[group["fixed"]])
+    return labels, unknown
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
@@ -107,6 +180,8 @@ def main():
         print("SKIP: no GPU")
         return 77
     names = args.only.split(",") if args.only else list(RUNS)
+
+    outputs = {}  # name -> the workload's stdout, for the compiled runs' labels
 
     def record(name):
         """Records one run; returns its line for the log, and whether it failed."""
@@ -133,6 +208,7 @@ def main():
             path = os.path.join(out, extra_file)
             if os.path.exists(path):
                 os.remove(path)
+        outputs[name] = result.stdout
         labels = {
             "run": name,
             "command": ["allocscope", "run", "--"] + workload[1:],
@@ -163,6 +239,26 @@ def main():
             print(line, flush=True)
             if bad:
                 failed.append(name)
+    # The compiled runs' labels, once their group's runs are all recorded.
+    labels, unknown = compiled_labels(outputs, [n for n in names if n not in failed])
+    for name, problems in labels.items():
+        if name in unknown:
+            continue
+        path = os.path.join(args.out, name, "labels.json")
+        with open(path) as f:
+            record_labels = json.load(f)
+        record_labels["problems"] = problems
+        record_labels["truth"] = "torch.cuda.memory_allocated(): seed against fixed, fixed against bf16"
+        with open(path, "w") as f:
+            json.dump(record_labels, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print("labelled %s: %d problems" % (name, len(problems)), flush=True)
+    for name, why in unknown.items():
+        if name in failed:
+            continue
+        print("FAILED %s: the truth is unknown: %s" % (name, why), flush=True)
+        shutil.rmtree(os.path.join(args.out, name), ignore_errors=True)
+        failed.append(name)
     print("%d recorded, %d failed%s" % (len(names) - len(failed), len(failed),
                                         (": " + ", ".join(failed)) if failed else ""))
     return 1 if failed else 0
