@@ -115,6 +115,11 @@ def run_one(cli, out_dir, mode, allocator, args, backend):
         ["--compile", args.compile] if args.compile != "none" else [])
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=600)
+    if args.keep and os.path.isdir(out_dir):
+        # The workload's own lines (its expectations and memory), beside the
+        # kept traces: what tests/corpus/record.py labels a run from.
+        with open(os.path.join(out_dir, "workload.stdout"), "w") as f:
+            f.write(proc.stdout)
     return proc
 
 
