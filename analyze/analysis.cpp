@@ -50,11 +50,25 @@ class Tables {
         // Events come in runs of one tag: the last one is kept at hand.
         const uint64_t key = uint64_t(layer) << 32 | phase;
         if (last_tag_ != kNone && key == last_key_) return last_tag_;
+        return tag_of(key);
+    }
+    uint32_t group(uint32_t layer) {
+        // Inline where the layer's group is known, as it is but the first time.
+        if (layer < group_of_layer_.size() && group_of_layer_[layer] != kNone)
+            return group_of_layer_[layer];
+        return new_group(layer);
+    }
+
+    std::vector<TagStats> tags;
+    std::vector<std::string> groups;
+
+  private:
+    [[gnu::noinline]] uint32_t tag_of(uint64_t key) {
         uint32_t& index = tag_ids_[key];
         if (index == 0) {
             TagStats s;
-            s.layer = trace_.str(layer);
-            s.phase = trace_.str(phase);
+            s.layer = trace_.str(uint32_t(key >> 32));
+            s.phase = trace_.str(uint32_t(key));
             tags.push_back(std::move(s));
             index = uint32_t(tags.size());  // 1-based: 0 marks a new entry
         }
@@ -62,17 +76,12 @@ class Tables {
         last_tag_ = index - 1;
         return last_tag_;
     }
-    uint32_t group(uint32_t layer) {
+    [[gnu::noinline]] uint32_t new_group(uint32_t layer) {
         if (layer >= group_of_layer_.size()) return group_name("(untagged)");
         uint32_t& g = group_of_layer_[layer];
         if (g == kNone) g = group_name(layer_group(trace_.str(layer)));
         return g;
     }
-
-    std::vector<TagStats> tags;
-    std::vector<std::string> groups;
-
-  private:
     uint32_t group_name(const std::string& name) {
         auto [it, added] = group_ids_.try_emplace(name, uint32_t(groups.size()));
         if (added) groups.push_back(name);

@@ -2,10 +2,12 @@
 // the file name and the byte offset of the record that shows it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,6 +62,15 @@ class TraceReader {
     // next event is invalid (next() then throws its error).
     const Event* next_block_event() noexcept {
         return block_next_ < block_valid_ ? &block_[block_next_++] : nullptr;
+    }
+    // The current event block's next checked events, `most` of them at
+    // most, without a copy (valid until the next call): empty where
+    // next_block_event() would give none.
+    std::span<const Event> next_block_events(uint64_t most) noexcept {
+        const size_t n = size_t(std::min<uint64_t>(block_valid_ - block_next_, most));
+        const Event* first = block_.get() + block_next_;
+        block_next_ += n;
+        return {first, n};
     }
 
     bool complete() const noexcept { return footer_seen_; }
@@ -167,21 +178,29 @@ class TraceStream {
             return;
         }
         start_pass();
-        while (const Event* e = next_inline())
-            f(*e);
+        for (;;) {
+            const std::span<const Event> events = next_events();
+            if (events.empty()) return;
+            for (const Event& e : events)
+                f(e);
+        }
     }
 
   private:
     void start_pass();
-    // next()'s common case inline: the next event of the current block.
-    const Event* next_inline() {
-        if (reader_ && (!counted_ || given_ != count_)) {
-            if (const Event* e = reader_->next_block_event()) {
-                ++(counted_ ? given_ : count_);
-                return e;
+    // The next events, counted as given: the rest of the current block's
+    // (inline, the common case) or else next()'s one; empty at the end.
+    std::span<const Event> next_events() {
+        if (reader_) {
+            const std::span<const Event> events =
+                reader_->next_block_events(counted_ ? count_ - given_ : UINT64_MAX);
+            if (!events.empty()) {
+                (counted_ ? given_ : count_) += events.size();
+                return events;
             }
         }
-        return next();
+        const Event* e = next();
+        return e ? std::span<const Event>(e, 1) : std::span<const Event>();
     }
     const Event* next();
     // The first pass's end: how the trace ended, from the reader.

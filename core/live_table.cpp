@@ -57,45 +57,48 @@ size_t LiveTable::probe(uint64_t address, bool& found) const noexcept {
 }
 
 // Called before a new address would leave less than a quarter of the slots
-// empty (probes must find an empty slot to end). Keeps the live records only,
-// so it drops every tombstone. Out of memory, it throws and leaves the table
-// as it was.
+// empty (probes must find an empty slot to end). Keeps the live keys only,
+// so it drops every tombstone. Out of memory, it throws and leaves the
+// table as it was.
 void LiveTable::rehash() {
     const size_t want = std::bit_ceil(std::max<size_t>(16, (live_ + 1) * 2));
     if (want == keys_.size()) {
         // The same size (tombstones, not live records, filled it): in place,
-        // the live records set aside and put back in slot order, which
-        // leaves each where a fresh table would.
+        // the live keys set aside and put back in slot order, which leaves
+        // each where a fresh table would.
         spare_.reserve(live_);  // may throw: the table is still whole
         spare_.clear();
-        for (size_t k = 0; k < keys_.size(); ++k) {
-            if (keys_[k].state == SlotState::live) spare_.push_back(records_[k]);
+        for (const Key& k : keys_) {
+            if (k.state == SlotState::live) spare_.push_back(k);
         }
         std::fill(keys_.begin(), keys_.end(), Key{});
         const size_t mask = want - 1;
-        for (const LiveRecord& r : spare_) {
-            size_t i = mix(r.address) & mask;
+        for (const Key& k : spare_) {
+            size_t i = mix(k.address) & mask;
             while (keys_[i].state != SlotState::empty)
                 i = (i + 1) & mask;
-            keys_[i] = {r.address, SlotState::live};
-            records_[i] = r;
+            keys_[i] = k;
         }
         freed_ = 0;
         return;
     }
+    // A new size: the records are packed too, so that a table that shrank
+    // keeps no room for more than it holds.
     std::vector<Key> fresh_keys(want);  // may throw: the table is still whole
-    std::vector<LiveRecord> fresh_records(want);
+    std::vector<LiveRecord> fresh_records;
+    fresh_records.reserve(live_);
     const size_t mask = want - 1;
-    for (size_t k = 0; k < keys_.size(); ++k) {
-        if (keys_[k].state != SlotState::live) continue;
-        size_t i = mix(keys_[k].address) & mask;
+    for (const Key& k : keys_) {
+        if (k.state != SlotState::live) continue;
+        size_t i = mix(k.address) & mask;
         while (fresh_keys[i].state != SlotState::empty)
             i = (i + 1) & mask;
-        fresh_keys[i] = keys_[k];
-        fresh_records[i] = records_[k];
+        fresh_keys[i] = {k.address, uint32_t(fresh_records.size()), SlotState::live};
+        fresh_records.push_back(records_[k.record]);
     }
     keys_.swap(fresh_keys);
     records_.swap(fresh_records);
+    free_.clear();
     freed_ = 0;
 }
 
@@ -109,22 +112,32 @@ bool LiveTable::insert(const LiveRecord& record, LiveRecord* replaced) {
         i = probe(record.address, found);
     }
     Key& key = keys_[i];
-    LiveRecord& slot = records_[i];
-    bool fresh = true;
     if (found && key.state == SlotState::live) {
+        LiveRecord& slot = records_[key.record];
         if (replaced) *replaced = slot;
         live_bytes_ -= slot.size;
         ++replaced_;
-        fresh = false;
-    } else {
-        if (key.state == SlotState::freed) --freed_;
-        ++live_;
+        slot = record;
+        live_bytes_ += record.size;
+        return false;
     }
+    // A record entry for the new live key: a free one, else a new one.
+    uint32_t index;
+    if (!free_.empty()) {
+        index = free_.back();
+        free_.pop_back();
+        records_[index] = record;
+    } else {
+        records_.push_back(record);  // may throw: nothing has changed
+        index = uint32_t(records_.size() - 1);
+    }
+    if (key.state == SlotState::freed) --freed_;
+    ++live_;
     key.state = SlotState::live;
     key.address = record.address;
-    slot = record;
+    key.record = index;
     live_bytes_ += record.size;
-    return fresh;
+    return true;
 }
 
 FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
@@ -137,7 +150,8 @@ FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
                 ++doubles_;
                 return FreeOutcome::double_free;
             }
-            const LiveRecord& slot = records_[i];
+            free_.push_back(key.record);  // may throw: nothing has changed
+            const LiveRecord& slot = records_[key.record];
             if (removed) *removed = slot;
             key.state = SlotState::freed;
             --live_;
@@ -161,7 +175,7 @@ std::vector<LiveRecord> LiveTable::snapshot() const {
     std::vector<LiveRecord> out;
     out.reserve(live_);
     for (size_t i = 0; i < keys_.size(); ++i) {
-        if (keys_[i].state == SlotState::live) out.push_back(records_[i]);
+        if (keys_[i].state == SlotState::live) out.push_back(records_[keys_[i].record]);
     }
     return out;
 }

@@ -5,8 +5,9 @@
 // them count exactly the same way.
 //
 // One open-addressing table with linear probing over the slots' keys (an
-// address and its state, 16 bytes), the records in an array beside them at
-// the same index, so a probe reads keys only; not thread-safe (its one
+// address, its state and the index of its record, 16 bytes), the records
+// in a dense array beside them (its free entries reused), so a probe reads
+// keys only and a rehash moves keys only; not thread-safe (its one
 // user in the traced process is the writer thread). A freed address stays
 // as a tombstone so a second free of it is told apart from a free of an
 // address never seen; tombstones are dropped when the table rehashes, after
@@ -71,7 +72,8 @@ class LiveTable {
     template <class F>
     bool any_of(F&& f) const {
         for (size_t i = 0; i < keys_.size(); ++i)
-            if (keys_[i].state == SlotState::live && f(static_cast<const LiveRecord&>(records_[i])))
+            if (keys_[i].state == SlotState::live &&
+                f(static_cast<const LiveRecord&>(records_[keys_[i].record])))
                 return true;
         return false;
     }
@@ -80,14 +82,16 @@ class LiveTable {
     enum class SlotState : uint8_t { empty = 0, live = 1, freed = 2 };
     struct Key {
         uint64_t address = 0;  // a live record's, or a tombstone's
+        uint32_t record = 0;   // a live one's: its index in records_
         SlotState state = SlotState::empty;
     };
     size_t probe(uint64_t address, bool& found) const noexcept;
     void rehash();
 
     std::vector<Key> keys_;            // size is 0 or a power of two
-    std::vector<LiveRecord> records_;  // by slot, as keys_
-    std::vector<LiveRecord> spare_;    // a rehash in place: the live records
+    std::vector<LiveRecord> records_;  // the live keys' records, and free entries
+    std::vector<uint32_t> free_;       // indexes of records_'s free entries
+    std::vector<Key> spare_;           // a rehash in place: the live keys
     uint64_t live_ = 0;
     uint64_t freed_ = 0;  // tombstones
     uint64_t live_bytes_ = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "live_table.h"
@@ -201,4 +202,45 @@ TEST_CASE("a free after its tombstone was dropped by a rehash counts as unknown,
     CHECK(t.double_frees() == 0);
     CHECK(t.live_count() == 100000);
     CHECK(t.live_bytes() == 100000);
+}
+
+TEST_CASE("records stay with their addresses while the table shrinks and fills again") {
+    LiveTable t;
+    auto addr = [](uint64_t i) { return 0x7f0000000000ull + i * 512; };
+    std::map<uint64_t, uint64_t> expected;  // address -> size
+    for (uint64_t i = 0; i < 20000; ++i) {
+        REQUIRE(t.insert(rec(addr(i), i + 1, i)));
+        expected[addr(i)] = i + 1;
+    }
+    // Most freed: the next new addresses rehash the table smaller.
+    for (uint64_t i = 0; i < 20000; ++i) {
+        if (i % 100 == 0) continue;
+        LiveRecord removed;
+        REQUIRE(t.remove(addr(i), &removed) == FreeOutcome::freed);
+        CHECK(removed.size == i + 1);
+        expected.erase(addr(i));
+    }
+    for (uint64_t i = 20000; i < 60000; ++i) {
+        REQUIRE(t.insert(rec(addr(i), 3 * i, i)));
+        expected[addr(i)] = 3 * i;
+        if (i % 2 == 0) {
+            LiveRecord removed;
+            REQUIRE(t.remove(addr(i), &removed) == FreeOutcome::freed);
+            CHECK(removed.size == 3 * i);
+            expected.erase(addr(i));
+        }
+    }
+    std::map<uint64_t, uint64_t> seen;
+    for (const LiveRecord& r : t.snapshot())
+        seen[r.address] = r.size;
+    CHECK(seen == expected);
+    CHECK(t.live_count() == expected.size());
+    for (const auto& [address, size] : expected) {
+        LiveRecord removed;
+        REQUIRE(t.remove(address, &removed) == FreeOutcome::freed);
+        CHECK(removed.address == address);
+        CHECK(removed.size == size);
+    }
+    CHECK(t.live_count() == 0);
+    CHECK(t.live_bytes() == 0);
 }
