@@ -37,7 +37,10 @@ The expected sizes are the ones the script prints (ALLOCSCOPE_EXPECT_LAYER).
 whether seed keeps its forward copies and its transposes is read from
 torch.cuda.memory_allocated() (seed's over fixed's, after forward and at
 the step's end; bf16's printed beside), never assumed, and seed's
-weight-copy errors must name a linear of the layer.
+weight-copy errors must name a linear of the layer. --against-eager (with
+--compile) runs every mode uncompiled too: where a rank's memory after
+forward and at the step's end is eager's, its weight-copy and transpose
+errors and warnings must be eager's.
 --nproc 1 runs one rank on one GPU (the same checks for rank 0).
 --checkpoint runs the script with activation checkpointing: seed then keeps
 no forward copy (no weight-copy-accumulation finding may appear) but still
@@ -215,6 +218,54 @@ def compiled_truth(memory, expected, nproc, problems):
     return truth
 
 
+def _claims(findings):
+    """(plugin, rank, layer, severity) -> bytes of the weight-copy and
+    transpose errors and warnings: what a run tells its user."""
+    out = {}
+    for f in findings.get("findings", []):
+        if f["plugin"] in ("weight-copy-accumulation", "transpose-cache-retention") and \
+                f["severity"] in ("error", "warning"):
+            out[(f["plugin"], f["rank"], f["layer"], f["severity"])] = f["bytes"]
+    return out
+
+
+def against_eager(mode, compiled, eager, compiled_memory, eager_memory, nproc, problems):
+    """Compiled and eager runs of one mode must agree on findings wherever
+    their memory agrees: per rank, where torch.cuda.memory_allocated() after
+    forward and at the step's end are within the scales' slack of eager's,
+    the compiled run's weight-copy and transpose errors and warnings must be
+    eager's (the same plugin, layer and severity, bytes within the slack).
+    Where memory differs the partitioner kept something else, and nothing is
+    compared (said on stdout). compiled, eager: findings.json of each;
+    *_memory: {rank: (end, forward)}."""
+    ours, theirs = _claims(compiled), _claims(eager)
+    for rank in range(nproc):
+        c, e = compiled_memory.get(rank), eager_memory.get(rank)
+        if c is None or e is None:
+            problems.append("%s rank %d: no memory_allocated() of the compiled or the eager run"
+                            % (mode, rank))
+            continue
+        slack = SLACK * 8
+        if abs(c[1] - e[1]) > slack or abs(c[0] - e[0]) > slack:
+            print("    %s rank %d: compiled - eager memory: after forward %d B, at the end %d B: "
+                  "findings not compared" % (mode, rank, c[1] - e[1], c[0] - e[0]))
+            continue
+        mine = {k: v for k, v in ours.items() if k[1] == rank}
+        other = {k: v for k, v in theirs.items() if k[1] == rank}
+        for k in sorted(set(mine) | set(other)):
+            if k not in other:
+                problems.append("%s rank %d: compiled only (memory as eager's): %s %s %s %d B"
+                                % (mode, rank, k[0], k[2], k[3], mine[k]))
+            elif k not in mine:
+                problems.append("%s rank %d: eager only (memory as compiled's): %s %s %s %d B"
+                                % (mode, rank, k[0], k[2], k[3], other[k]))
+            elif abs(mine[k] - other[k]) > SLACK:
+                problems.append("%s rank %d: %s %s %s: compiled %d B, eager %d B"
+                                % (mode, rank, k[0], k[2], k[3], mine[k], other[k]))
+        print("    %s rank %d: memory as eager's; %d errors and warnings compared"
+              % (mode, rank, len(mine)))
+
+
 def check(mode, findings, expected, problems, nproc, stacks, provenance, truth=None):
     by = {}
     for f in findings.get("findings", []):
@@ -318,7 +369,12 @@ def main():
                              "taken from torch.cuda.memory_allocated() against fixed, never "
                              "assumed, and seed's findings must name the linear (needs the modes "
                              "seed and fixed)")
+    parser.add_argument("--against-eager", action="store_true",
+                        help="with --compile: run every mode uncompiled too, and where a rank's "
+                             "memory is eager's, its findings must be eager's")
     args = parser.parse_args()
+    if args.against_eager and args.compile == "none":
+        parser.error("--against-eager goes with --compile")
     cli = os.environ.get("E2E_CLI")
     if not cli or not os.access(cli, os.X_OK):
         print("E2E_CLI must name the allocscope executable")
@@ -347,6 +403,32 @@ def main():
                     failed.append("truth / %s" % allocator)
                     for p in truth_problems:
                         print("    " + p)
+            if args.against_eager:
+                eager_args = argparse.Namespace(**vars(args))
+                eager_args.compile = "none"
+                for mode, out_dir, proc in runs:
+                    label = "%s / %s against eager" % (mode, allocator)
+                    eager_dir = out_dir + "-eager"
+                    eager = run_one(cli, eager_dir, mode, allocator, eager_args, backend)
+                    problems = []
+                    loaded = []
+                    for d, p in ((out_dir, proc), (eager_dir, eager)):
+                        path = os.path.join(d, "findings.json")
+                        if p.returncode != 0 or not os.path.exists(path):
+                            problems.append("%s: exit status %d, findings.json %s"
+                                            % (d, p.returncode, "present" if os.path.exists(path)
+                                               else "missing"))
+                            continue
+                        with open(path) as f:
+                            loaded.append(json.load(f))
+                    if not problems:
+                        against_eager(mode, loaded[0], loaded[1], step_memory(proc.stdout),
+                                      step_memory(eager.stdout), args.nproc, problems)
+                    print("%-20s %s" % (label, "ok" if not problems else "FAILED"), flush=True)
+                    for p in problems:
+                        print("    " + p)
+                    if problems:
+                        failed.append(label)
             for mode, out_dir, proc in runs:
                 label = "%s / %s" % (mode, allocator)
                 problems = []
