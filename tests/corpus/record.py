@@ -12,6 +12,12 @@ workload says it has, taken from its own stdout (ALLOCSCOPE_EXPECT_LAYER
 lines of tests/gpu/fsdp2_fp8_train.py, ALLOCSCOPE_LABEL lines of
 tests/gpu/generic_problems.py), never from a detector. A run whose
 workload fails is reported and left out.
+
+    python3 tests/corpus/record.py OUT --from-proofs GPU_OUT/runs
+
+records nothing: it takes the compiled runs from the runs that
+`tools/gpu-compiled-check BUILD GPU_OUT` kept (their traces, and the
+workload's stdout and command beside them), labelled the same way.
 """
 
 import argparse
@@ -162,13 +168,92 @@ def compiled_labels(outputs, names):
     return labels, unknown
 
 
+# The compiled runs as gpu-compiled-check's proofs keep them (OUT/runs:
+# tests/gpu/run_torch_fsdp2.py --keep): proof, mode directory.
+PROOF_RUNS = {
+    "compiled-function-seed-t64": ("function-inplace", "seed-default"),
+    "compiled-function-fixed-t64": ("function-inplace", "fixed-default"),
+    "compiled-subclass-seed-t64": ("subclass-inplace", "seed-default"),
+    "compiled-subclass-fixed-t64": ("subclass-inplace", "fixed-default"),
+    "compiled-bf16-t64": ("function-inplace", "bf16-default"),
+}
+
+
+def from_proofs(runs, out, machine=None):
+    """The compiled runs of the corpus taken from runs a proof recorded and
+    kept (`tools/gpu-compiled-check BUILD OUT` keeps them in OUT/runs): each
+    run's traces, labelled as record() labels a run it records (the
+    workload's stdout, kept beside the traces; compiled_labels). machine:
+    the lines of OUT/machine.txt (date, GPU, torch). Returns the names
+    written and {name: why} for those left out."""
+    outputs, commands = {}, {}
+    for name, (proof, mode) in PROOF_RUNS.items():
+        src = os.path.join(runs, proof, mode)
+        try:
+            with open(os.path.join(src, "workload.stdout")) as f:
+                outputs[name] = f.read()
+            with open(os.path.join(src, "workload.command")) as f:
+                commands[name] = json.load(f)
+        except OSError:
+            continue
+    labels, unknown = compiled_labels(outputs, list(outputs))
+    left_out = {n: "not in %s" % runs for n in PROOF_RUNS if n not in outputs}
+    left_out.update(unknown)
+    written = []
+    for name, problems in sorted(labels.items()):
+        if name in left_out:
+            continue
+        src = os.path.join(runs, *PROOF_RUNS[name])
+        traces = sorted(f for f in os.listdir(src) if f.endswith(".trace"))
+        if not traces:
+            left_out[name] = "no traces in " + src
+            continue
+        dest = os.path.join(out, name)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        for t in traces:
+            shutil.copy(os.path.join(src, t), dest)
+        root = os.path.dirname(os.path.dirname(HERE))
+        command = [os.path.relpath(c, root) if os.path.isabs(c) and c.startswith(root + os.sep)
+                   else c for c in commands[name][1:]]  # as record() writes it: no interpreter
+        doc = {
+            "run": name,
+            "command": ["allocscope", "run", "--"] + command,
+            "recorded": dict(zip(("date", "gpu", "torch"), machine or []),
+                             by="tools/gpu-compiled-check (tests/gpu/run_torch_fsdp2.py --keep)"),
+            "ranks": len(traces),
+            "problems": problems,
+            "truth": "torch.cuda.memory_allocated(): seed against fixed, fixed against bf16",
+        }
+        with open(os.path.join(dest, "labels.json"), "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+        written.append(name)
+    return written, left_out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
     parser.add_argument("--only", help="comma list of run names")
     parser.add_argument("--steps", type=int, help="override the workloads' step counts")
     parser.add_argument("--jobs", type=int, default=1, help="runs recorded at the same time")
+    parser.add_argument("--from-proofs", metavar="RUNS",
+                        help="no recording: the compiled runs from a proof's kept runs "
+                             "(tools/gpu-compiled-check's OUT/runs)")
     args = parser.parse_args()
+    if args.from_proofs:
+        machine = None
+        path = os.path.join(os.path.dirname(os.path.abspath(args.from_proofs)), "machine.txt")
+        if os.path.exists(path):
+            with open(path) as f:
+                machine = f.read().splitlines()[:3]
+        written, left_out = from_proofs(args.from_proofs, args.out, machine)
+        for name in written:
+            print("labelled %s" % name)
+        for name, why in sorted(left_out.items()):
+            print("FAILED %s: %s" % (name, why))
+        return 1 if left_out else 0
     cli = os.environ.get("E2E_CLI")
     if not cli:
         print("record.py: set E2E_CLI to the allocscope CLI", file=sys.stderr)

@@ -123,6 +123,8 @@ def run_one(cli, out_dir, mode, allocator, args, backend):
         # kept traces: what tests/corpus/record.py labels a run from.
         with open(os.path.join(out_dir, "workload.stdout"), "w") as f:
             f.write(proc.stdout)
+        with open(os.path.join(out_dir, "workload.command"), "w") as f:
+            json.dump(cmd[cmd.index("--") + 1:], f)
     return proc
 
 

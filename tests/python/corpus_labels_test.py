@@ -86,3 +86,52 @@ def test_a_group_missing_its_bf16_run_has_no_truth():
     del out["compiled-bf16-t64"]
     labels, unknown = record.compiled_labels(out, NAMES[:2])
     assert "compiled-bf16-t64" in unknown["compiled-function-seed-t64"]
+
+
+def write_proofs(root, out):
+    """gpu-compiled-check's OUT/runs as the proofs keep them: per run its
+    traces, the workload's stdout and command."""
+    runs = {}
+    for name, text in out.items():
+        proof, mode = record.PROOF_RUNS[name]
+        d = root / "runs" / proof / mode
+        d.mkdir(parents=True)
+        (d / "workload.stdout").write_text(text)
+        script = os.path.join(os.path.dirname(record.HERE), "gpu", "fsdp2_fp8_train.py")
+        (d / "workload.command").write_text(json.dumps(
+            ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+             "--nproc_per_node", "2", script, "--mode", mode.split("-")[0], "--compile", "inplace"]))
+        for r in range(2):
+            (d / ("rank%d.trace" % r)).write_bytes(b"trace %s %d" % (name.encode(), r))
+        runs[name] = d
+    return root / "runs"
+
+
+def test_compiled_runs_are_taken_from_a_proofs_kept_runs_with_labels_from_memory(tmp_path):
+    out = outputs(0, LAYERS * COPY)  # the compiled graph recomputes the forward copies
+    for impl in ("subclass",):
+        out["compiled-%s-seed-t64" % impl] = out["compiled-function-seed-t64"]
+        out["compiled-%s-fixed-t64" % impl] = out["compiled-function-fixed-t64"]
+    runs = write_proofs(tmp_path, out)
+    written, left_out = record.from_proofs(str(runs), str(tmp_path / "corpus"),
+                                           ["2026-12-07", "H200", "torch 2.11"])
+    assert left_out == {}
+    assert sorted(written) == sorted(record.PROOF_RUNS)
+    seed = json.loads((tmp_path / "corpus" / "compiled-function-seed-t64" / "labels.json").read_text())
+    assert plugins(seed["problems"]) == ["transpose-cache-retention"]
+    assert seed["command"][:6] == ["allocscope", "run", "--", "-m", "torch.distributed.run",
+                                   "--standalone"]
+    assert "tests/gpu/fsdp2_fp8_train.py" in seed["command"]
+    assert seed["recorded"]["gpu"] == "H200" and seed["ranks"] == 2
+    trace = tmp_path / "corpus" / "compiled-subclass-fixed-t64" / "rank1.trace"
+    assert trace.read_bytes() == b"trace compiled-subclass-fixed-t64 1"
+
+
+def test_a_proof_group_without_truth_is_left_out_of_the_corpus(tmp_path):
+    out = outputs(COPY // 2, LAYERS * COPY)  # neither the script's bytes nor nothing
+    runs = write_proofs(tmp_path, out)
+    written, left_out = record.from_proofs(str(runs), str(tmp_path / "corpus"))
+    assert written == ["compiled-bf16-t64"]
+    assert "neither" in left_out["compiled-function-seed-t64"]
+    assert left_out["compiled-subclass-seed-t64"].startswith("not in ")
+    assert not (tmp_path / "corpus" / "compiled-function-seed-t64").exists()
