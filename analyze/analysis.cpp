@@ -40,6 +40,20 @@ struct Scope {
     uint64_t live = 0;  // bytes allocated directly in it, still alive
 };
 
+// One stack's allocations in the owner pool under one tag: all of them
+// (`total`), and those live, now and at the latest of the pool's peaks so
+// far. The first pass keeps the latter as it goes instead of replaying to
+// the peak again: a new peak costs one increment of the pass's peak count,
+// a change one comparison, for a site saves what it held the first time
+// it changes after a peak (`peak`: the peak count then). A site first seen
+// after the latest peak held nothing then.
+struct TagSite {
+    StackBytes total;
+    uint64_t bytes = 0, count = 0;
+    uint64_t bytes_then = 0, count_then = 0;
+    uint64_t peak = 0;
+};
+
 // Ids of the trace's tags and layer groups, and the owner pool's live
 // allocations; both passes share it.
 class Tables {
@@ -209,18 +223,22 @@ class LargestLive {
     std::vector<LiveRecord> top_;
 };
 
-std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const OwnerLive& live,
-                            size_t top) {
+// The `top` sites with the most live bytes, of the rows that
+// rows(add) gives as add(stack, tag, bytes, count): one per live allocation,
+// or per (stack, tag) with what it holds.
+template <class Rows>
+std::vector<Site> top_sites_of(const TraceTables& t, const Tables& tables, size_t top,
+                               Rows&& rows) {
     struct Acc {
         uint64_t bytes = 0, count = 0;
         std::map<uint32_t, uint64_t> by_tag;
     };
     std::map<uint32_t, Acc> by_stack;
-    live.for_each([&](const Live& l) {
-        Acc& a = by_stack[l.stack];
-        a.bytes += l.size;
-        ++a.count;
-        a.by_tag[l.tag] += l.size;
+    rows([&](uint32_t stack, uint32_t tag, uint64_t bytes, uint64_t count) {
+        Acc& a = by_stack[stack];
+        a.bytes += bytes;
+        a.count += count;
+        a.by_tag[tag] += bytes;
     });
     std::vector<Site> out;
     for (const auto& [stack, a] : by_stack) {
@@ -243,6 +261,13 @@ std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const Ow
                      [](const Site& a, const Site& b) { return a.bytes > b.bytes; });
     if (out.size() > top) out.resize(top);
     return out;
+}
+
+std::vector<Site> top_sites(const TraceTables& t, const Tables& tables, const OwnerLive& live,
+                            size_t top) {
+    return top_sites_of(t, tables, top, [&](auto&& add) {
+        live.for_each([&](const Live& l) { add(l.stack, l.tag, l.size, uint64_t{1}); });
+    });
 }
 
 // The out-of-memory episodes of a trace (analysis.h, OomMoment): the
@@ -604,8 +629,9 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                           oom.moments.end() - std::ptrdiff_t(options.oom_moments));
     size_t next_oom = 0;
 
-    // Pass 1: totals, tags, scopes, bands, steps, sample points, and
-    // step_memory's samples where asked for (saving its pass).
+    // Pass 1: totals, tags, scopes, bands, steps, sample points, the
+    // layer groups' bytes at each sample and the tags' and sites' at the
+    // peak, and step_memory's samples where asked for (saving its pass).
     Tables tables(t);
     Replay replay;
     OwnerLive live(replay, a.owner, tables);
@@ -619,12 +645,52 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         if (Scope* scope = scopes.find(id)) scope->live -= size;
     };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
-    // Per tag: bytes and count allocated per stack (TagStats::sites).
-    std::vector<FlatMap<uint32_t, StackBytes>> tag_stacks;
+    // Each group's live bytes at the latest timeline sample, kept as the
+    // pass goes as SiteLive keeps the peak's: group_then holds a group's
+    // value then once it has changed since (group_mark: the sample count
+    // then), and each sample's values per group, once its stretch ends.
+    std::vector<uint64_t> group_then, group_mark;
+    uint64_t sample_moment = 0;
+    std::vector<std::vector<uint64_t>> sample_groups;
+    auto group_change = [&](uint32_t g) {
+        if (group_mark[g] != sample_moment) {
+            group_then[g] = group_live[g];
+            group_mark[g] = sample_moment;
+        }
+    };
+    auto finish_sample = [&] {
+        std::vector<uint64_t>& at = sample_groups.emplace_back(group_live.size());
+        for (size_t g = 0; g < at.size(); ++g)
+            at[g] = group_mark[g] == sample_moment ? group_then[g] : group_live[g];
+    };
+    // Per tag, by stack: allocated in all, and live (TagSite).
+    std::vector<FlatMap<uint32_t, TagSite>> tag_stacks;
+    uint64_t peaks = 0;  // the owner pool's so far
+    auto site_change = [&](TagSite& s, uint64_t size, bool enters) {
+        if (s.peak != peaks) {
+            s.bytes_then = s.bytes;
+            s.count_then = s.count;
+            s.peak = peaks;
+        }
+        if (enters) {
+            s.bytes += size;
+            ++s.count;
+        } else {
+            s.bytes -= size;
+            --s.count;
+        }
+    };
+    auto site_left = [&](const LiveRecord& r) {
+        const uint32_t tag = tables.tag(r.layer, r.phase);
+        if (tag >= tag_stacks.size()) return;
+        if (TagSite* s = tag_stacks[tag].find(r.stack)) site_change(*s, r.size, false);
+    };
     auto group_slot = [&](uint32_t g) {
         if (g >= group_live.size()) {
             group_live.resize(g + 1, 0);
             group_peak.resize(g + 1, 0);
+            group_then.resize(g + 1, 0);
+            group_mark.resize(g + 1, 0);
         }
     };
     const size_t n = stream.size();
@@ -706,32 +772,41 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                 ts.allocated_bytes += l.size;
                 ++ts.allocations;
                 if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
-                StackBytes& sb = tag_stacks[l.tag][l.stack];
+                TagSite& site = tag_stacks[l.tag][l.stack];
+                StackBytes& sb = site.total;
                 sb.stack = l.stack;
                 sb.bytes += l.size;
                 ++sb.count;
                 if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
                 group_slot(l.group);
+                group_change(l.group);
                 group_live[l.group] += l.size;
                 group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
+                site_change(site, l.size, true);
                 if (c.replaced) {  // its free was never recorded
                     const auto [group, scope] = live.leave(c.old);
                     scope_left(scope, c.old.size);
+                    group_change(group);
                     group_live[group] -= c.old.size;
+                    site_left(c.old);
                 }
                 live.entered(c.record.seq, l.scope);
             } else if (c.released()) {
                 const auto [group, scope] = live.leave(c.record);
                 scope_left(scope, c.record.size);
+                group_change(group);
                 group_live[group] -= c.record.size;
+                site_left(c.record);
             }
         };
         const uint64_t owner_before = replay.totals(a.owner).live_bytes;
+        const uint64_t peak_before = replay.totals(a.owner).peak_bytes;
         const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
             segment_owners.apply(c);
             if (c.pool == a.owner) owner_change(c);
         });
         if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
+        if (replay.totals(a.owner).peak_bytes > peak_before) ++peaks;
         // Plain driver allocations live (is_direct_driver_allocation): device
         // memory that is not the caching allocator's.
         const uint64_t direct_driver_live = replay.direct_driver_live_bytes();
@@ -824,12 +899,14 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (in_bucket == 0 || owner_now > bucket_best) {
             if (in_bucket == 0) {
+                if (!samples.empty()) finish_sample();
                 sample_index.push_back(i);
                 samples.emplace_back();
             } else {
                 sample_index.back() = i;
             }
             bucket_best = owner_now;
+            ++sample_moment;
             TimelinePoint& p = samples.back();
             p.seq = e.seq;
             p.t_ns = e.t_ns;
@@ -842,6 +919,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         if (++in_bucket == bucket) in_bucket = 0;
     });
     if (n > 0) close_band(last_seq, last_t_ns);
+    if (!samples.empty()) finish_sample();
     if (steps) *steps = step_counter->finish(replay.totals(a.owner).live_bytes);
     for (size_t g = 0; g < groups_at_step.size(); ++g) {
         if (groups_at_step[g] > 0)
@@ -877,11 +955,29 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
 
     for (size_t tag = 0; tag < tag_stacks.size(); ++tag) {
         std::vector<StackBytes>& sites = tables.tags[tag].sites;
-        tag_stacks[tag].for_each([&](uint32_t, const StackBytes& sb) { sites.push_back(sb); });
+        tag_stacks[tag].for_each([&](uint32_t, const TagSite& s) { sites.push_back(s.total); });
         std::sort(sites.begin(), sites.end(), [](const StackBytes& x, const StackBytes& y) {
             return x.bytes != y.bytes ? x.bytes > y.bytes : x.stack < y.stack;
         });
         if (sites.size() > options.tag_sites) sites.resize(options.tag_sites);
+    }
+
+    // Live at the owner pool's peak (its latest: the one the totals name).
+    if (peaks > 0) {
+        auto at_peak = [&](auto&& add) {
+            for (uint32_t tag = 0; tag < tag_stacks.size(); ++tag) {
+                tag_stacks[tag].for_each([&](uint32_t stack, const TagSite& s) {
+                    const bool since = s.peak == peaks;
+                    const uint64_t count = since ? s.count_then : s.count;
+                    if (count > 0) add(stack, tag, since ? s.bytes_then : s.bytes, count);
+                });
+            }
+        };
+        at_peak([&](uint32_t, uint32_t tag, uint64_t bytes, uint64_t count) {
+            tables.tags[tag].at_peak += bytes;
+            tables.tags[tag].count_at_peak += count;
+        });
+        a.sites_at_peak = top_sites_of(t, tables, options.top_sites, at_peak);
     }
 
     // Live at exit.
@@ -908,56 +1004,53 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         if (column[g] == kNone) column[g] = uint32_t(shown);
     }
 
-    // Pass 2: the owner pool again, for per-layer samples and the peak.
-    const PoolSummary* owner = a.pool(a.owner);
-    const uint64_t peak_seq = owner ? owner->peak_seq : 0;
-    Replay replay_again;
-    OwnerLive again(replay_again, a.owner, tables);
-    std::fill(group_live.begin(), group_live.end(), 0);
-    size_t next_sample = 0;
-    bool peak_taken = owner == nullptr;
-    std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
-    auto allocation_id = [&](const Live& l) {
-        auto [it, added] =
-            allocation_index.try_emplace(l.seq, uint32_t(a.timeline.allocations.size()));
-        if (added) {
-            const TagStats& tag = tables.tags[l.tag];
-            a.timeline.allocations.push_back(
-                {l.seq, l.size, l.step, l.stack, tag.layer, tag.phase});
-        }
-        return it->second;
-    };
-    // Each column's largest live allocations, largest first (the older
-    // first among equals): reading a sample's largest costs `keep` steps,
-    // not a pass over everything live.
+    // Each sample's live bytes per column, from the first pass.
+    for (size_t k = 0; k < samples.size(); ++k) {
+        TimelinePoint& p = samples[k];
+        p.layer_bytes.assign(a.timeline.layers.size(), 0);
+        for (size_t g = 0; g < sample_groups[k].size(); ++g)
+            p.layer_bytes[column[g]] += sample_groups[k][g];
+        p.largest.assign(a.timeline.layers.size(), {});
+    }
+
+    // Pass 2, only where the samples name their largest allocations: the
+    // owner pool again, for each column's largest live allocations at each
+    // sample.
     const size_t keep = options.timeline_allocations;
-    std::vector<LargestLive> largest(a.timeline.layers.size(),
-                                     LargestLive(std::max<size_t>(2 * keep, 8)));
-    auto forget = [&](const LiveRecord& r) {
-        const uint32_t g = tables.group(r.layer);
-        group_live[g] -= r.size;
-        if (keep > 0) largest[column[g]].erase(r);
-    };
-    i = 0;
-    stream.for_each([&](const Event& e) {
-        replay_again.apply(e, [&](const LiveChange& c) {
-            if (c.pool != a.owner) return;
-            if (c.kind == LiveChange::Kind::alloc) {
-                const uint32_t g = tables.group(c.record.layer);
-                group_live[g] += c.record.size;
-                if (c.replaced) forget(c.old);
-                if (keep > 0) largest[column[g]].insert(c.record);
-            } else if (c.released()) {
-                forget(c.record);
+    if (keep > 0 && !samples.empty()) {
+        Replay replay_again;
+        OwnerLive again(replay_again, a.owner, tables);
+        size_t next_sample = 0;
+        std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
+        auto allocation_id = [&](const Live& l) {
+            auto [it, added] =
+                allocation_index.try_emplace(l.seq, uint32_t(a.timeline.allocations.size()));
+            if (added) {
+                const TagStats& tag = tables.tags[l.tag];
+                a.timeline.allocations.push_back(
+                    {l.seq, l.size, l.step, l.stack, tag.layer, tag.phase});
             }
-        });
-        if (next_sample < sample_index.size() && sample_index[next_sample] == i) {
-            TimelinePoint& p = samples[next_sample++];
-            p.layer_bytes.assign(a.timeline.layers.size(), 0);
-            for (uint32_t g = 0; g < column.size(); ++g)
-                p.layer_bytes[column[g]] += group_live[g];
-            p.largest.assign(largest.size(), {});
-            if (keep > 0) {
+            return it->second;
+        };
+        // Each column's largest live allocations, largest first (the older
+        // first among equals): reading a sample's largest costs `keep`
+        // steps, not a pass over everything live.
+        std::vector<LargestLive> largest(a.timeline.layers.size(),
+                                         LargestLive(std::max<size_t>(2 * keep, 8)));
+        auto forget = [&](const LiveRecord& r) { largest[column[tables.group(r.layer)]].erase(r); };
+        i = 0;
+        stream.for_each_until([&](const Event& e) {
+            replay_again.apply(e, [&](const LiveChange& c) {
+                if (c.pool != a.owner) return;
+                if (c.kind == LiveChange::Kind::alloc) {
+                    if (c.replaced) forget(c.old);
+                    largest[column[tables.group(c.record.layer)]].insert(c.record);
+                } else if (c.released()) {
+                    forget(c.record);
+                }
+            });
+            if (sample_index[next_sample] == i) {
+                TimelinePoint& p = samples[next_sample++];
                 // Columns whose cache holds too few of their largest: one
                 // scan of the live set refills them all.
                 bool stale = false;
@@ -971,23 +1064,16 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                         return false;
                     });
                 }
+                for (size_t c = 0; c < largest.size(); ++c) {
+                    const std::vector<LiveRecord>& top = largest[c].top();
+                    for (size_t k = 0; k < top.size() && k < keep; ++k)
+                        p.largest[c].push_back(allocation_id(again.live_of(top[k])));
+                }
             }
-            for (size_t c = 0; c < largest.size() && keep > 0; ++c) {
-                const std::vector<LiveRecord>& top = largest[c].top();
-                for (size_t k = 0; k < top.size() && k < keep; ++k)
-                    p.largest[c].push_back(allocation_id(again.live_of(top[k])));
-            }
-        }
-        if (!peak_taken && e.seq == peak_seq) {
-            peak_taken = true;
-            again.for_each([&](const Live& l) {
-                tables.tags[l.tag].at_peak += l.size;
-                ++tables.tags[l.tag].count_at_peak;
-            });
-            a.sites_at_peak = top_sites(t, tables, again, options.top_sites);
-        }
-        ++i;
-    });
+            ++i;
+            return next_sample < sample_index.size();  // on, while samples are left
+        });
+    }
     a.timeline.points = std::move(samples);
 
     a.tags = std::move(tables.tags);

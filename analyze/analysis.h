@@ -282,8 +282,9 @@ struct CounterSummary {
 struct AnalysisOptions {
     size_t timeline_points = 800;
     size_t timeline_layers = 12;
-    size_t timeline_allocations = 3;  // per layer and sample (TimelinePoint::largest)
-    size_t tag_sites = 3;             // TagStats::sites
+    // Per layer and sample (TimelinePoint::largest); 0 saves a pass.
+    size_t timeline_allocations = 3;
+    size_t tag_sites = 3;  // TagStats::sites
     size_t top_sites = 10;
     size_t oom_tags = 12;    // (layer, phase) rows of an OOM moment
     size_t oom_moments = 4;  // the last this many moments are kept in full

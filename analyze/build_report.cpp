@@ -134,13 +134,15 @@ TraceReport report_trace(const std::string& path, const ReportInputs& in) {
 }  // namespace
 
 Report build_report(const std::vector<std::string>& paths, long rank, size_t top,
-                    const std::string& baseline, const ReportProgress& progress) {
+                    const std::string& baseline, const ReportProgress& progress,
+                    bool timeline_allocations) {
     const TraceInputs in = expand_trace_paths(paths);
     Report report;
     ReportInputs shared;
     shared.rank = rank;
     shared.only = in.traces.size() == 1;
     shared.options.top_sites = top;
+    if (!timeline_allocations) shared.options.timeline_allocations = 0;
     shared.findings = &report.findings;
     shared.baseline = baseline;
     if (!baseline.empty()) {

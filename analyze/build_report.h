@@ -21,8 +21,12 @@ namespace allocscope {
 // (analyze/diff.h) the HTML report overlays, traces paired by rank; "" none.
 // `progress` is called as each trace's analysis ends (from the worker
 // threads, one call at a time): the trace, how many are done, of how many.
+// `timeline_allocations`: whether the timeline's samples name each layer's
+// largest live allocations (the HTML and JSON reports show them; the text
+// report does not, and leaving them out saves a pass over each trace).
 using ReportProgress = std::function<void(const std::string&, size_t, size_t)>;
 Report build_report(const std::vector<std::string>& paths, long rank, size_t top,
-                    const std::string& baseline = {}, const ReportProgress& progress = {});
+                    const std::string& baseline = {}, const ReportProgress& progress = {},
+                    bool timeline_allocations = true);
 
 }  // namespace allocscope

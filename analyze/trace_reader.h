@@ -186,6 +186,25 @@ class TraceStream {
         }
     }
 
+    // The same while f(const Event&) returns true: a pass that stops there
+    // (after a first one has counted the events) leaves the next to start
+    // from the beginning again.
+    template <class F>
+    void for_each_until(F&& f) {
+        if (memory_) {
+            for (const Event& e : memory_->events)
+                if (!f(e)) return;
+            return;
+        }
+        start_pass();
+        for (;;) {
+            const std::span<const Event> events = next_events();
+            if (events.empty()) return;
+            for (const Event& e : events)
+                if (!f(e)) return;
+        }
+    }
+
   private:
     void start_pass();
     // The next events, counted as given: the rest of the current block's

@@ -277,3 +277,129 @@ TEST_CASE("each timeline sample names its columns' largest live allocations, the
     CHECK(full > tl.points.size());
     analyzed(trace, options);  // streamed from its file, the same
 }
+
+TEST_CASE(
+    "the layers' bytes at each sample and the tags' and sites' at the peak are the live "
+    "set's then, with or without the samples' largest") {
+    // Allocations and frees at random, some at an address still live (its
+    // free never recorded): a rise to the peak, a fall, then sites and
+    // tags first seen after the peak.
+    TempDir t;
+    TraceBuilder b;
+    std::mt19937_64 rng(71);
+    std::vector<uint32_t> stacks;
+    for (uint64_t s = 0; s < 5; ++s)
+        stacks.push_back(b.stack({0x1000 + s, 0x2000}));
+    std::vector<uint64_t> live;  // addresses
+    uint64_t next = 0x100000;
+    for (uint64_t step = 1; step <= 24; ++step) {
+        b.step(step);
+        const int layers = step < 20 ? 4 : 6;  // two layers only after the peak
+        for (int l = 0; l < layers; ++l) {
+            b.push("model.layers." + std::to_string(l), l % 2 ? "forward" : "backward");
+            for (int k = 0; k < 20; ++k) {
+                const uint64_t r = rng() % 10;
+                const uint64_t frees = step < 12 ? 3 : 6;  // a rise, then a fall
+                if (!live.empty() && r < frees) {
+                    const size_t at = rng() % live.size();
+                    b.block_free(live[at]);
+                    live.erase(live.begin() + std::ptrdiff_t(at));
+                } else if (!live.empty() && r == 9) {
+                    b.block(live[rng() % live.size()], 256 * (1 + rng() % 4),
+                            stacks[rng() % (step < 20 ? 3 : 5)]);
+                } else {
+                    b.block(next, 512 * (1 + rng() % 6), stacks[rng() % (step < 20 ? 3 : 5)]);
+                    live.push_back(next);
+                    next += 0x1000;
+                }
+            }
+            b.pop();
+        }
+    }
+    const Trace trace = load_trace(b.write(t / "rank0.trace"));
+    AnalysisOptions options;
+    options.timeline_points = 53;
+    options.timeline_layers = 4;  // the others folded into "(other)"
+    options.top_sites = 4;
+    const TraceAnalysis a = analyze(trace, options);
+    // The live set replayed by hand: address -> (size, layer, phase, stack).
+    struct Alive {
+        uint64_t size = 0;
+        uint32_t layer = 0, phase = 0, stack = 0;
+    };
+    std::map<uint64_t, Alive> alive;
+    uint64_t live_bytes = 0, peak = 0;
+    std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> at_peak;
+    std::map<uint32_t, uint64_t> sites_at_peak;
+    const Timeline& tl = a.timeline;
+    size_t point = 0;
+    for (const Event& e : trace.events) {
+        if (e.kind == EventKind::alloc) {
+            if (auto it = alive.find(e.address); it != alive.end()) live_bytes -= it->second.size;
+            alive[e.address] = {e.size, e.layer, e.phase, e.stack};
+            live_bytes += e.size;
+        }
+        if (e.kind == EventKind::free) {
+            live_bytes -= alive.at(e.address).size;
+            alive.erase(e.address);
+        }
+        if (live_bytes > peak) {
+            peak = live_bytes;
+            at_peak.clear();
+            sites_at_peak.clear();
+            for (const auto& [address, l] : alive) {
+                auto& [bytes, count] = at_peak[{trace.str(l.layer), trace.str(l.phase)}];
+                bytes += l.size;
+                ++count;
+                sites_at_peak[l.stack] += l.size;
+            }
+        }
+        if (point == tl.points.size() || tl.points[point].seq != e.seq) continue;
+        const TimelinePoint& p = tl.points[point++];
+        std::vector<uint64_t> want(tl.layers.size(), 0);
+        for (const auto& [address, l] : alive) {
+            const auto it =
+                std::find(tl.layers.begin(), tl.layers.end(), layer_group(trace.str(l.layer)));
+            want[it == tl.layers.end() ? tl.layers.size() - 1 : size_t(it - tl.layers.begin())] +=
+                l.size;
+        }
+        CHECK(p.layer_bytes == want);
+    }
+    CHECK(point == tl.points.size());
+    REQUIRE(tl.layers.back() == "(other)");
+    const PoolSummary* owner = a.pool(a.owner);
+    REQUIRE(owner != nullptr);
+    CHECK(owner->peak_bytes == peak);
+    CHECK(owner->peak_step >= 10);
+    CHECK(owner->peak_step <= 13);
+    size_t tags_at_peak = 0;
+    for (const TagStats& tag : a.tags) {
+        CAPTURE(tag.layer);
+        CAPTURE(tag.phase);
+        const auto it = at_peak.find({tag.layer, tag.phase});
+        const std::pair<uint64_t, uint64_t> want =
+            it == at_peak.end() ? std::pair<uint64_t, uint64_t>{} : it->second;
+        CHECK(tag.at_peak == want.first);
+        CHECK(tag.count_at_peak == want.second);
+        tags_at_peak += tag.at_peak > 0;
+    }
+    CHECK(tags_at_peak == 4);  // the layers first seen after the peak hold nothing then
+    REQUIRE(a.sites_at_peak.size() == 3);
+    for (const Site& s : a.sites_at_peak)
+        CHECK(s.bytes == sites_at_peak.at(s.stack));
+    // Without the samples' largest (no second pass), all the rest is the same.
+    AnalysisOptions no_largest = options;
+    no_largest.timeline_allocations = 0;
+    TraceAnalysis b_ = analyze(trace, no_largest);
+    CHECK(b_.timeline.allocations.empty());
+    for (TimelinePoint& p : b_.timeline.points) {
+        CHECK(p.largest == std::vector<std::vector<uint32_t>>(tl.layers.size()));
+    }
+    TraceAnalysis a_ = a;
+    a_.timeline.allocations.clear();
+    for (TimelinePoint& p : a_.timeline.points)
+        p.largest.assign(tl.layers.size(), {});
+    CHECK(a_ == b_);
+    analyzed(trace, options);  // streamed from its file, the same
+    analyzed(trace, no_largest);
+}

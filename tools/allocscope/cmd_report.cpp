@@ -72,12 +72,14 @@ examples:
 // build_report with a progress bar while the traces are analysed (on a
 // terminal only: progress.h).
 Report build_report_in_view(const std::vector<std::string>& paths, long rank, size_t top,
-                            const std::string& baseline = {}) {
+                            const std::string& baseline = {}, bool timeline_allocations = true) {
     Progress progress;
-    Report report = build_report(paths, rank, top, baseline,
-                                 [&progress](const std::string& trace, size_t done, size_t total) {
-                                     progress.show("analysed " + trace, done, total);
-                                 });
+    Report report = build_report(
+        paths, rank, top, baseline,
+        [&progress](const std::string& trace, size_t done, size_t total) {
+            progress.show("analysed " + trace, done, total);
+        },
+        timeline_allocations);
     progress.done();
     return report;
 }
@@ -110,7 +112,7 @@ int report_command(const std::vector<std::string>& args) {
     if (!baseline.empty()) inputs.push_back(baseline);
     if (const std::string problem = overwrite_problem(output, inputs); !problem.empty())
         return fail(problem);
-    const Report report = build_report_in_view(paths, rank, top, baseline);
+    const Report report = build_report_in_view(paths, rank, top, baseline, format != "text");
     const std::string text =
         format == "json"   ? render_json(report)
         : format == "html" ? render_html(report)
