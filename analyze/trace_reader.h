@@ -172,18 +172,10 @@ class TraceStream {
     // file no longer holds what the first one read.
     template <class F>
     void for_each(F&& f) {
-        if (memory_) {
-            for (const Event& e : memory_->events)
-                f(e);
-            return;
-        }
-        start_pass();
-        for (;;) {
-            const std::span<const Event> events = next_events();
-            if (events.empty()) return;
-            for (const Event& e : events)
-                f(e);
-        }
+        for_each_until([&f](const Event& e) {
+            f(e);
+            return true;
+        });
     }
 
     // The same while f(const Event&) returns true: a pass that stops there
