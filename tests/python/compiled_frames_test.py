@@ -304,3 +304,62 @@ def test_a_parameter_of_a_module_named_later_is_found_then():
     assert compiled.frame_module([w, x], inputs, names) is None, "not named yet"
     names.update(_names_of({"layers.0.fc": fc}))
     assert compiled.frame_module([w, x], inputs, names) is fc
+
+
+def test_a_parameter_given_as_a_local_names_the_module_that_holds_it():
+    # An autograd.Function's forward compiled as a frame of its own takes
+    # the weight as an argument ("L['weight']"): no path from a `self`, so
+    # the module is the one holding the tensor the call is given.
+    wq, wk, x = Tensor(), Tensor(), Tensor()
+    q, k = Module(weight=wq), Module(bias=wk)
+    names = _names_of({"": Module(), "layers.0": Module(), "layers.0.wq": q, "layers.0.wk": k})
+    inputs = [(1, (None, "#1"))]
+    assert compiled.frame_module([x, wq], inputs, names) is q
+    assert compiled.frame_module([x, wk], inputs, names) is k, "under whatever name it holds it"
+    assert compiled.frame_module([x, Tensor()], inputs, names) is None, "an activation names nothing"
+    root_weight = Tensor()
+    names.update(_names_of({"": Module(weight=root_weight)}))
+    assert compiled.frame_module([x, root_weight], inputs, names) is None, "the root's tag is entered"
+
+
+def test_lines_derived_from_a_local_parameter_are_declared_by_the_name_its_module_holds_it_under(
+        monkeypatch):
+    declared = []
+    monkeypatch.setattr(compiled._allocscope, "python_frame_scope",
+                        lambda *a: declared.append(a))
+    w, s, x = Tensor(), Tensor(), Tensor()
+    fc = Module(weight=w, scale=s)
+    at_call = [
+        (7, "", None, "#1", "torch.compile'd graph: #1 -> abs -> amax"),
+        (9, "", None, "#1", "torch.compile'd graph: #1 -> mul -> convert_element_type"),
+        (11, "", None, "#2", "torch.compile'd graph: #2 -> reciprocal"),
+    ]
+    assert compiled.declare_at_call("gen.py", at_call, [x, w, s], fc)
+    assert declared == [
+        ("gen.py", 7, "", "", "weight", "torch.compile'd graph: weight -> abs -> amax"),
+        ("gen.py", 9, "", "", "weight", "torch.compile'd graph: weight -> mul -> convert_element_type"),
+        ("gen.py", 11, "", "", "scale", "torch.compile'd graph: scale -> reciprocal"),
+    ], "relative to the module's tag, which the call enters"
+    declared.clear()
+    other = Module(weight=w)
+    assert not compiled.declare_at_call("gen.py", at_call, [x, w, s], other), \
+        "a module that does not hold every one of them declares nothing"
+    assert not compiled.declare_at_call("gen.py", at_call, [x, w], fc), "nor a call without them"
+    assert declared == []
+
+
+def test_a_parameter_that_is_a_local_of_the_frame_is_known_at_call_time():
+    torch = pytest.importorskip("torch")
+
+    class Arg:
+        def __init__(self, name):
+            self.source = types.SimpleNamespace(name=name)
+
+    g = Graph()
+    for i, name in enumerate(["L['x']", "L['weight']", "L['self']._modules['fc']._parameters['bias']"]):
+        node = Node(g, "arg%d" % i, "placeholder")
+        node.meta["grapharg"] = Arg(name)
+    gm = types.SimpleNamespace(graph=g)
+    weight = torch.nn.Parameter(torch.zeros(2))
+    examples = [torch.zeros(2), weight, torch.zeros(2)]
+    assert compiled.param_sources(gm, examples) == [None, (None, "#1"), ("fc", "bias")]

@@ -279,7 +279,11 @@ _local = threading.local()  # .sources: per compile_fx call, innermost last
 def param_sources(gm, example_inputs):
     """Per placeholder of a Dynamo graph: (module, name) of the parameter it
     is, from its source ("L['self']._modules['fc1']._parameters['weight']" ->
-    ("fc1", "weight")), or None."""
+    ("fc1", "weight")), or None. A parameter the frame was given as a local
+    (an argument of an autograd.Function's forward compiled as a frame of
+    its own, "L['weight']") is (None, "#<placeholder index>"): whose it is,
+    and its name, are known only from the tensor each call is given
+    (_enter_frame_module)."""
     import torch
 
     out = []
@@ -299,9 +303,16 @@ def param_sources(gm, example_inputs):
         if path:
             module, _, pname = path.rpartition(".")
             out.append((module, pname))
+        elif isinstance(example, torch.nn.Parameter):
+            out.append((None, "#%d" % i))
         else:
             out.append(None)
     return out
+
+
+def _at_call(source):
+    """Whether a param_sources entry is a parameter known only at call time."""
+    return source[0] is None
 
 
 def _wrap_compile_fx(module):
@@ -359,16 +370,21 @@ def _scope_graph(lowering, module):
             params = {n: s for n, s in zip(placeholders, sources) if s}
     saved = _saved_for_backward(lowering)
     registered = 0
+    # Lines derived from a parameter known only at call time wait for the
+    # first call that names it (_enter_frame_module).
+    at_call = []
     # Without provenance buffers are only tagged; the parameters still say
     # which module a call ran as (_enter_frame_module).
-    for number, module_path, param_module, param, how in scopes(
-        lines, lowering.name_to_buffer, graph, params if _derive else {}, saved
-    ):
+    for scope in scopes(lines, lowering.name_to_buffer, graph, params if _derive else {}, saved):
+        number, module_path, param_module, param, how = scope
+        if param is not None and _at_call((param_module, param)):
+            at_call.append(scope)
+            continue
         _allocscope.python_frame_scope(path, number, module_path, param_module, param, how)
         registered += 1
     inputs = [(i, params[n]) for i, n in enumerate(placeholders) if n in params]
     if inputs:
-        _enter_frame_module(module, inputs)
+        _enter_frame_module(module, inputs, path, at_call)
     if _debug:
         from ._common import _say
 
@@ -380,7 +396,8 @@ def _scope_graph(lowering, module):
                 path,
                 registered,
                 ", ".join(".".join(c for c in s if c) for _, s in inputs) or "none",
-            ),
+            )
+            + ("; %d more once a call names its parameters" % len(at_call) if at_call else ""),
         )
 
 
@@ -415,7 +432,7 @@ def _remember_owner(parameter, module, named=0):
 
 def _owner(parameter, name, names):
     """The named module (of `names`, _naming's table) that holds `parameter`
-    as its parameter `name`. A miss indexes every parameter the named
+    as its parameter `name` (None: under any name). A miss indexes every parameter the named
     modules hold now (one pass, not one per parameter: under FSDP2 a
     block's unsharded parameters are registered while it runs), and a
     tensor no named module holds is remembered as such until more modules
@@ -439,9 +456,18 @@ def _owner(parameter, name, names):
     got = _owners.get(id(parameter))
     if got is not None and got[0]() is parameter:
         m = got[1]()
-        if m is not None and m._parameters.get(name) is parameter:
-            return m
+        if m is not None and _name_in(m, parameter) is not None:
+            if name is None or m._parameters.get(name) is parameter:
+                return m
     _remember_owner(parameter, None, len(names))
+    return None
+
+
+def _name_in(module, parameter):
+    """The name under which `module` holds `parameter` itself, or None."""
+    for n, p in module._parameters.items():
+        if p is parameter:
+            return n
     return None
 
 
@@ -450,11 +476,21 @@ def frame_module(args, inputs, names):
     path from the frame's self, name)) of the graph's parameter inputs and
     `names` _naming's table (id(module) -> (weakref, name, provisional,
     bytes)); the first input whose owner is named and whose path leads back
-    up to a named module gives it. None when none does, or when the frame's
-    self is the model's root (whose tag its hooks entered)."""
+    up to a named module gives it; a parameter known only at call time
+    (module path None) gives the module that holds it. None when none does,
+    or when the frame's self is the model's root (whose tag its hooks
+    entered)."""
     for index, (module_path, name) in inputs:
         if index >= len(args):
             continue
+        if module_path is None:
+            owner = _owner(args[index], None, names)
+            if owner is None:
+                continue
+            entry = names.get(id(owner))
+            if entry is None or not entry[1]:
+                return None  # the model's root: its tag is entered
+            return owner
         owner = _owner(args[index], name, names)
         if owner is None:
             continue
@@ -482,7 +518,29 @@ def frame_module(args, inputs, names):
     return None
 
 
-def _enter_frame_module(module, inputs):
+def declare_at_call(path, at_call, args, module):
+    """Registers the generated lines of `path` that `at_call` lists
+    (scopes() entries derived from a parameter known only at call time,
+    "#<input index>") as derived from the parameters of `module` that `args`
+    holds at those indexes, each by the name `module` holds it under.
+    Returns whether it did: not where `module` holds one of them not."""
+    named = {}
+    for _number, _module_path, _param_module, param, _how in at_call:
+        index = int(param[1:])
+        if param not in named:
+            name = _name_in(module, args[index]) if index < len(args) else None
+            if name is None:
+                return False
+            named[param] = name
+    for number, module_path, _param_module, param, how in at_call:
+        name = named[param]
+        # Relative to the module's tag, which the call enters.
+        _allocscope.python_frame_scope(path, number, module_path, "", name,
+                                       how.replace(param, name, 1) if how else how)
+    return True
+
+
+def _enter_frame_module(module, inputs, path=None, at_call=()):
     from . import _hooks
     from ._common import _FORWARD
     from ._naming import _names
@@ -494,6 +552,11 @@ def _enter_frame_module(module, inputs):
     # name bytes); one not found is looked for again next call (_owner
     # keeps that cheap until more modules are named).
     keys = {}
+    # The lines derived from parameters known only at call time are
+    # declared once, by the first call whose module holds them all: a line
+    # is registered once, before it runs (the names are the module's own,
+    # the same for every module the generated file serves).
+    pending = [list(at_call)] if at_call and path else [None]
 
     def wrapped(args):
         ops = _hooks._ops
@@ -504,6 +567,8 @@ def _enter_frame_module(module, inputs):
                 got = keys.get(id(first))
                 if got is None or got[0]() is not first:
                     m = frame_module(args, inputs, _names)
+                    if m is not None and pending[0] and declare_at_call(path, pending[0], args, m):
+                        pending[0] = None
                     named = _names.get(id(m)) if m is not None else None
                     # Not the model's root (named ""): its hooks entered its tag.
                     tag = (id(m) + 1, named[3]) if named is not None and named[1] else None
