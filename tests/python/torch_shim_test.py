@@ -328,6 +328,78 @@ def test_wrapped_modules_keep_their_names_and_allocations(script, scratch, wrapp
     )
 
 
+# A graph Dynamo compiled from an autograd.Function's forward, a frame of its
+# own after a graph break: the weight is its argument ("L['weight']"), not
+# a parameter reached from a `self`, so the call names the module that
+# holds the tensor it is given.
+COMPILED_FUNCTION_FRAME = DEVICE_ALLOC + textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+    from allocscope.torch import _compiled
+
+    class Generated:
+        @staticmethod
+        def call(args):
+            x, weight = args
+            args.clear()
+            device_alloc_free(4096 if weight.shape[0] == 16 else 2048)
+            return (x,)
+
+    generated = Generated()
+    _compiled._enter_frame_module(generated, [(1, (None, "#1"))])
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Linear(16, 16)
+            self.wk = nn.Linear(16, 8, bias=False)
+
+        def forward(self, x):
+            device_alloc_free(1024)
+            x = generated.call([x, self.wq.weight])[0]
+            x = generated.call([x, self.wk.weight])[0]
+            x = generated.call([x, self.wq.bias])[0]  # held under another name: the same module
+            x = generated.call([x, torch.zeros(8, 8)])[0]  # no parameter: the block's
+            return x
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block()])
+
+        def forward(self, x):
+            return self.layers[0](x)
+
+    model = Model()
+    for step in range(%d):
+        model(torch.randn(4, 16)).sum()
+    print("done")
+    """
+    % STEPS
+)
+
+
+def test_a_compiled_frame_given_a_parameter_as_an_argument_is_tagged_with_the_module_holding_it(
+        scratch):
+    path = os.path.join(scratch, "compiled_function_frame.py")
+    with open(path, "w") as f:
+        f.write(COMPILED_FUNCTION_FRAME)
+    p, rank = run_traced(path, os.path.join(scratch, "out-compiled-function-frame"), {})
+    assert p.returncode == 0 and "done" in p.stdout, (p.stdout, p.stderr)
+    assert rank is not None
+    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+    print("tags:", sorted((k, t["allocated_bytes"]) for k, t in tags.items() if t["allocations"]))
+    want = {
+        ("layers.0.wq", "forward"): 4096 + 4096,  # its weight and its bias (16 wide each)
+        ("layers.0.wk", "forward"): 2048,
+        ("layers.0", "forward"): 1024 + 2048,  # its own, and the call given no parameter
+    }
+    for key, size in want.items():
+        t = tags.get(key)
+        assert t is not None and t["allocated_bytes"] == STEPS * size, (key, t)
+
+
 def test_without_module_hooks_only_optimizer_tags_and_steps_remain(script, scratch):
     # ALLOCSCOPE_PYTHON_MODULES=0: steps and optimizer tags, nothing per module.
     p, rank = run_traced(script, os.path.join(scratch, "out-nomodules"),
