@@ -328,6 +328,42 @@ def test_wrapped_modules_keep_their_names_and_allocations(script, scratch, wrapp
     )
 
 
+# A model of one Block (defined by the script before it), run STEPS steps.
+ONE_BLOCK_MODEL = textwrap.dedent(
+    """
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block()])
+
+        def forward(self, x):
+            return self.layers[0](x)
+
+    model = Model()
+    for step in range(%d):
+        model(torch.randn(4, 16)).sum()
+    print("done")
+    """
+    % STEPS
+)
+
+
+def _tags_after(scratch, name, text, want):
+    """Runs script `text` traced; asserts each (layer, phase) of `want` was
+    allocated its bytes a step."""
+    path = os.path.join(scratch, name + ".py")
+    with open(path, "w") as f:
+        f.write(text)
+    p, rank = run_traced(path, os.path.join(scratch, "out-" + name), {})
+    assert p.returncode == 0 and "done" in p.stdout, (p.stdout, p.stderr)
+    assert rank is not None
+    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
+    print("tags:", sorted((k, t["allocated_bytes"]) for k, t in tags.items() if t["allocations"]))
+    for key, size in want.items():
+        t = tags.get(key)
+        assert t is not None and t["allocated_bytes"] == STEPS * size, (key, t)
+
+
 # A graph Dynamo compiled from an autograd.Function's forward, a frame of its
 # own after a graph break: the weight is its argument ("L['weight']"), not
 # a parameter reached from a `self`, so the call names the module that
@@ -363,41 +399,17 @@ COMPILED_FUNCTION_FRAME = DEVICE_ALLOC + textwrap.dedent(
             x = generated.call([x, torch.zeros(8, 8)])[0]  # no parameter: the block's
             return x
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = nn.ModuleList([Block()])
-
-        def forward(self, x):
-            return self.layers[0](x)
-
-    model = Model()
-    for step in range(%d):
-        model(torch.randn(4, 16)).sum()
-    print("done")
     """
-    % STEPS
-)
+) + ONE_BLOCK_MODEL
 
 
 def test_a_compiled_frame_given_a_parameter_as_an_argument_is_tagged_with_the_module_holding_it(
         scratch):
-    path = os.path.join(scratch, "compiled_function_frame.py")
-    with open(path, "w") as f:
-        f.write(COMPILED_FUNCTION_FRAME)
-    p, rank = run_traced(path, os.path.join(scratch, "out-compiled-function-frame"), {})
-    assert p.returncode == 0 and "done" in p.stdout, (p.stdout, p.stderr)
-    assert rank is not None
-    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-    print("tags:", sorted((k, t["allocated_bytes"]) for k, t in tags.items() if t["allocations"]))
-    want = {
+    _tags_after(scratch, "compiled_function_frame", COMPILED_FUNCTION_FRAME, {
         ("layers.0.wq", "forward"): 4096 + 4096,  # its weight and its bias (16 wide each)
         ("layers.0.wk", "forward"): 2048,
         ("layers.0", "forward"): 1024 + 2048,  # its own, and the call given no parameter
-    }
-    for key, size in want.items():
-        t = tags.get(key)
-        assert t is not None and t["allocated_bytes"] == STEPS * size, (key, t)
+    })
 
 
 def test_without_module_hooks_only_optimizer_tags_and_steps_remain(script, scratch):
@@ -479,38 +491,14 @@ COMPILED_FRAME = DEVICE_ALLOC + textwrap.dedent(
             x = generated.call([torch.zeros(3), x])[0]  # no module's parameter: the block's
             return x
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = nn.ModuleList([Block()])
-
-        def forward(self, x):
-            return self.layers[0](x)
-
-    model = Model()
-    for step in range(%d):
-        model(torch.randn(4, 16)).sum()
-    print("done")
     """
-    % STEPS
-)
+) + ONE_BLOCK_MODEL
 
 
 def test_a_compiled_frames_call_is_tagged_with_the_module_whose_parameters_it_is_given(scratch):
-    path = os.path.join(scratch, "compiled_frame.py")
-    with open(path, "w") as f:
-        f.write(COMPILED_FRAME)
-    p, rank = run_traced(path, os.path.join(scratch, "out-compiled-frame"), {})
-    assert p.returncode == 0 and "done" in p.stdout, (p.stdout, p.stderr)
-    assert rank is not None
-    tags = {(t["layer"], t["phase"]): t for t in rank.get("tags", [])}
-    print("tags:", sorted((k, t["allocated_bytes"]) for k, t in tags.items() if t["allocations"]))
-    want = {
+    _tags_after(scratch, "compiled_frame", COMPILED_FRAME, {
         ("layers.0.wq", "forward"): 4096,
         ("layers.0.wk", "forward"): 4096,
         ("layers.0.other", "forward"): 2048,
         ("layers.0", "forward"): 1024 + 2048,  # its own, and the call given no parameter
-    }
-    for key, size in want.items():
-        t = tags.get(key)
-        assert t is not None and t["allocated_bytes"] == STEPS * size, (key, t)
+    })
