@@ -646,7 +646,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Each group's live bytes at the latest timeline sample, kept as the
-    // pass goes as SiteLive keeps the peak's: group_then holds a group's
+    // pass goes as TagSite keeps the peak's: group_then holds a group's
     // value then once it has changed since (group_mark: the sample count
     // then), and each sample's values per group, once its stretch ends.
     std::vector<uint64_t> group_then, group_mark;

@@ -310,11 +310,6 @@ def param_sources(gm, example_inputs):
     return out
 
 
-def _at_call(source):
-    """Whether a param_sources entry is a parameter known only at call time."""
-    return source[0] is None
-
-
 def _wrap_compile_fx(module):
     original = getattr(module, "compile_fx", None)
     if original is None or getattr(original, "_allocscope", False):
@@ -377,7 +372,7 @@ def _scope_graph(lowering, module):
     # which module a call ran as (_enter_frame_module).
     for scope in scopes(lines, lowering.name_to_buffer, graph, params if _derive else {}, saved):
         number, module_path, param_module, param, how = scope
-        if param is not None and _at_call((param_module, param)):
+        if param is not None and param_module is None:  # known at call time
             at_call.append(scope)
             continue
         _allocscope.python_frame_scope(path, number, module_path, param_module, param, how)
@@ -432,8 +427,8 @@ def _remember_owner(parameter, module, named=0):
 
 def _owner(parameter, name, names):
     """The named module (of `names`, _naming's table) that holds `parameter`
-    as its parameter `name` (None: under any name). A miss indexes every parameter the named
-    modules hold now (one pass, not one per parameter: under FSDP2 a
+    as its parameter `name` (None: under any name). A miss indexes every
+    parameter the named modules hold now (one pass, not one per parameter: under FSDP2 a
     block's unsharded parameters are registered while it runs), and a
     tensor no named module holds is remembered as such until more modules
     are named."""
@@ -456,9 +451,11 @@ def _owner(parameter, name, names):
     got = _owners.get(id(parameter))
     if got is not None and got[0]() is parameter:
         m = got[1]()
-        if m is not None and _name_in(m, parameter) is not None:
-            if name is None or m._parameters.get(name) is parameter:
-                return m
+        if m is not None and (
+            m._parameters.get(name) is parameter if name is not None
+            else _name_in(m, parameter) is not None
+        ):
+            return m
     _remember_owner(parameter, None, len(names))
     return None
 
