@@ -337,8 +337,12 @@ void frame_scope_derived(const FrameScope& scope, uint64_t address) noexcept {
     try {
         const TagEntry tag = current_tag();
         const std::string layer = scoped_name(tag.layer_text, scope.param_module);
+        const char* how = scope.how.empty() ? nullptr : scope.how.c_str();
         record_derived(reinterpret_cast<const void*>(address), layer.c_str(), scope.param.c_str(),
-                       scope.how.empty() ? nullptr : scope.how.c_str());
+                       how);
+        if (ScopeDerived listener = g_scope_derived.load(std::memory_order_acquire)) [[unlikely]]
+            listener(reinterpret_cast<const void*>(address), layer.c_str(), scope.param.c_str(),
+                     how);
     } catch (...) {
     }
 }

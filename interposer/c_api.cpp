@@ -150,6 +150,12 @@ ALLOCSCOPE_EXPORT void allocscope_set_outer_frames(size_t (*provider)(uint64_t*,
     allocscope::recorder::set_outer_frames(provider);
 }
 
+ALLOCSCOPE_EXPORT void allocscope_set_scope_listener(void (*derived)(const void*, const char*,
+                                                                     const char*, const char*),
+                                                     void (*freed)(const void*)) {
+    allocscope::recorder::set_scope_listener(derived, freed);
+}
+
 ALLOCSCOPE_EXPORT void allocscope_block_alloc_frames(void* ptr, size_t size, int device,
                                                      void* stream, const uint64_t* outer_frames,
                                                      size_t outer_count) {

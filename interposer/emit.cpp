@@ -17,6 +17,8 @@ namespace allocscope::recorder {
 
 constinit thread_local ThreadState t_thread{};
 constinit std::atomic<OuterFrames> g_outer_frames{nullptr};
+constinit std::atomic<ScopeDerived> g_scope_derived{nullptr};
+constinit std::atomic<AddressFreed> g_address_freed{nullptr};
 
 // --- definitions ------------------------------------------------------------------
 
@@ -254,6 +256,9 @@ void record_oom(const AllocInfo& info, int result, uint64_t device_free) noexcep
 void begin_free(PendingFree& pending, Api api, Level level, void* address,
                 uint64_t stream) noexcept {
     pending.slot = nullptr;
+    // Before the real free: the address cannot have been taken again yet.
+    if (AddressFreed freed = g_address_freed.load(std::memory_order_acquire)) [[unlikely]]
+        freed(address);
     if (!ensure_started()) return;
     EventRing::Slot* slot = begin_event(EventKind::free);
     if (!slot) return;
@@ -283,6 +288,11 @@ void end_free(PendingFree& pending, int result) noexcept {
 
 void set_outer_frames(OuterFrames provider) noexcept {
     g_outer_frames.store(provider, std::memory_order_release);
+}
+
+void set_scope_listener(ScopeDerived derived, AddressFreed freed) noexcept {
+    g_scope_derived.store(derived, std::memory_order_release);
+    g_address_freed.store(freed, std::memory_order_release);
 }
 
 }  // namespace allocscope::recorder

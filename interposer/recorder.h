@@ -105,6 +105,17 @@ void python_frame_alias(const char* file, int line, const char* function, const 
 using OuterFrames = size_t (*)(uint64_t* out, size_t max);
 void set_outer_frames(OuterFrames provider) noexcept;
 
+// Who else follows what frame scopes declare (allocscope_set_scope_listener):
+// `derived` after each allocation a frame scope declared derived, with the
+// declaration's arguments; `freed` before every free of an address (any
+// API, any level), while registered. Both are called inside the hooks, so
+// they must not call CUDA, block on anything a hook can hold, or throw.
+// nullptr unregisters either.
+using ScopeDerived = void (*)(const void* address, const char* layer, const char* param,
+                              const char* how);
+using AddressFreed = void (*)(const void* address);
+void set_scope_listener(ScopeDerived derived, AddressFreed freed) noexcept;
+
 // A free is recorded in two halves around the real call so its seq precedes
 // any later allocation that reuses the address.
 struct PendingFree {

@@ -198,6 +198,8 @@ extern char g_loaded_after[256];
 
 // emit.cpp
 extern std::atomic<OuterFrames> g_outer_frames;  // set_outer_frames
+extern std::atomic<ScopeDerived> g_scope_derived;  // set_scope_listener
+extern std::atomic<AddressFreed> g_address_freed;  // set_scope_listener
 
 inline uint64_t mono_ns() noexcept {
     timespec ts;

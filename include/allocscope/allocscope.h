@@ -251,6 +251,19 @@ void allocscope_python_frame_scope(const char* file, int line, const char* modul
  * NULL unregisters. */
 void allocscope_set_outer_frames(size_t (*provider)(uint64_t* out, size_t max));
 
+/* A listener of what frame scopes declare: `derived` is called after each
+ * allocation that allocscope_python_frame_scope declared derived, with the
+ * declaration's address, layer, parameter and how; `freed` before every
+ * free of an address the interposer records (runtime, driver and caching
+ * allocator alike). The PyTorch bridge's op observer uses it to follow a
+ * compiled graph's weight copy into the eager code that reads it (a
+ * backward pass that transposes a saved FP8 weight). Both run inside the
+ * allocation hooks: they must not call CUDA, block on a lock that an
+ * allocation can hold, or throw. NULL unregisters either. */
+void allocscope_set_scope_listener(void (*derived)(const void* address, const char* layer,
+                                                   const char* param, const char* how),
+                                   void (*freed)(const void* address));
+
 /* Configuration: the value of environment variable `name` (an
  * ALLOCSCOPE_* variable of docs/ENVIRONMENT.md) as liballocscope.so parsed
  * it, once, when first used: its default when unset or invalid (the

@@ -161,6 +161,11 @@ class Float8Tensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def __repr__(self):
+        # torch.compile's AOT autograd prints its inputs' metadata, where
+        # Tensor.__repr__ would index the FP8 data (aten.select).
+        return "Float8Tensor(%s, %s)" % (tuple(self.shape), self._data.dtype)
+
     @classmethod
     def quantize(cls, t):
         return cls(*quantize(t))

@@ -404,6 +404,114 @@ def test_two_weights_of_one_shape_in_a_blocks_scope_are_not_guessed(script):
     assert len([d for d in derived if d["layer"] == "chain"]) == 10 * STEPS
 
 
+# A compiled forward's weight copy read by an eager backward: an
+# autograd.Function whose forward Dynamo compiled as a frame of its own
+# saves the FP8 weight its generated code allocated, and its backward,
+# eager, transposes it. The observer sees no op make the copy; it knows it
+# from the frame scope's declaration (allocscope_set_scope_listener). Here
+# the generated code is a line registered with allocscope.python_frame_scope
+# that hands out a caching-allocator block; the tensor is that memory. In
+# layers.1 a copy is declared and freed first, then a block at its address
+# is handed out again from a plain line: a freed declaration never makes
+# that tensor derived.
+COMPILED_COPY_SCRIPT = textwrap.dedent(
+    """
+    import ctypes
+    import torch
+    import torch.nn as nn
+    import allocscope
+
+    H = 16
+    _MEMORY = []
+
+    def memory(size):
+        _MEMORY.append(ctypes.create_string_buffer(size))
+        return ctypes.addressof(_MEMORY[-1])
+
+    def generated(size):  # inductor's `buf0 = empty_strided_cuda(...)`
+        address = memory(size)
+        allocscope.block_alloc(address, size)
+        return address
+
+    def plain(address, size):
+        allocscope.block_alloc(address, size)
+
+    allocscope.python_frame_scope(__file__, generated.__code__.co_firstlineno + 2, "", "",
+                                  "weight", "torch.compile'd graph: weight -> convert_element_type")
+
+    def as_tensor(address):
+        return torch.frombuffer((ctypes.c_char * (H * H)).from_address(address),
+                                dtype=torch.int8).view(H, H)
+
+    _TRANSPOSE_CACHE = {}
+
+    class CompiledFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, key):
+            address = generated(H * H)
+            if key == 1:
+                allocscope.block_free(address)
+                plain(address, H * H)
+            ctx.save_for_backward(x)
+            ctx.address = address
+            ctx.key = key
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, dy):
+            wq = as_tensor(ctx.address)
+            _TRANSPOSE_CACHE[ctx.key] = wq.t().contiguous()
+            del wq
+            allocscope.block_free(ctx.address)
+            return dy, None, None
+
+    class QLinear(nn.Module):
+        def __init__(self, key):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(H, H))
+            self.key = key
+
+        def forward(self, x):
+            _TRANSPOSE_CACHE.pop(self.key, None)
+            return CompiledFn.apply(x, self.weight, self.key)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(QLinear(i) for i in range(2))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = Model()
+    x = torch.randn(H, H, requires_grad=True)
+    for step in range(STEPS):
+        model(x).sum().backward()
+    print("done")
+    """
+).replace("STEPS", str(STEPS))
+
+
+def test_a_compiled_graphs_weight_copy_transposed_in_eager_backward_is_declared(script):
+    path = os.path.join(os.path.dirname(script), "compiled_copy.py")
+    with open(path, "w") as f:
+        f.write(COMPILED_COPY_SCRIPT)
+    p, derived, kinds = run(path, os.path.join(os.path.dirname(script), "out-compiled-copy"), {})
+    assert p.returncode == 0 and "done" in p.stdout, "exit status %d" % p.returncode
+    assert derived is not None, "no replay"
+    assert re.search(r"provenance: %d storages of compiled graphs' weight copies read by "
+                     r"observed ops" % STEPS, p.stderr), "no adoption counted"
+    copies = [d for d in derived if d["how"].startswith("torch.compile'd graph")]
+    assert len(copies) == 2 * STEPS, "%d frame-scope declarations" % len(copies)
+    transposes = [d for d in derived if d["tag_phase"] == "backward"]
+    assert len(transposes) == STEPS and all(
+        d["how"] == "layers.0.weight -> torch.compile'd graph -> clone" and d["layer"] == "layers.0"
+        and d["name"] == "weight" and d["tag_layer"] == "layers.0" for d in transposes), (
+        "transposes %r" % transposes)
+
+
 @pytest.mark.parametrize("how", ["--no-provenance", "ALLOCSCOPE_PROVENANCE=0"])
 def test_without_provenance_the_summary_says_so(script, how):
     out = os.path.join(os.path.dirname(script), "out-off-%s" % how.strip("-").split("=")[0])

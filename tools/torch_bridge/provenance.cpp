@@ -320,6 +320,12 @@ struct State {
     // The parameters of the modules inside each layer ("" holds all).
     TextMap<std::vector<const Param*>> inside;
 
+    // Parameters that compiled graphs declared copies of (allocscope.torch's
+    // frame scopes), by "layer.name": the registered one where there is
+    // one, else one of their own in `params` (never in by_layer: it has no
+    // shape and seeds nothing); and the chain each adopted copy starts from.
+    TextMap<std::pair<const Param*, ChainPtr>> compiled;
+
     // Set once by install, read-only after.
     Derived derived = nullptr;
     CurrentLayer current_layer = nullptr;
@@ -330,7 +336,8 @@ struct State {
     uint32_t backward = 0;
     bool debug = false;
 
-    std::atomic<uint64_t> ops{0}, op_ns{0}, slow{0}, seeds{0}, marked{0}, declared{0};
+    std::atomic<uint64_t> ops{0}, op_ns{0}, slow{0}, seeds{0}, marked{0}, declared{0},
+        adopted{0};
 };
 
 // Never destroyed: callbacks may still run on other threads while the
@@ -341,6 +348,67 @@ State& state() {
 }
 
 std::atomic<bool> g_installed{false};
+
+// What compiled graphs declared derived, by address (the interposer's scope
+// listener): the observer follows an eager op's input whose storage is one
+// of these as it follows a storage of its own map. Inductor allocates a
+// buffer per FX node inside the compiled call, where no op is observed, so
+// without this a weight copy that a compiled forward saves for an eager
+// backward (an autograd.Function's body compiled as its own frame) is known
+// to the trace but not to the observer, and the backward's transpose of it
+// goes unproven. An address leaves when it is freed (before the free: it
+// cannot have been taken again yet). Its own lock, held for a map lookup or
+// change only: the listener runs inside the caching allocator's lock, and
+// the observer takes this one under the map's lock, never the other way.
+struct CompiledCopy {
+    std::string layer;
+    std::string param;
+};
+struct CompiledCopies {
+    std::mutex mu;
+    std::unordered_map<const void*, CompiledCopy> by_address;
+    KnownFilter filter;  // the keys of by_address (and some freed ones)
+    size_t freed = 0;    // erased since the filter was last rebuilt
+    std::atomic<bool> any{false};
+};
+CompiledCopies& compiled_copies() {
+    static CompiledCopies* d = new CompiledCopies;  // never destroyed, as the state
+    return *d;
+}
+
+void on_scope_derived(const void* address, const char* layer, const char* param,
+                      const char*) noexcept {
+    if (!address || !layer || !param) return;
+    CompiledCopies& d = compiled_copies();
+    try {
+        std::lock_guard lock(d.mu);
+        d.by_address.insert_or_assign(address, CompiledCopy{layer, param});
+        d.filter.add(address);
+        d.any.store(true, std::memory_order_relaxed);
+    } catch (...) {  // out of host memory: the copy is not followed
+    }
+}
+
+void on_address_freed(const void* address) noexcept {
+    CompiledCopies& d = compiled_copies();
+    if (!d.filter.may_hold(address)) return;
+    std::lock_guard lock(d.mu);
+    if (d.by_address.erase(address) == 0) return;
+    // Freed addresses keep their bits until the filter is rebuilt.
+    if (++d.freed < std::max<size_t>(1024, 2 * d.by_address.size())) return;
+    d.filter.rebuild([&d] {
+        for (const auto& entry : d.by_address)
+            d.filter.add(entry.first);
+    });
+    d.freed = 0;
+}
+
+// Whether the storage's data may be a compiled graph's declared copy;
+// without a lock.
+bool may_be_compiled_copy(const c10::StorageImpl* impl) noexcept {
+    const CompiledCopies& d = compiled_copies();
+    return d.any.load(std::memory_order_relaxed) && d.filter.may_hold(impl->data_ptr().get());
+}
 
 uint64_t mono_ns() noexcept {
     timespec ts;
@@ -427,6 +495,11 @@ struct Report {
                      static_cast<unsigned long long>(s.seeds.load()),
                      static_cast<unsigned long long>(s.marked.load()),
                      static_cast<unsigned long long>(s.declared.load()), per_step.c_str());
+        if (s.adopted.load())
+            std::fprintf(stderr,
+                         "allocscope: provenance: %llu storages of compiled graphs' weight "
+                         "copies read by observed ops\n",
+                         static_cast<unsigned long long>(s.adopted.load()));
         if (g_gating.load())
             std::fprintf(stderr,
                          "allocscope: provenance: the gate switched the observer %llu times\n",
@@ -601,6 +674,35 @@ void sweep_if_due(State& s) {
     s.sweep_at = std::max(kFirstSweep, 2 * s.known.size());
 }
 
+// The chain of a storage whose data a compiled graph declared derived, or
+// nullptr: "layers.0.fc1.weight -> torch.compile'd graph". `s`'s map lock is
+// held.
+ChainPtr compiled_copy(State& s, const c10::StorageImpl* impl) {
+    if (!may_be_compiled_copy(impl)) return nullptr;
+    CompiledCopy copy;
+    {
+        CompiledCopies& d = compiled_copies();
+        std::lock_guard lock(d.mu);
+        auto it = d.by_address.find(impl->data_ptr().get());
+        if (it == d.by_address.end()) return nullptr;
+        copy = it->second;
+    }
+    std::string full = copy.layer.empty() ? copy.param : copy.layer + "." + copy.param;
+    auto [at, made] = s.compiled.try_emplace(std::move(full));
+    if (made) {
+        const Param* param = nullptr;
+        if (auto own = s.by_layer.find(copy.layer); own != s.by_layer.end())
+            for (const Param* p : own->second)
+                if (p->name == copy.param) param = p;
+        if (!param) {
+            s.params.push_back(Param{copy.layer, copy.param, at->first, {}});
+            param = &s.params.back();
+        }
+        at->second = {param, extend(root_chain(param), "torch.compile'd graph")};
+    }
+    return at->second.second;
+}
+
 // A tensor that may be a seed (the rules above; the layer and shape are
 // looked at under the lock).
 bool may_seed(const at::Tensor& t) {
@@ -621,7 +723,8 @@ bool may_derive(const State& s, c10::ArrayRef<const c10::IValue> inputs, OpKind 
             if (!ok || !t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
             ++tensors;
             const c10::Storage* storage = storage_of(t);
-            ok = storage && (s.filter.may_hold(storage->unsafeGetStorageImpl()) || may_seed(t));
+            ok = storage && (s.filter.may_hold(storage->unsafeGetStorageImpl()) || may_seed(t) ||
+                             may_be_compiled_copy(storage->unsafeGetStorageImpl()));
         });
         if (!ok) return false;
     }
@@ -670,6 +773,17 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
                                          .first->second;
                             s.filter.add(storage->unsafeGetStorageImpl());
                             s.seeds.fetch_add(1, std::memory_order_relaxed);
+                        }
+                    }
+                    if (!entry) {
+                        if (ChainPtr chain = compiled_copy(s, storage->unsafeGetStorageImpl())) {
+                            entry = &s.known
+                                         .emplace(
+                                             storage->unsafeGetStorageImpl(),
+                                             Entry{storage->getWeakStorageImpl(), std::move(chain)})
+                                         .first->second;
+                            s.filter.add(storage->unsafeGetStorageImpl());
+                            s.adopted.fetch_add(1, std::memory_order_relaxed);
                         }
                     }
                 }
@@ -929,6 +1043,12 @@ ALLOCSCOPE_BRIDGE_EXPORT int allocscope_torch_provenance_install(uint32_t forwar
         copy_error(("addGlobalCallback failed: " + what).c_str(), error, error_size);
         return -1;
     }
+    // An older liballocscope.so has no listener: compiled graphs' copies
+    // are then followed only where an observed op makes them.
+    using ScopeListener = void (*)(void (*)(const void*, const char*, const char*, const char*),
+                                   void (*)(const void*));
+    if (ScopeListener listen = nullptr; resolve(listen, "allocscope_set_scope_listener"))
+        listen(on_scope_derived, on_address_freed);
     g_installed.store(true);
     return 0;
 }
