@@ -197,7 +197,7 @@ extern char g_self_path[PATH_MAX];
 extern char g_loaded_after[256];
 
 // emit.cpp
-extern std::atomic<OuterFrames> g_outer_frames;  // set_outer_frames
+extern std::atomic<OuterFrames> g_outer_frames;    // set_outer_frames
 extern std::atomic<ScopeDerived> g_scope_derived;  // set_scope_listener
 extern std::atomic<AddressFreed> g_address_freed;  // set_scope_listener
 

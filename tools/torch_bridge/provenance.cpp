@@ -336,8 +336,7 @@ struct State {
     uint32_t backward = 0;
     bool debug = false;
 
-    std::atomic<uint64_t> ops{0}, op_ns{0}, slow{0}, seeds{0}, marked{0}, declared{0},
-        adopted{0};
+    std::atomic<uint64_t> ops{0}, op_ns{0}, slow{0}, seeds{0}, marked{0}, declared{0}, adopted{0};
 };
 
 // Never destroyed: callbacks may still run on other threads while the
