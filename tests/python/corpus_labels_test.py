@@ -2,8 +2,9 @@
 compiled_labels): their labels come from torch.cuda.memory_allocated(),
 never from the script alone. Seed's labels stand where seed keeps the
 script's bytes over fixed, are dropped where it keeps nothing, and a
-difference that is neither, or a "fixed" that keeps more than bf16, leaves
-the group without truth (the runs are left out of the corpus)."""
+difference that is neither, or a "fixed" that keeps more than bf16 beyond
+what eager fixed keeps over eager bf16, leaves the group without truth (the
+runs are left out of the corpus)."""
 
 import json
 import os
@@ -79,6 +80,26 @@ def test_a_compiled_fixed_that_keeps_more_than_bf16_is_not_taken_as_clean():
         outputs(LAYERS * COPY + COPY, LAYERS * COPY + COPY, fixed_extra=COPY), NAMES)
     assert "compiled-function-fixed-t64" in unknown
     assert "more than bf16" in unknown["compiled-function-fixed-t64"]
+
+
+def test_a_compiled_fixed_that_keeps_over_bf16_what_eager_fixed_keeps_is_clean():
+    # The FP8 GEMMs' workspace: eager fixed, labelled clean by its script,
+    # keeps it over bf16 too.
+    out = outputs(LAYERS * COPY, LAYERS * COPY, fixed_extra=COPY)
+    out["compiled-function-seed-t64"] = stdout("seed", BASE_END + COPY + LAYERS * COPY,
+                                               BASE_FORWARD + COPY + LAYERS * COPY)
+    out["function-fixed-t64"] = stdout("fixed", 2 * BASE_END + COPY, 2 * BASE_FORWARD + COPY)
+    out["bf16-t64"] = stdout("bf16", 2 * BASE_END, 2 * BASE_FORWARD)
+    labels, unknown = record.compiled_labels(out, NAMES)
+    assert unknown == {}
+    assert labels["compiled-function-fixed-t64"] == []
+    assert plugins(labels["compiled-function-seed-t64"]) == [
+        "transpose-cache-retention", "weight-copy-accumulation"]
+    # More than eager fixed keeps: no truth.
+    out["function-fixed-t64"] = stdout("fixed", 2 * BASE_END + COPY // 2,
+                                       2 * BASE_FORWARD + COPY // 2)
+    labels, unknown = record.compiled_labels(out, NAMES)
+    assert "eager fixed: %d B" % (COPY // 2) in unknown["compiled-function-fixed-t64"]
 
 
 def test_a_group_missing_its_bf16_run_has_no_truth():
