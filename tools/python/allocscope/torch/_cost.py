@@ -6,8 +6,12 @@ from ._common import _say
 _hook_cost = {}  # hook name -> [calls, ns]
 
 
-def _timed(hook):
-    """`hook`, timing its calls; the totals are printed at exit."""
+def _timed(hook, is_compiling):
+    """`hook`, timing its calls; the totals are printed at exit. Not while
+    `is_compiling()`: inside a graph that Dynamo traces the hooks do nothing,
+    and the timer is a call Dynamo cannot trace: a graph break at every
+    module call inside a compiled block, so that ALLOCSCOPE_LOG=debug would
+    change what the program compiles."""
     import atexit
     import time
 
@@ -17,6 +21,8 @@ def _timed(hook):
         atexit.register(_print_hook_cost)
 
     def timed_hook(*args):
+        if is_compiling():
+            return hook(*args)
         start = counter()
         try:
             return hook(*args)

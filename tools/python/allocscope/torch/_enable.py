@@ -59,7 +59,10 @@ def enable(model=None, optimizer=None):
             _hooks._ops, how = _make_ops(_allocscope._get())
             if debug:
                 _say("ops", "tag calls through %s" % how)
-        timed = _timed if debug else (lambda f: f)
+
+        def timed(hook):
+            return _timed(hook, _hooks._is_compiling) if debug else hook
+
         if _allocscope.config_on("ALLOCSCOPE_PYTHON_MODULES"):
             # torch >= 2.5 warns at every torch.compile(module) call that global
             # hooks fire for the OptimizedModule too: these are allocscope's,
@@ -96,9 +99,8 @@ def enable(model=None, optimizer=None):
         # Backward phases come from tensor hooks that _forward_post puts on
         # each module call's inputs and outputs.
         _hooks._backward_hooks = _allocscope.config_on("ALLOCSCOPE_PYTHON_BACKWARD")
-        if timed is _timed:
-            _hooks._backward_enter = _timed(_hooks._backward_enter)
-            _hooks._backward_leave = _timed(_hooks._backward_leave)
+        _hooks._backward_enter = timed(_hooks._backward_enter)
+        _hooks._backward_leave = timed(_hooks._backward_leave)
         _handles.extend(
             _optimizer._optimizer_step_hooks(timed(_optimizer._optimizer_pre), timed(_optimizer._optimizer_post))
         )
