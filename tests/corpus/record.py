@@ -119,7 +119,8 @@ def compiled_labels(outputs, names):
     keeps over eager bf16 (the runs EAGER names, where outputs has them;
     nothing where it does not): a compiled "fixed" is not clean by
     construction, and an eager one, labelled clean by its script, still
-    keeps what its FP8 GEMMs need beside bf16's (a cuBLASLt workspace).
+    keeps more than bf16 (1 MiB on the 2026-12-07 runs, eager and compiled
+    alike, docs/VALIDATION.md).
     outputs: name -> stdout of the recorded runs. Returns ({name: problems},
     {name: why it has no truth})."""
     sys.path.insert(0, GPU)

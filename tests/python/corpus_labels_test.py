@@ -83,8 +83,8 @@ def test_a_compiled_fixed_that_keeps_more_than_bf16_is_not_taken_as_clean():
 
 
 def test_a_compiled_fixed_that_keeps_over_bf16_what_eager_fixed_keeps_is_clean():
-    # The FP8 GEMMs' workspace: eager fixed, labelled clean by its script,
-    # keeps it over bf16 too.
+    # What eager fixed, labelled clean by its script, keeps over bf16 too
+    # (1 MiB on the GPU runs).
     out = outputs(LAYERS * COPY, LAYERS * COPY, fixed_extra=COPY)
     out["compiled-function-seed-t64"] = stdout("seed", BASE_END + COPY + LAYERS * COPY,
                                                BASE_FORWARD + COPY + LAYERS * COPY)
