@@ -708,6 +708,25 @@ bool may_seed(const at::Tensor& t) {
     return t.requires_grad() && t.is_leaf() && !t.is_view();
 }
 
+// The map's entry of `storage` (`t`'s), made here for a seed or for a
+// compiled graph's declared copy, or nullptr. `s`'s map lock is held.
+const Entry* entry_for(State& s, const c10::Storage& storage, const at::Tensor& t) {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    if (auto it = s.known.find(impl); it != s.known.end()) return &it->second;
+    ChainPtr chain;
+    if (const Param* p = may_seed(t) ? seed_param(s, t) : nullptr) {
+        chain = root_chain(p);
+        s.seeds.fetch_add(1, std::memory_order_relaxed);
+    } else if ((chain = compiled_copy(s, impl))) {
+        s.adopted.fetch_add(1, std::memory_order_relaxed);
+    } else {
+        return nullptr;
+    }
+    s.filter.add(impl);
+    return &s.known.emplace(impl, Entry{storage.getWeakStorageImpl(), std::move(chain)})
+                .first->second;
+}
+
 // Whether the op can derive anything, from its inputs alone and without
 // the lock: every tensor input of a plain op, and the source of a copy_,
 // must be in the map or a possible seed. False for nearly every op.
@@ -757,35 +776,7 @@ std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
                 if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
                 ++tensors;
                 const c10::Storage* storage = storage_of(t);
-                const Entry* entry = nullptr;
-                if (storage) {
-                    auto it = s.known.find(storage->unsafeGetStorageImpl());
-                    if (it != s.known.end()) {
-                        entry = &it->second;
-                    } else if (may_seed(t)) {
-                        if (const Param* p = seed_param(s, t)) {
-                            ChainPtr chain = root_chain(p);
-                            entry = &s.known
-                                         .emplace(
-                                             storage->unsafeGetStorageImpl(),
-                                             Entry{storage->getWeakStorageImpl(), std::move(chain)})
-                                         .first->second;
-                            s.filter.add(storage->unsafeGetStorageImpl());
-                            s.seeds.fetch_add(1, std::memory_order_relaxed);
-                        }
-                    }
-                    if (!entry) {
-                        if (ChainPtr chain = compiled_copy(s, storage->unsafeGetStorageImpl())) {
-                            entry = &s.known
-                                         .emplace(
-                                             storage->unsafeGetStorageImpl(),
-                                             Entry{storage->getWeakStorageImpl(), std::move(chain)})
-                                         .first->second;
-                            s.filter.add(storage->unsafeGetStorageImpl());
-                            s.adopted.fetch_add(1, std::memory_order_relaxed);
-                        }
-                    }
-                }
+                const Entry* entry = storage ? entry_for(s, *storage, t) : nullptr;
                 if (kind == OpKind::copy) {
                     if (arg == 0 && !entry && storage) {
                         // self must be a whole storage, filled by this copy.
