@@ -320,11 +320,11 @@ struct State {
     // The parameters of the modules inside each layer ("" holds all).
     TextMap<std::vector<const Param*>> inside;
 
-    // Parameters that compiled graphs declared copies of (allocscope.torch's
-    // frame scopes), by "layer.name": the registered one where there is
-    // one, else one of their own in `params` (never in by_layer: it has no
-    // shape and seeds nothing); and the chain each adopted copy starts from.
-    TextMap<std::pair<const Param*, ChainPtr>> compiled;
+    // The chain each adopted copy of a compiled graph starts from, by its
+    // parameter's "layer.name" (allocscope.torch's frame scopes): from the
+    // registered parameter where there is one, else from one of its own in
+    // `params` (never in by_layer: it has no shape and seeds nothing).
+    TextMap<ChainPtr> compiled;
 
     // Set once by install, read-only after.
     Derived derived = nullptr;
@@ -388,9 +388,11 @@ void on_scope_derived(const void* address, const char* layer, const char* param,
     }
 }
 
+// Called for every free of the process: nothing but an atomic load until a
+// compiled graph has declared a copy.
 void on_address_freed(const void* address) noexcept {
     CompiledCopies& d = compiled_copies();
-    if (!d.filter.may_hold(address)) return;
+    if (!d.any.load(std::memory_order_relaxed) || !d.filter.may_hold(address)) return;
     std::lock_guard lock(d.mu);
     if (d.by_address.erase(address) == 0) return;
     // Freed addresses keep their bits until the filter is rebuilt.
@@ -697,9 +699,9 @@ ChainPtr compiled_copy(State& s, const c10::StorageImpl* impl) {
             s.params.push_back(Param{copy.layer, copy.param, at->first, {}});
             param = &s.params.back();
         }
-        at->second = {param, extend(root_chain(param), "torch.compile'd graph")};
+        at->second = extend(root_chain(param), "torch.compile'd graph");
     }
-    return at->second.second;
+    return at->second;
 }
 
 // A tensor that may be a seed (the rules above; the layer and shape are
