@@ -7,6 +7,8 @@
 // index + 1.
 #include <time.h>
 
+#include <vector>
+
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -51,6 +53,18 @@ PROBE_EXPORT long probe_walk(uint64_t* out, size_t max) {
 #endif
 }
 
+// With the GIL (a PyDLL call): names and pins the calling thread's frames,
+// as the bridge's module hooks do. 0, or -1 where this Python has no raw
+// walk (the frames are then named with the GIL only, and pinned then).
+PROBE_EXPORT int probe_pin() {
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+    allocscope::pyframes::pin_python_frames(name_frame);
+    return 0;
+#else
+    return -1;
+#endif
+}
+
 // The name of frame `id` into `out` (NUL-terminated); its length, 0 for an
 // unknown id.
 PROBE_EXPORT size_t probe_name(uint64_t id, char* out, size_t size) {
@@ -82,6 +96,32 @@ PROBE_EXPORT double probe_walk_ns(long iterations) {
     return ns;
 #else
     (void)iterations;
+    return -1;
+#endif
+}
+
+// As probe_walk_ns, with `pollute_kib` KiB of other memory written between
+// walks (as a training step's own work does between its allocations), only
+// the walks timed: what a walk costs when its data is out of the caches.
+PROBE_EXPORT double probe_walk_cold_ns(long iterations, long pollute_kib) {
+#if PY_VERSION_HEX >= 0x030C0000
+    std::vector<unsigned char> other(static_cast<size_t>(pollute_kib) * 1024 + 64);
+    uint64_t frames[allocscope::pyframes::kPythonFrames];
+    size_t sink = 0;
+    double ns = 0;
+    for (long i = 0; i < iterations; ++i) {
+        for (size_t b = 0; b < other.size(); b += 64)
+            other[b] = static_cast<unsigned char>(other[b] + 1);
+        asm volatile("" : : : "memory");
+        const double start = now_ns();
+        sink += allocscope::pyframes::python_frames(frames, name_frame);
+        ns += now_ns() - start;
+    }
+    asm volatile("" : : "r"(sink));
+    return ns / static_cast<double>(iterations > 0 ? iterations : 1);
+#else
+    (void)iterations;
+    (void)pollute_kib;
     return -1;
 #endif
 }

@@ -103,6 +103,7 @@
 
 namespace allocscope::torch_bridge {
 extern std::atomic<bool> g_tensors_visible;  // provenance.cpp: set when attached here
+extern std::atomic<void (*)() noexcept> g_pin_python_frames;  // tag_hooks.cpp
 }  // namespace allocscope::torch_bridge
 
 namespace {
@@ -263,6 +264,18 @@ size_t outer_frames(uint64_t* out, size_t max) noexcept {
 #endif
 }
 
+// The module hooks' pin of the calling thread's frames (GIL held).
+void pin_frames() noexcept {
+#ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+    const PythonFrame name_frame = g_python_frame.load(std::memory_order_relaxed);
+    if (!name_frame) return;
+    try {
+        allocscope::pyframes::pin_python_frames(name_frame);
+    } catch (...) {  // out of host memory in the cache: not pinned
+    }
+#endif
+}
+
 // Once, whatever the allocator: Python frames for blocks (on_entry) and,
 // through the interposer's provider hook, for its own allocations. Off with
 // ALLOCSCOPE_PYTHON_STACKS=0 or ALLOCSCOPE_STACK_DEPTH=0.
@@ -279,8 +292,10 @@ void provide_python_frames() {
     using SetOuterFrames = void (*)(size_t(*)(uint64_t*, size_t));
     if (auto set =
             reinterpret_cast<SetOuterFrames>(dlsym(RTLD_DEFAULT, "allocscope_set_outer_frames"));
-        set && g_python_frame.load())
+        set && g_python_frame.load()) {
         set(outer_frames);
+        allocscope::torch_bridge::g_pin_python_frames.store(pin_frames);
+    }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace allocscope::pyframes {
 
@@ -109,20 +110,36 @@ inline bool same_code(const FrameName& n, const PyCodeObject* code) noexcept {
                         n.first_line == code->co_firstlineno);
 }
 
+// A thread's names: by (code object, offset), and the code objects it
+// holds a reference to (pinned: their addresses cannot be reused, so a name
+// cached for one is checked without reading the code object, which a
+// training step has long evicted from the caches by the next allocation).
+struct ThreadNames {
+    FrameNames names;
+    std::unordered_set<const void*> pinned;
+
+    // Takes a reference to `code` (the GIL is held) and marks every name
+    // cached for it pinned.
+    void pin(PyCodeObject* code) {
+        if (!pinned.insert(code).second) return;
+        Py_INCREF(code);
+        for (auto& [key, name] : names)
+            if (key.code == code) name.pinned = true;
+    }
+};
+
 // The name of (code, lasti), from the thread's cache or made now (address
 // 0, and nothing cached, where the interposer could not name it). `gil`: the calling
 // thread holds the GIL (the name may pin the code object). The reference
-// stays valid: unordered_map never moves its elements.
-inline const FrameName& frame_name(FrameNames& names, PyCodeObject* code, int lasti, bool gil,
+// stays valid: unordered_map never moves its elements, and a name is never
+// erased once made.
+inline const FrameName& frame_name(ThreadNames& thread, PyCodeObject* code, int lasti, bool gil,
                                    PythonFrame name_frame) {
     const FrameKey key{code, lasti};
-    auto [it, inserted] = names.try_emplace(key);
+    auto [it, inserted] = thread.names.try_emplace(key);
     FrameName& cached = it->second;
     if (!inserted && same_code(cached, code)) {
-        if (gil && !cached.pinned) {  // pinned now that it can be: later walks read nothing of it
-            Py_INCREF(code);
-            cached.pinned = true;
-        }
+        if (gil && !cached.pinned) thread.pin(code);  // later walks read nothing of it
         return cached;
     }
     const char* function = "?";
@@ -141,30 +158,45 @@ inline const FrameName& frame_name(FrameNames& names, PyCodeObject* code, int la
         name_frame(function ? function : "?", file ? file : "?", PyCode_Addr2Line(code, lasti));
     if (address == 0) {  // not recording (yet): named again next time
         static const FrameName unnamed{};
-        if (inserted) names.erase(it);
+        if (inserted) thread.names.erase(it);
         return unnamed;
     }
-    const bool pinned = cached.pinned || gil;
-    if (gil && !cached.pinned) Py_INCREF(code);  // kept: a pinned code's address is never reused
+    // A code object at a pinned address is the one pinned (its reference
+    // keeps it); a name made for another object at that address before the
+    // pin (not the same code, above) is named again here, pinned.
+    const bool pinned = thread.pinned.count(code) != 0;
     cached = {address, code->co_qualname, code->co_filename, code->co_firstlineno, pinned};
+    if (gil && !pinned) thread.pin(code);
     return cached;
 }
 
 #ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
+// The thread's names and its last walk by position: consecutive allocations
+// share their outer frames (the training loop, the module calls), which then
+// skip the hash table. A position holds its name by address (the table's
+// element), so that a name pinned since is read as pinned.
+struct ThreadWalkMemo {
+    ThreadNames names;
+    FrameKey key[kPythonFrames]{};
+    const FrameName* name[kPythonFrames]{};
+};
+
+inline ThreadWalkMemo& thread_walk_memo() {
+    thread_local ThreadWalkMemo memo;
+    return memo;
+}
+
 // The calling thread's frames read without the GIL (see the note at the
 // top). `gil`: the thread holds it, so new names may pin code objects.
-inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil) {
+// `remember`: the walk becomes the thread's last one (pin_python_frames'
+// walks, made from another place than allocations, do not).
+inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil,
+                                bool remember = true) {
     // With the GIL, the current thread state (a program may have swapped
     // in another); without it, the one Python keeps for this thread.
     PyThreadState* ts = gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
     if (!ts) return 0;  // a thread Python has never run on
-    // The thread's last walk by position: consecutive allocations share
-    // their outer frames (the training loop, the module calls), which then
-    // skip the hash table.
-    thread_local struct {
-        FrameKey key[kPythonFrames];
-        FrameName name[kPythonFrames];
-    } last{};
+    ThreadWalkMemo& memo = thread_walk_memo();
     size_t n = 0;
     for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
         if (f->owner == kOwnedByCStack || !f->code) continue;
@@ -177,26 +209,48 @@ inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil)
         // is if it still has that name, file and first line (with the GIL,
         // it is pinned below instead). Either way its frame had started
         // (the check below is a constant of the code object).
-        if (last.key[n] == key &&
-            (last.name[n].pinned ||
-             (!gil && Py_TYPE(f->code) == &PyCode_Type && same_code(last.name[n], code)))) {
-            out[n] = last.name[n].address;
+        if (const FrameName* last = memo.name[n];
+            last && memo.key[n] == key &&
+            (last->pinned ||
+             (!gil && Py_TYPE(f->code) == &PyCode_Type && same_code(*last, code)))) {
+            out[n] = last->address;
             ++n;
             continue;
         }
-        if (Py_TYPE(f->code) != &PyCode_Type) continue;
-        // Frames not yet started (before their first traceable
-        // instruction) are skipped, as CPython's own tracebacks do.
-        if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable) continue;
-        thread_local FrameNames names;
-        const FrameName& name = frame_name(names, code, lasti, gil, name_frame);
-        if (name.address) {
-            last.key[n] = key;
-            last.name[n] = name;
-            out[n++] = name.address;
+        // A pinned name of this (code, offset): that same code object, whose
+        // type and start were checked when the name was made.
+        const FrameName* name = nullptr;
+        if (auto it = memo.names.names.find(key);
+            it != memo.names.names.end() && it->second.pinned) {
+            name = &it->second;
+        } else {
+            if (Py_TYPE(f->code) != &PyCode_Type) continue;
+            // Frames not yet started (before their first traceable
+            // instruction) are skipped, as CPython's own tracebacks do.
+            if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable)
+                continue;
+            name = &frame_name(memo.names, code, lasti, gil, name_frame);
+        }
+        if (name->address) {
+            if (remember) {
+                memo.key[n] = key;
+                memo.name[n] = name;
+            }
+            out[n++] = name->address;
         }
     }
     return n;
+}
+
+// With the GIL held: names the calling thread's frames and pins their code
+// objects, so that the walks of later allocations under these frames (made
+// without the GIL, in operators) check their names without reading the code
+// objects. The module hooks call it (tag_hooks.cpp): the frames of the
+// module calls and the training loop are under every allocation of a step.
+inline void pin_python_frames(PythonFrame name_frame) {
+    if (!Py_IsInitialized() || !PyGILState_Check()) return;
+    uint64_t frames[kPythonFrames];
+    python_frames_raw(frames, name_frame, true, false);
 }
 #endif
 
@@ -209,7 +263,7 @@ inline size_t python_frames(uint64_t* out, PythonFrame name_frame) {
     return python_frames_raw(out, name_frame, gil);
 #else
     if (!gil) return 0;
-    thread_local FrameNames names;
+    thread_local ThreadNames names;
     size_t n = 0;
     PyFrameObject* frame = PyEval_GetFrame();  // borrowed
     Py_XINCREF(frame);

@@ -69,6 +69,10 @@
 namespace allocscope::torch_bridge {
 extern std::atomic<bool> g_tags_through_hooks;  // provenance.cpp
 void provenance_tag_changed() noexcept;         // provenance.cpp: after each tag call
+// Pins the calling thread's Python frames' code objects (bridge.cpp, once it
+// provides Python frames; null where it does not, or is not in this
+// library). Called with the GIL held.
+constinit std::atomic<void (*)() noexcept> g_pin_python_frames{nullptr};
 }  // namespace allocscope::torch_bridge
 
 namespace {
@@ -202,6 +206,11 @@ PyObject* forward_pre(PyObject*, PyObject* const* args, Py_ssize_t n) {
                         "allocscope bridge: forward_pre's names and roots are dicts");
         return nullptr;
     }
+    // The frames above this module call are above every allocation in it:
+    // their names are made and pinned here, with the GIL, so that the
+    // allocations' walks (without it) read no code object for them.
+    if (auto pin = allocscope::torch_bridge::g_pin_python_frames.load(std::memory_order_relaxed))
+        pin();
     const int backward = in_backward_pass();
     if (backward < 0) Py_RETURN_FALSE;
     PyObject* key = PyLong_FromVoidPtr(args[0]);  // id(module)
