@@ -140,19 +140,51 @@ struct RecentRules {
 // stack words it reads: started from the same registers, with every word it
 // read last time still holding the same value, it would read the same words
 // again and give the same frames. So a capture whose registers match a
-// recorded walk's only compares those words (independent loads: they
-// overlap, where the walk's loads each wait for the one before) and copies
-// its frames. Exact, not a guess: one changed word and the capture walks.
+// recorded walk's only reads those words again (independent loads: they
+// overlap, where the walk's loads each wait for the one before) and
+// compares their digest with the recorded one. The recorded values are not
+// kept: between two captures a training step evicts the entry from every
+// cache, and the values were most of its lines (one 64-bit word per read,
+// against a 16-bit offset). The digest (ReplayDigest) tells any single
+// changed word for certain, and several with odds of 2^-64: the odds the
+// stack ids already take (StackTable: one 64-bit hash per stack). One
+// changed word and the capture walks.
 // Per thread, set-associative by (pc, rsp), mapped on the thread's first
 // capture and unmapped when it exits.
 constexpr size_t kReplayReads = 64;   // words a recorded walk may have read (7 bits)
 constexpr size_t kReplayFrames = 32;  // frames it may have returned (6 bits)
 constexpr size_t kReplaySets = 128;
 constexpr size_t kReplayWays = 2;  // replacement: the way not used last
+// A read's offset from sp0 is kept in words, 16 bits: a walk reading
+// further than this from where it started is not recorded.
+constexpr uintptr_t kReplaySpan = uintptr_t{UINT16_MAX} * sizeof(uint64_t);
+
+// The digest of a walk's reads, in order: four lanes (read i goes to lane
+// i % 4), each step a bijection of the lane for a given word, so that a
+// lane whose words differ in one place ends different; the lanes are then
+// combined by bijections of each. Four lanes keep the dependent
+// multiplications out of each other's way.
+struct ReplayDigest {
+    static constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+    uint64_t lane[4] = {0x243F6A8885A308D3ull, 0x13198A2E03707344ull, 0xA4093822299F31D0ull,
+                        0x082EFA98EC4E6C89ull};
+    static uint64_t step(uint64_t lane, uint64_t word) noexcept {
+        const uint64_t x = (lane ^ word) * kMul;
+        return (x << 29) | (x >> 35);
+    }
+    void add(size_t i, uint64_t word) noexcept { lane[i & 3] = step(lane[i & 3], word); }
+    uint64_t value() const noexcept {
+        // Each lane through its own bijection (an odd multiplier, then a
+        // rotation), so one lane's difference is never undone by the others.
+        return lane[0] ^ std::rotl(lane[1] * 0xD6E8FEB86659FD93ull, 17) ^
+               std::rotl(lane[2] * 0xCA5A826395121157ull, 31) ^
+               std::rotl(lane[3] * 0x94D049BB133111EBull, 47);
+    }
+};
 
 // What a replay reads comes first: the header (one cache line, the
-// caller's cookie in it), the offsets and values; the frames only when the
-// caller has no cookie for them.
+// caller's cookie in it), the digest and the offsets; the frames only when
+// the caller has no cookie for them.
 struct alignas(64) ReplayEntry {
     uintptr_t pc0;  // 0: empty
     uintptr_t sp0;
@@ -166,8 +198,8 @@ struct alignas(64) ReplayEntry {
     uint16_t uses_bp0 : 1;
     uint16_t reads : 7;             // up to kReplayReads
     uint16_t depth : 6;             // up to kReplayFrames
-    uint32_t offset[kReplayReads];  // of each word read, from sp0
-    uint64_t value[kReplayReads];
+    uint64_t digest;                // of the words read (ReplayDigest)
+    uint16_t offset[kReplayReads];  // of each word read, from sp0, in words
     uint64_t frames[kReplayFrames];
 
     bool matches(uintptr_t pc, uintptr_t sp, uintptr_t bp, size_t depth_wanted, size_t skip_wanted,
@@ -179,7 +211,7 @@ struct alignas(64) ReplayEntry {
 };
 
 static_assert(kReplayWays == 2);
-static_assert(offsetof(ReplayEntry, offset) <= 64, "the header fills one cache line");
+static_assert(offsetof(ReplayEntry, digest) == 64, "the header fills one cache line");
 struct ReplaySet {
     ReplayEntry way[kReplayWays];
     uint32_t last_used;  // the way hit or filled last
@@ -198,6 +230,7 @@ struct WalkRecording {
     ReplayEntry* entry = nullptr;
     uintptr_t sp0 = 0;
     size_t reads = 0;
+    ReplayDigest digest{};
     bool bp_restored = false;  // a frame has restored rbp from the stack
     bool uses_bp0 = false;     // a rule took the CFA from the starting rbp
     bool too_long = false;
@@ -221,12 +254,12 @@ struct WalkRecording {
     void read(uintptr_t address, uint64_t value) noexcept {
         if (!entry) return;
         const uintptr_t offset = address - sp0;
-        if (reads == kReplayReads || offset > UINT32_MAX) {
+        if (reads == kReplayReads || offset > kReplaySpan || offset % sizeof(uint64_t) != 0) {
             too_long = true;
             return;
         }
-        entry->offset[reads] = static_cast<uint32_t>(offset);
-        entry->value[reads] = value;
+        entry->offset[reads] = static_cast<uint16_t>(offset / sizeof(uint64_t));
+        digest.add(reads, value);
         ++reads;
     }
 };
@@ -429,13 +462,31 @@ size_t replay_set_index(uintptr_t pc, uintptr_t sp) noexcept {
     return static_cast<size_t>(((pc ^ sp) * 0x9e3779b97f4a7c15ull) >> (64 - kBits));
 }
 
-// Whether every stack word `entry`'s walk read still holds what it read:
-// then a walk from the same registers would return entry's frames.
+// Whether the stack words `entry`'s walk read still hold what it read (their
+// digest is the recorded one): then a walk from the same registers would
+// return entry's frames.
 inline bool still_holds(const ReplayEntry& entry, uintptr_t sp0) noexcept {
-    uint64_t changed = 0;
-    for (size_t i = 0; i < entry.reads; ++i)
-        changed |= load_stack_word(sp0 + entry.offset[i]) ^ entry.value[i];
-    return changed == 0;
+    ReplayDigest digest;
+    const size_t reads = entry.reads;
+    const auto word = [&](size_t i) {
+        return load_stack_word(sp0 + size_t{entry.offset[i]} * sizeof(uint64_t));
+    };
+    // Four at a time, the lanes in registers.
+    uint64_t l0 = digest.lane[0], l1 = digest.lane[1], l2 = digest.lane[2], l3 = digest.lane[3];
+    size_t i = 0;
+    for (; i + 4 <= reads; i += 4) {
+        l0 = ReplayDigest::step(l0, word(i));
+        l1 = ReplayDigest::step(l1, word(i + 1));
+        l2 = ReplayDigest::step(l2, word(i + 2));
+        l3 = ReplayDigest::step(l3, word(i + 3));
+    }
+    digest.lane[0] = l0;
+    digest.lane[1] = l1;
+    digest.lane[2] = l2;
+    digest.lane[3] = l3;
+    for (; i < reads; ++i)
+        digest.add(i, word(i));
+    return digest.value() == entry.digest;
 }
 
 // Inlined into its callers so that its own frame never shows: the first
@@ -547,6 +598,7 @@ __attribute__((noinline)) size_t capture_stack(uint64_t* frames, size_t max_dept
             entry.skip = static_cast<uint16_t>(skip);
             entry.uses_bp0 = recording.uses_bp0 ? 1 : 0;
             entry.reads = static_cast<uint16_t>(recording.reads) & 0x7f;
+            entry.digest = recording.digest.value();
             entry.depth = static_cast<uint16_t>(depth) & 0x3f;
             std::memcpy(entry.frames, frames, depth * sizeof(uint64_t));
             entry.cookie = {};

@@ -12,7 +12,8 @@
 // other memory between pairs, as a training step's own work does between
 // its tensor allocations (so the hooks find their data out of cache); then
 // only the calls are timed, each pair on its own (the clock reads add about
-// the same to every run). Not a test.
+// the same to every run), and each pair's call chain below main is made
+// anew, as a program's call into its allocator is. Not a test.
 #include <dlfcn.h>
 #include <time.h>
 
@@ -55,32 +56,35 @@ double now_ns(clockid_t clock) {
     return double(ts.tv_sec) * 1e9 + double(ts.tv_nsec);
 }
 
+// One alloc (and the free of the allocation `live` before it), `depth`
+// frames below the caller, timed: the call chain is made anew for each
+// pair, so its stack lines are as fresh as a program's own call into the
+// allocator leaves them, while the recorder's data is whatever the
+// program's work left of it.
+__attribute__((noinline)) double one_pair(const Api& api, const Options& o,
+                                          const std::vector<uint64_t>& frames, int depth, long i) {
+    if (depth > 0) {
+        const double ns = one_pair(api, o, frames, depth - 1, i);
+        asm volatile("" ::: "memory");  // not a tail call
+        return ns;
+    }
+    const uintptr_t base = uintptr_t{0x7f0000000000};
+    const double start = now_ns(CLOCK_MONOTONIC);
+    api.alloc(reinterpret_cast<void*>(base + uintptr_t(i) * 4096), 4096, 0, nullptr, frames.data(),
+              frames.size());
+    if (i >= o.live) api.release(reinterpret_cast<void*>(base + uintptr_t(i - o.live) * 4096));
+    return now_ns(CLOCK_MONOTONIC) - start;
+}
+
 // The loop, `depth` frames below main.
 __attribute__((noinline)) void run(const Api& api, const Options& o,
-                                   const std::vector<uint64_t>& frames, int depth,
-                                   std::vector<unsigned char>& other) {
+                                   const std::vector<uint64_t>& frames, int depth) {
     if (depth > 0) {
-        run(api, o, frames, depth - 1, other);
+        run(api, o, frames, depth - 1);
         asm volatile("" ::: "memory");  // not a tail call
         return;
     }
     const uintptr_t base = uintptr_t{0x7f0000000000};
-    if (!other.empty()) {
-        double calls_ns = 0;
-        for (long i = 0; i < o.pairs; ++i) {
-            pollute(other);
-            const double start = now_ns(CLOCK_MONOTONIC);
-            api.alloc(reinterpret_cast<void*>(base + uintptr_t(i) * 4096), 4096, 0, nullptr,
-                      frames.data(), frames.size());
-            if (i >= o.live)
-                api.release(reinterpret_cast<void*>(base + uintptr_t(i - o.live) * 4096));
-            calls_ns += now_ns(CLOCK_MONOTONIC) - start;
-        }
-        for (long i = o.pairs > o.live ? o.pairs - o.live : 0; i < o.pairs; ++i)
-            api.release(reinterpret_cast<void*>(base + uintptr_t(i) * 4096));
-        std::printf("polluted_ns_per_pair %.1f\n", calls_ns / double(o.pairs));
-        return;
-    }
     for (long i = 0; i < o.pairs; ++i) {
         api.alloc(reinterpret_cast<void*>(base + uintptr_t(i) * 4096), 4096, 0, nullptr,
                   frames.data(), frames.size());
@@ -88,6 +92,21 @@ __attribute__((noinline)) void run(const Api& api, const Options& o,
     }
     for (long i = o.pairs > o.live ? o.pairs - o.live : 0; i < o.pairs; ++i)
         api.release(reinterpret_cast<void*>(base + uintptr_t(i) * 4096));
+}
+
+// --pollute: between pairs, `other` written over; each pair's call chain
+// made anew below it.
+void run_polluted(const Api& api, const Options& o, const std::vector<uint64_t>& frames,
+                  std::vector<unsigned char>& other) {
+    double calls_ns = 0;
+    for (long i = 0; i < o.pairs; ++i) {
+        pollute(other);
+        calls_ns += one_pair(api, o, frames, o.depth, i);
+    }
+    const uintptr_t base = uintptr_t{0x7f0000000000};
+    for (long i = o.pairs > o.live ? o.pairs - o.live : 0; i < o.pairs; ++i)
+        api.release(reinterpret_cast<void*>(base + uintptr_t(i) * 4096));
+    std::printf("polluted_ns_per_pair %.1f\n", calls_ns / double(o.pairs));
 }
 
 }  // namespace
@@ -125,8 +144,11 @@ int main(int argc, char** argv) {
         frames.push_back(name(("f" + std::to_string(i)).c_str(), "/src/model.py", 10 + i));
     std::vector<unsigned char> other(size_t(o.pollute_kib) * 1024);
     const double wall = now_ns(CLOCK_MONOTONIC), cpu = now_ns(CLOCK_THREAD_CPUTIME_ID);
-    run(api, o, frames, o.depth, other);
-    if (!other.empty()) return 0;  // run printed the calls' own time
+    if (!other.empty()) {  // prints the calls' own time
+        run_polluted(api, o, frames, other);
+        return 0;
+    }
+    run(api, o, frames, o.depth);
     const double n = double(o.pairs);
     std::printf("ns_per_pair %.1f\ncpu_ns_per_pair %.1f\n", (now_ns(CLOCK_MONOTONIC) - wall) / n,
                 (now_ns(CLOCK_THREAD_CPUTIME_ID) - cpu) / n);

@@ -226,6 +226,32 @@ def test_a_pinned_frame_at_another_line_is_named_for_that_line():
     assert got1[2] != got2[2], "two call sites of one pinned frame are two lines"
 
 
+def test_a_pin_never_vouches_for_a_name_made_for_a_freed_code_object():
+    # A function named without the GIL (unpinned) and freed, then a new one,
+    # which may take its code object's address, pinned: the pin must not
+    # make the freed one's names the new one's.
+    src = ("def f_%d(pin):\n"
+           "    if pin:\n"
+           "        pin_here()\n"
+           "    return walk()\n")
+    reused = 0
+    for i in range(300):
+        scope = {"walk": walk, "pin_here": pin_here}
+        exec(compile(src % i, "<pinned %d>" % i, "exec"), scope)
+        f = scope["f_%d" % i]
+        if i % 2 == 0:
+            freed = id(f.__code__)
+            _, got, want = f(False)
+            assert_names(got[:2], want[:2], "an unpinned function's frames (%d)" % i)
+        else:
+            reused += id(f.__code__) == freed
+            _, got, want = f(True)
+            assert_names(got[:2], want[:2], "a pinned function's frames (%d)" % i)
+        del scope, f
+        gc.collect()
+    assert reused > 0, "no code object took a freed one's address: the case was not made"
+
+
 def bench():
     def at_depth(n, kind):
         if n == 0:

@@ -114,17 +114,53 @@ inline bool same_code(const FrameName& n, const PyCodeObject* code) noexcept {
 // holds a reference to (pinned: their addresses cannot be reused, so a name
 // cached for one is checked without reading the code object, which a
 // training step has long evicted from the caches by the next allocation).
+//
+// With the raw walk, also the thread's last walk by position: consecutive
+// allocations share their outer frames (the training loop, the module
+// calls), which then skip the hash table. What a position's check reads
+// first is packed (24 bytes a frame); what an unpinned one compares with
+// its code object comes apart.
+struct MemoFrame {
+    const void* code = nullptr;
+    int lasti = 0;
+    bool pinned = false;
+    uint64_t address = 0;
+};
+struct MemoCheck {
+    const void* qualname = nullptr;
+    const void* filename = nullptr;
+    int first_line = 0;
+};
+
 struct ThreadNames {
     FrameNames names;
     std::unordered_set<const void*> pinned;
+    MemoFrame memo[kPythonFrames];
+    MemoCheck memo_check[kPythonFrames];
 
     // Takes a reference to `code` (the GIL is held) and marks every name
-    // cached for it pinned.
+    // cached for it pinned, the last walk's included. A name cached at its
+    // address for another code object that lived there before is not
+    // `code`'s: it stays unpinned (and is named again when met), and the
+    // last walk forgets it.
     void pin(PyCodeObject* code) {
         if (!pinned.insert(code).second) return;
         Py_INCREF(code);
         for (auto& [key, name] : names)
-            if (key.code == code) name.pinned = true;
+            if (key.code == code && same_code(name, code)) name.pinned = true;
+        for (size_t n = 0; n < kPythonFrames; ++n) {
+            if (memo[n].code != code) continue;
+            const MemoCheck& c = memo_check[n];
+            if (c.qualname == code->co_qualname && c.filename == code->co_filename &&
+                c.first_line == code->co_firstlineno)
+                memo[n].pinned = true;
+            else
+                memo[n] = {};
+        }
+    }
+    void remember(size_t n, const FrameKey& key, const FrameName& name) noexcept {
+        memo[n] = {key.code, key.lasti, name.pinned, name.address};
+        memo_check[n] = {name.qualname, name.filename, name.first_line};
     }
 };
 
@@ -171,19 +207,9 @@ inline const FrameName& frame_name(ThreadNames& thread, PyCodeObject* code, int 
 }
 
 #ifdef ALLOCSCOPE_RAW_PYTHON_FRAMES
-// The thread's names and its last walk by position: consecutive allocations
-// share their outer frames (the training loop, the module calls), which then
-// skip the hash table. A position holds its name by address (the table's
-// element), so that a name pinned since is read as pinned.
-struct ThreadWalkMemo {
-    ThreadNames names;
-    FrameKey key[kPythonFrames]{};
-    const FrameName* name[kPythonFrames]{};
-};
-
-inline ThreadWalkMemo& thread_walk_memo() {
-    thread_local ThreadWalkMemo memo;
-    return memo;
+inline ThreadNames& thread_names() {
+    thread_local ThreadNames names;
+    return names;
 }
 
 // The calling thread's frames read without the GIL (see the note at the
@@ -196,32 +222,33 @@ inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil,
     // in another); without it, the one Python keeps for this thread.
     PyThreadState* ts = gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
     if (!ts) return 0;  // a thread Python has never run on
-    ThreadWalkMemo& memo = thread_walk_memo();
+    ThreadNames& thread = thread_names();
     size_t n = 0;
     for (RawFrame* f = current_raw_frame(ts); f && n < kPythonFrames; f = f->previous) {
         if (f->owner == kOwnedByCStack || !f->code) continue;
         auto* code = reinterpret_cast<PyCodeObject*>(f->code);
         const CodeUnit* first = first_unit(code);  // an address: nothing read yet
         const int lasti = static_cast<int>(f->instr - first) * static_cast<int>(sizeof(CodeUnit));
-        const FrameKey key{code, lasti};
         // The frame at this position last time, checked then: a pinned code
         // object is that same object (nothing of it need be read); another
         // is if it still has that name, file and first line (with the GIL,
         // it is pinned below instead). Either way its frame had started
         // (the check below is a constant of the code object).
-        if (const FrameName* last = memo.name[n];
-            last && memo.key[n] == key &&
-            (last->pinned ||
-             (!gil && Py_TYPE(f->code) == &PyCode_Type && same_code(*last, code)))) {
-            out[n] = last->address;
+        if (const MemoFrame& m = thread.memo[n];
+            m.code == code && m.lasti == lasti && m.address != 0 &&
+            (m.pinned || (!gil && Py_TYPE(f->code) == &PyCode_Type &&
+                          thread.memo_check[n].qualname == code->co_qualname &&
+                          thread.memo_check[n].filename == code->co_filename &&
+                          thread.memo_check[n].first_line == code->co_firstlineno))) {
+            out[n] = m.address;
             ++n;
             continue;
         }
+        const FrameKey key{code, lasti};
         // A pinned name of this (code, offset): that same code object, whose
         // type and start were checked when the name was made.
         const FrameName* name = nullptr;
-        if (auto it = memo.names.names.find(key);
-            it != memo.names.names.end() && it->second.pinned) {
+        if (auto it = thread.names.find(key); it != thread.names.end() && it->second.pinned) {
             name = &it->second;
         } else {
             if (Py_TYPE(f->code) != &PyCode_Type) continue;
@@ -229,13 +256,10 @@ inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil,
             // instruction) are skipped, as CPython's own tracebacks do.
             if (f->owner != kOwnedByGenerator && f->instr < first + code->_co_firsttraceable)
                 continue;
-            name = &frame_name(memo.names, code, lasti, gil, name_frame);
+            name = &frame_name(thread, code, lasti, gil, name_frame);
         }
         if (name->address) {
-            if (remember) {
-                memo.key[n] = key;
-                memo.name[n] = name;
-            }
+            if (remember) thread.remember(n, key, *name);
             out[n++] = name->address;
         }
     }
