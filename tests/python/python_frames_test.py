@@ -252,6 +252,27 @@ def test_a_pin_never_vouches_for_a_name_made_for_a_freed_code_object():
     assert reused > 0, "no code object took a freed one's address: the case was not made"
 
 
+def test_pins_that_find_nothing_new_go_quiet_and_still_find_a_new_path():
+    # The module hooks pin at every module call; once the same frames come
+    # back again and again, pins run only now and then (at most every 64th
+    # call), and a new caller's frames are still pinned by then.
+    def same_path():
+        pin_here()
+
+    for _ in range(200):
+        same_path()
+    scope = {"pin_here": pin_here}
+    exec(compile("def new_path():\n    pin_here()\n", "<new path>", "exec"), scope)
+    code = scope["new_path"].__code__
+    before = sys.getrefcount(code)
+    calls = 0
+    while sys.getrefcount(code) == before and calls < 1000:
+        scope["new_path"]()
+        calls += 1
+    assert sys.getrefcount(code) == before + 1, "a new path is pinned"
+    assert calls <= 64, "a new path is pinned within 64 calls (took %d)" % calls
+
+
 def bench():
     def at_depth(n, kind):
         if n == 0:

@@ -137,6 +137,8 @@ struct ThreadNames {
     std::unordered_set<const void*> pinned;
     MemoFrame memo[kPythonFrames];
     MemoCheck memo_check[kPythonFrames];
+    uint32_t quiet_pins = 0;    // pins in a row that pinned nothing new (pin_python_frames)
+    uint32_t skipped_pins = 0;  // calls since pins went quiet
 
     // Takes a reference to `code` (the GIL is held) and marks every name
     // cached for it pinned, the last walk's included. A name cached at its
@@ -271,10 +273,24 @@ inline size_t python_frames_raw(uint64_t* out, PythonFrame name_frame, bool gil,
 // without the GIL, in operators) check their names without reading the code
 // objects. The module hooks call it (tag_hooks.cpp): the frames of the
 // module calls and the training loop are under every allocation of a step.
+// A training loop calls the same modules from the same lines every step:
+// once kQuietPins pins in a row have found nothing new, a thread pins only
+// at every kQuietPins-th call (a new path, an evaluation loop, is still
+// found, a little later), so that the module hooks stop paying for a walk
+// that pins nothing.
+inline constexpr uint32_t kQuietPins = 64;
+
 inline void pin_python_frames(PythonFrame name_frame) {
     if (!Py_IsInitialized() || !PyGILState_Check()) return;
+    ThreadNames& thread = thread_names();
+    if (thread.quiet_pins >= kQuietPins && ++thread.skipped_pins % kQuietPins != 0) return;
+    const size_t pinned = thread.pinned.size();
     uint64_t frames[kPythonFrames];
     python_frames_raw(frames, name_frame, true, false);
+    if (thread.pinned.size() != pinned)
+        thread.quiet_pins = 0;
+    else if (thread.quiet_pins < kQuietPins)
+        ++thread.quiet_pins;
 }
 #endif
 
