@@ -310,6 +310,8 @@ class BlockCursor {
 
     bool at_end() const noexcept { return p_ == end_; }
     size_t left() const noexcept { return static_cast<size_t>(end_ - p_); }
+    const uint8_t* at() const noexcept { return p_; }
+    void skip_to(const uint8_t* p) noexcept { p_ = p; }
 
     bool byte(uint8_t& v) noexcept {
         if (p_ == end_) return fail("a value runs past the end of the block");
@@ -318,22 +320,6 @@ class BlockCursor {
     }
 
     bool varint(uint64_t& v) noexcept {
-        // Where a whole varint's room is left, no byte needs a bound check.
-        if (end_ - p_ >= 10) {
-            uint64_t result = 0;
-            for (int shift = 0; shift < 63; shift += 7) {
-                const uint8_t b = *p_++;
-                result |= uint64_t{b & 0x7Fu} << shift;
-                if (!(b & 0x80)) {
-                    v = result;
-                    return true;
-                }
-            }
-            const uint8_t b = *p_++;  // the tenth: bit 63 alone
-            if (b > 1) return fail("a value is too large for 64 bits");
-            v = result | uint64_t{b} << 63;
-            return true;
-        }
         uint64_t result = 0;
         for (int shift = 0; shift < 70; shift += 7) {
             if (p_ == end_) return fail("a value runs past the end of the block");
@@ -391,6 +377,97 @@ class BlockCursor {
     const char* problem_ = "";
 };
 
+// The most bytes one event's decoding reads, valid or not: its four
+// leading bytes, three single bytes (level, memory, api), a size's first
+// byte and 14 varints of at most 10 bytes each (a varint ends at its tenth
+// byte, valid or not).
+constexpr size_t kMaxEventBytesRead = 4 + 3 + 1 + 14 * 10;
+
+// The same reading where at least kMaxEventBytesRead bytes are left, so
+// that no byte needs a bound check: most of a block's events. The same
+// values and the same problems as BlockCursor's.
+class RoomyCursor {
+  public:
+    explicit RoomyCursor(const uint8_t* p) : p_(p) {}
+    const uint8_t* at() const noexcept { return p_; }
+
+    bool byte(uint8_t& v) noexcept {
+        v = *p_++;
+        return true;
+    }
+
+    bool varint(uint64_t& v) noexcept {
+        // One or two bytes, most values (deltas, ids), without a loop.
+        const uint64_t b0 = p_[0];
+        if (b0 < 0x80) {
+            v = b0;
+            p_ += 1;
+            return true;
+        }
+        const uint64_t b1 = p_[1];
+        uint64_t result = (b0 & 0x7F) | (b1 & 0x7F) << 7;
+        if (b1 < 0x80) {
+            v = result;
+            p_ += 2;
+            return true;
+        }
+        for (int i = 2; i < 9; ++i) {
+            const uint64_t b = p_[i];
+            result |= (b & 0x7F) << (7 * i);
+            if (b < 0x80) {
+                v = result;
+                p_ += i + 1;
+                return true;
+            }
+        }
+        const uint8_t b = p_[9];  // the tenth: bit 63 alone
+        p_ += 10;
+        if (b > 1) return fail("a value is too large for 64 bits");
+        v = result | uint64_t{b} << 63;
+        return true;
+    }
+
+    bool varint32(uint32_t& v) noexcept {
+        uint64_t wide;
+        if (!varint(wide)) return false;
+        if (wide > UINT32_MAX) return fail("a 32-bit field is out of range");
+        v = static_cast<uint32_t>(wide);
+        return true;
+    }
+
+    bool size(uint64_t& v) noexcept {
+        const uint8_t first = *p_;
+        if (!(first & 1)) {
+            uint64_t units;
+            if (!varint(units)) return false;
+            if ((units >> 1) > (UINT64_MAX >> 9)) return fail("a size is out of range");
+            v = (units >> 1) << 9;
+            return true;
+        }
+        ++p_;
+        const uint64_t low = (first >> 1) & 0x3F;
+        if (!(first & 0x80)) {
+            v = low;
+            return true;
+        }
+        uint64_t high;
+        if (!varint(high)) return false;
+        if (high > (UINT64_MAX >> 6)) return fail("a size is out of range");
+        v = (high << 6) | low;
+        return true;
+    }
+
+    bool fail(const char* why) noexcept {
+        problem_ = why;
+        return false;
+    }
+    const char* problem() const noexcept { return problem_; }
+
+  private:
+    const uint8_t* p_;
+    const char* problem_ = "";
+};
+
 // The block's predictors (EventPredictor's), as the events already decoded
 // into the block: no copy of each event beside its own.
 struct DecodePredictor {
@@ -410,7 +487,8 @@ struct DecodePredictor {
     }
 };
 
-bool decode_one(BlockCursor& in, DecodePredictor& predictor, Event& e) noexcept {
+template <class Cursor>
+bool decode_one(Cursor& in, DecodePredictor& predictor, Event& e) noexcept {
     const Event& prev = *predictor.prev;
     uint8_t b0, b1 = 0, b2 = 0, kind;
     if (!in.byte(b0)) return false;
@@ -515,7 +593,20 @@ uint32_t decode_event_block(std::span<const uint8_t> payload, std::span<Event> e
     BlockCursor in(payload.data() + 2, payload.data() + payload.size());
     static constexpr Event kBeforeBlock{};
     DecodePredictor predictor(&kBeforeBlock);
-    for (uint32_t i = 0; i < count; ++i) {
+    uint32_t i = 0;
+    // Without bound checks while an event's most bytes are left.
+    while (i < count && in.left() >= kMaxEventBytesRead) {
+        RoomyCursor roomy(in.at());
+        const bool ok = decode_one(roomy, predictor, events[i]);
+        in.skip_to(roomy.at());
+        if (!ok) {
+            problem = std::string("corrupt event block: ") + roomy.problem() + " (event " +
+                      std::to_string(i + 1) + " of " + std::to_string(count) + ")";
+            return 0;
+        }
+        ++i;
+    }
+    for (; i < count; ++i) {
         if (in.at_end()) {
             problem = "event block ends after " + std::to_string(i) + " of its " +
                       std::to_string(count) + " events";
