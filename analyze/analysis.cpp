@@ -91,6 +91,9 @@ class Tables {
         return last_tag_;
     }
     [[gnu::noinline]] uint32_t new_group(uint32_t layer) {
+        // A first pass's table grows as the events go.
+        if (layer >= group_of_layer_.size() && layer < trace_.strings.size())
+            group_of_layer_.resize(trace_.strings.size(), kNone);
         if (layer >= group_of_layer_.size()) return group_name("(untagged)");
         uint32_t& g = group_of_layer_[layer];
         if (g == kNone) g = group_name(layer_group(trace_.str(layer)));
@@ -523,10 +526,7 @@ std::string layer_group(const std::string& layer) {
     return layer;
 }
 
-void ShapeCounter::add(const Event& e, const TraceTables& t) {
-    if (!any_event_) first_tid_ = e.tid, any_event_ = true;
-    any_block_ |= e.kind == EventKind::alloc && e.level == Level::block;
-    if (e.kind != EventKind::tag_push) return;
+void ShapeCounter::add_push(const Event& e, const TraceTables& t) {
     auto& [forward, all] = pushes_[e.tid];
     ++all;
     if (e.phase >= forward_phase_.size() && e.phase < t.strings.size())
@@ -577,57 +577,186 @@ TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options) {
     return analyze(stream, options);
 }
 
-TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
-                      std::vector<StepMemory>* steps) {
-    // Pass 0 (a file's first: its tables too): the owner pool, the training
-    // thread, counts, the out-of-memory episodes.
-    ShapeCounter shape_counter;
-    OomEpisodes oom_episodes;
+namespace {
+
+// Pass 0 (a file's first: its tables too): the owner pool, the training
+// thread, counts, the out-of-memory episodes. It runs on its own, or beside
+// a speculative pass 1 (analyze).
+class FirstPass {
+  public:
+    void add(const Event& e, const TraceTables& t) {
+        shape_.add(e, t);
+        oom_.add(e, index_++);
+        ++by_kind_[size_t(e.kind) << 8 | size_t(e.level)];
+        if (e.kind == EventKind::alloc || e.kind == EventKind::oom) ++by_api_[size_t(e.api)];
+        span_ns_ = e.t_ns;
+        out_of_memory_ |= e.kind == EventKind::oom && e.result == kOutOfMemoryCode;
+    }
+    TraceShape shape() const { return shape_.shape(); }
+    uint64_t pushes(uint32_t tid) const { return shape_.pushes(tid); }
+    // Whether an out-of-memory failure was seen: an episode's moment then
+    // needs the live set at its event, which only a pass that knows where
+    // the episodes end can keep.
+    bool out_of_memory() const noexcept { return out_of_memory_; }
+    // The out-of-memory moments to keep in full (the last ones), once.
+    OomSeeds moments(const AnalysisOptions& options) {
+        OomSeeds oom = oom_.finish();
+        oom_moments_total_ = oom.moments.size();
+        recovered_failures_ = oom.recovered_failures;
+        if (oom.moments.size() > options.oom_moments)
+            oom.moments.erase(oom.moments.begin(),
+                              oom.moments.end() - std::ptrdiff_t(options.oom_moments));
+        return oom;
+    }
+    // What the analysis says of it, after moments().
+    void fill(TraceAnalysis& a, const TraceStream& stream) const {
+        const TraceTables& t = stream.tables();
+        a.path = t.path;
+        a.header = t.header;
+        a.truncated = t.truncated;
+        a.truncation_message = t.truncation_message;
+        a.events = stream.size();
+        a.span_ns = span_ns_;
+        const TraceShape shape = shape_.shape();
+        a.owner = shape.owner;
+        a.main_tid = shape.main_tid;
+        for (size_t key = 0; key < by_kind_.size(); ++key) {
+            if (by_kind_[key] == 0) continue;
+            std::string what(to_string(EventKind(key >> 8)));
+            const Level level = Level(key & 0xff);
+            if (level != Level::none) what += " " + std::string(to_string(level));
+            a.events_by_kind.push_back({what, by_kind_[key]});
+        }
+        for (size_t api = 0; api < by_api_.size(); ++api) {
+            if (by_api_[api] > 0)
+                a.calls_by_api.push_back({std::string(to_string(Api(api))), by_api_[api]});
+        }
+        a.oom_moments_total = oom_moments_total_;
+        a.recovered_failures = recovered_failures_;
+    }
+
+  private:
+    ShapeCounter shape_;
+    OomEpisodes oom_;
     // Counts by kind and level, and by api, in flat arrays: every event
     // passes here.
-    std::vector<uint64_t> by_kind(size_t(256) * 256, 0);
-    std::vector<uint64_t> by_api(256, 0);
-    size_t index = 0;
+    std::vector<uint64_t> by_kind_ = std::vector<uint64_t>(size_t(256) * 256, 0);
+    std::vector<uint64_t> by_api_ = std::vector<uint64_t>(256, 0);
+    size_t index_ = 0;
+    uint64_t span_ns_ = 0;
+    bool out_of_memory_ = false;
+    size_t oom_moments_total_ = 0;
+    uint64_t recovered_failures_ = 0;
+};
+
+// What pass 1 takes from pass 0: known (pass 0 has run), or guessed by a
+// speculative pass 1 that runs pass 0 beside it and holds the guesses to
+// what it finds.
+struct PassPlan {
+    size_t events = 0;  // the trace's count
+    Pool owner = Pool::device_segment;
+    // The training thread; none: the first thread that pushes or pops a
+    // tag (nothing pass 1 keeps depends on it before).
+    std::optional<uint32_t> main_tid;
+    size_t bands = 0;  // room for the timeline's bands
+    OomSeeds oom;      // the moments to keep (none while guessing)
+};
+
+// The strings that name the marks pass 1 looks for (the first of each
+// text), found as the table grows: a mark refers to a string defined
+// before it, so the ids found by then are those of the whole table.
+class MarkIds {
+  public:
+    void update(const TraceTables& t) {
+        for (; scanned_ < t.strings.size(); ++scanned_) {
+            const std::string& s = t.strings[scanned_];
+            const uint32_t id = uint32_t(scanned_);
+            if (counters == kNone && s == ALLOCSCOPE_COUNTERS_MARK) counters = id;
+            if (oom_param == kNone && s == ALLOCSCOPE_OOM_PARAM_MARK) oom_param = id;
+            if (bounded == kNone && s == kBoundedMark) bounded = id;
+        }
+    }
+    uint32_t counters = kNone, oom_param = kNone, bounded = kNone;
+
+  private:
+    size_t scanned_ = 0;
+};
+
+// Events peeked at to guess the owner pool: a caching allocator's blocks
+// come with its first segments.
+constexpr uint64_t kOwnerPeekEvents = 1 << 16;
+
+std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions& options,
+                                     std::vector<StepMemory>* steps, PassPlan plan,
+                                     FirstPass* speculative);
+
+}  // namespace
+
+TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
+                      std::vector<StepMemory>* steps) {
+    // Pass 0 finds what pass 1 needs to know before it starts: the event
+    // count (the timeline's stretches), the owner pool, the training
+    // thread, where the out-of-memory episodes end. Where the count is
+    // known beforehand (an ended pass, the file's footer) pass 1 guesses
+    // the rest (the owner from the first events, the training thread as
+    // the first to push a tag, no out-of-memory failure) and runs with pass
+    // 0 beside it, one pass over the events in all; it is kept only where
+    // pass 0 finds the same, else pass 1 runs again with what it found.
+    FirstPass first;
+    if (const std::optional<uint64_t> expected = stream.expected_size()) {
+        PassPlan guess;
+        guess.events = size_t(*expected);
+        bool blocks = false;
+        uint64_t peeked = 0;
+        stream.peek_until([&](const Event& e) {
+            blocks = e.kind == EventKind::alloc && e.level == Level::block;
+            return !blocks && ++peeked < kOwnerPeekEvents;
+        });
+        guess.owner = blocks ? Pool::device_block : Pool::device_segment;
+        // At most one band per event: address space only, as below.
+        guess.bands = size_t(std::min<uint64_t>(*expected + 1, uint64_t{1} << 22));
+        if (std::optional<TraceAnalysis> a =
+                account(stream, options, steps, std::move(guess), &first)) {
+            first.moments(options);
+            first.fill(*a, stream);
+            return std::move(*a);
+        }
+    } else {
+        stream.for_each([&](const Event& e) { first.add(e, stream.tables()); });
+    }
+    PassPlan plan;
+    plan.events = stream.size();
+    const TraceShape shape = first.shape();
+    plan.owner = shape.owner;
+    plan.main_tid = shape.main_tid;
+    // A band begins at a push or pop of the training thread's, and a pop
+    // begins one only back in a scope pushed: room for as many as can be
+    // (up to 4 M, 256 MB of address space), so the bands never move; pages
+    // never written are never mapped.
+    plan.bands =
+        size_t(std::min<uint64_t>(2 * first.pushes(shape.main_tid) + 1, uint64_t{1} << 22));
+    plan.oom = first.moments(options);
+    std::optional<TraceAnalysis> a = account(stream, options, steps, std::move(plan), nullptr);
+    first.fill(*a, stream);
+    return std::move(*a);
+}
+
+namespace {
+
+// Pass 1 and what follows it (pass 2 where asked for). Speculative (with
+// pass 0 beside it): none where a guess of `plan` turns out wrong.
+std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions& options,
+                                     std::vector<StepMemory>* steps, PassPlan plan,
+                                     FirstPass* speculative) {
     TraceAnalysis a;
-    stream.for_each([&](const Event& e) {
-        shape_counter.add(e, stream.tables());
-        oom_episodes.add(e, index++);
-        ++by_kind[size_t(e.kind) << 8 | size_t(e.level)];
-        if (e.kind == EventKind::alloc || e.kind == EventKind::oom) ++by_api[size_t(e.api)];
-        a.span_ns = e.t_ns;
-    });
     const TraceTables& t = stream.tables();
-    a.path = t.path;
-    a.header = t.header;
-    a.truncated = t.truncated;
-    a.truncation_message = t.truncation_message;
-    a.events = stream.size();
-    const TraceShape shape = shape_counter.shape();
-    a.owner = shape.owner;
-    a.main_tid = shape.main_tid;
-    const uint32_t main_tid = shape.main_tid;
-    for (size_t key = 0; key < by_kind.size(); ++key) {
-        if (by_kind[key] == 0) continue;
-        std::string what(to_string(EventKind(key >> 8)));
-        const Level level = Level(key & 0xff);
-        if (level != Level::none) what += " " + std::string(to_string(level));
-        a.events_by_kind.push_back({what, by_kind[key]});
-    }
-    for (size_t api = 0; api < by_api.size(); ++api) {
-        if (by_api[api] > 0)
-            a.calls_by_api.push_back({std::string(to_string(Api(api))), by_api[api]});
-    }
-
+    const Pool owner = plan.owner;
+    uint32_t main_tid = plan.main_tid.value_or(0);
+    bool main_known = plan.main_tid.has_value();
     std::map<std::pair<const char*, Api>, uint64_t> odd_frees;
-
-    // The out-of-memory moments to keep in full: the last ones.
-    OomSeeds oom = oom_episodes.finish();
-    a.oom_moments_total = oom.moments.size();
-    a.recovered_failures = oom.recovered_failures;
-    if (oom.moments.size() > options.oom_moments)
-        oom.moments.erase(oom.moments.begin(),
-                          oom.moments.end() - std::ptrdiff_t(options.oom_moments));
+    OomSeeds& oom = plan.oom;
     size_t next_oom = 0;
+    a.owner = owner;
 
     // Pass 1: totals, tags, scopes, bands, steps, sample points, the
     // layer groups' bytes at each sample and the tags' and sites' at the
@@ -693,7 +822,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
             group_mark.resize(g + 1, 0);
         }
     };
-    const size_t n = stream.size();
+    const size_t n = plan.events;
     const size_t bucket = std::max<size_t>(
         1, (n + options.timeline_points - 1) / std::max<size_t>(1, options.timeline_points));
     std::vector<size_t> sample_index;
@@ -701,12 +830,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     uint64_t bucket_best = 0;
     size_t in_bucket = 0;  // i % bucket, kept without a division per event
     std::string band_phase;
-    // A band begins at a push or pop of the training thread's, and a pop
-    // begins one only back in a scope pushed: room for as many as can be
-    // (up to 4 M, 256 MB of address space), so the bands never move; pages
-    // never written are never mapped.
-    a.timeline.bands.reserve(
-        size_t(std::min<uint64_t>(2 * shape_counter.pushes(main_tid) + 1, uint64_t{1} << 22)));
+    a.timeline.bands.reserve(plan.bands);
     uint64_t last_step = std::numeric_limits<uint64_t>::max();
 
     auto close_band = [&](uint64_t seq, uint64_t t_ns) {
@@ -722,27 +846,36 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
 
     // The allocator's counter marks, and the devices allocated on so far
     // (bit d: device d; the replay's totals are the process's).
-    const auto counters_text =
-        std::find(t.strings.begin(), t.strings.end(), ALLOCSCOPE_COUNTERS_MARK);
-    const uint32_t counters_id =
-        counters_text == t.strings.end() ? kNone : uint32_t(counters_text - t.strings.begin());
-    const auto oom_param_text =
-        std::find(t.strings.begin(), t.strings.end(), ALLOCSCOPE_OOM_PARAM_MARK);
-    const uint32_t oom_param_id =
-        oom_param_text == t.strings.end() ? kNone : uint32_t(oom_param_text - t.strings.begin());
+    MarkIds marks;
     uint64_t devices_seen = 0;
     SegmentOwners segment_owners;
     LastLayer last_layer;
-    const auto bounded_text = std::find(t.strings.begin(), t.strings.end(), kBoundedMark);
-    const uint32_t bounded_id =
-        bounded_text == t.strings.end() ? kNone : uint32_t(bounded_text - t.strings.begin());
     uint64_t last_own_step = 0;   // the step of the last event not carried
     bool async_segments = false;  // stream-ordered allocations seen so far
     uint64_t last_seq = 0, last_t_ns = 0;
     std::optional<StepCounter> step_counter;
-    if (steps) step_counter.emplace(t, shape);
+    if (steps) step_counter.emplace(t, TraceShape{owner, main_tid});
     size_t i = 0;
+    bool guessing = speculative != nullptr;  // the guesses hold so far
     stream.for_each([&](const Event& e) {
+        if (speculative) {
+            speculative->add(e, t);
+            if (!guessing) return;
+            // Wrong already: blocks where the owner was guessed to be the
+            // segments, a failure out of memory, more events than counted.
+            if ((e.kind == EventKind::alloc && e.level == Level::block &&
+                 owner != Pool::device_block) ||
+                speculative->out_of_memory() || i >= n) {
+                guessing = false;
+                return;
+            }
+        }
+        if (!main_known && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
+            main_tid = e.tid;
+            main_known = true;
+            if (step_counter) step_counter->set_main_tid(main_tid);
+        }
+        if (e.kind == EventKind::mark) marks.update(t);
         if (e.flags & kFlagCarried) {
             BoundedSummary& b = a.bounded;
             if (e.kind == EventKind::alloc) {
@@ -750,7 +883,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
                 b.carried_bytes += e.size;
             }
             b.carried_scopes += e.kind == EventKind::tag_push;
-            if (e.kind == EventKind::mark && e.aux == bounded_id) {
+            if (e.kind == EventKind::mark && e.aux == marks.bounded) {
                 ++b.gaps;
                 b.events_dropped = e.address;
                 b.bytes_dropped = e.size;
@@ -815,8 +948,8 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
             async_segments = true;
         if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
             devices_seen |= uint64_t{1} << (e.device & 63);
-        if (e.kind == EventKind::mark && e.aux == oom_param_id) name_oom_parameter(t, e, a.ooms);
-        if (e.kind == EventKind::mark && e.aux == counters_id) {
+        if (e.kind == EventKind::mark && e.aux == marks.oom_param) name_oom_parameter(t, e, a.ooms);
+        if (e.kind == EventKind::mark && e.aux == marks.counters) {
             CounterSummary& cs = a.counters;
             if ((devices_seen & (devices_seen - 1)) != 0) {
                 ++cs.uncompared;
@@ -918,6 +1051,13 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
         ++i;
         if (++in_bucket == bucket) in_bucket = 0;
     });
+    if (speculative) {
+        // Pass 0's findings against the guesses.
+        const TraceShape found = speculative->shape();
+        if (!guessing || stream.size() != n || found.owner != owner ||
+            (main_known && found.main_tid != main_tid))
+            return std::nullopt;
+    }
     if (n > 0) close_band(last_seq, last_t_ns);
     if (!samples.empty()) finish_sample();
     if (steps) *steps = step_counter->finish(replay.totals(a.owner).live_bytes);
@@ -1083,5 +1223,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     });
     return a;
 }
+
+}  // namespace
 
 }  // namespace allocscope

@@ -370,12 +370,18 @@ TraceShape trace_shape(const Trace& trace);
 // (those so far do), then shape().
 class ShapeCounter {
   public:
-    void add(const Event& e, const TraceTables& tables);
+    void add(const Event& e, const TraceTables& tables) {
+        // Inline: pushes are few.
+        if (!any_event_) first_tid_ = e.tid, any_event_ = true;
+        any_block_ |= e.kind == EventKind::alloc && e.level == Level::block;
+        if (e.kind == EventKind::tag_push) add_push(e, tables);
+    }
     TraceShape shape() const;
     // The tags `tid` pushed.
     uint64_t pushes(uint32_t tid) const;
 
   private:
+    void add_push(const Event& e, const TraceTables& tables);
     bool any_event_ = false;
     bool any_block_ = false;
     uint32_t first_tid_ = 0;

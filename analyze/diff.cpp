@@ -67,10 +67,7 @@ std::string_view StepCounter::phase_of(const Event& e) const {
                                                   : std::string_view());
 }
 
-void StepCounter::add(const Event& e, uint64_t live_before, uint64_t live) {
-    if (any_event_ && e.step != last_step_) end_step(last_step_, live_before);
-    last_step_ = e.step;
-    any_event_ = true;
+void StepCounter::add_tag(const Event& e, uint64_t live) {
     if (e.kind == EventKind::tag_push) {
         // Forward ends where backward begins and backward where the
         // optimizer does, on whichever thread: PyTorch runs backward on

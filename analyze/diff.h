@@ -101,7 +101,16 @@ std::vector<StepMemory> step_memory(const Trace& trace);
 class StepCounter {
   public:
     StepCounter(const TraceTables& tables, TraceShape shape);
-    void add(const Event& e, uint64_t live_before, uint64_t live);
+    // The training thread, where it was not known when constructed: before
+    // any event of that thread's is added.
+    void set_main_tid(uint32_t tid) noexcept { main_tid_ = tid; }
+    void add(const Event& e, uint64_t live_before, uint64_t live) {
+        // Inline: most events neither change the step nor push or pop.
+        if (any_event_ && e.step != last_step_) end_step(last_step_, live_before);
+        last_step_ = e.step;
+        any_event_ = true;
+        if (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop) add_tag(e, live);
+    }
     std::vector<StepMemory> finish(uint64_t live);
 
   private:
@@ -113,6 +122,7 @@ class StepCounter {
     StepMemory& step(uint64_t step);
     void end_step(uint64_t step, uint64_t live);
     std::string_view phase_of(const Event& e) const;
+    void add_tag(const Event& e, uint64_t live);
 
     const TraceTables& t_;
     uint32_t main_tid_ = 0;

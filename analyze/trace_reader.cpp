@@ -330,6 +330,12 @@ TraceStream::TraceStream(const std::string& path) : reader_(std::make_unique<Tra
 
 TraceStream::~TraceStream() = default;
 
+std::optional<uint64_t> TraceStream::expected_size() const {
+    if (counted()) return size();
+    if (const std::optional<FooterRecord> footer = read_footer(tables_.path)) return footer->events;
+    return std::nullopt;
+}
+
 void TraceStream::start_pass() {
     given_ = 0;
     if (!counted_) {  // the first pass, or one given up before its end
@@ -431,10 +437,14 @@ Trace load_trace(const std::string& path) {
 }
 
 bool ends_with_footer(const std::string& path) noexcept {
+    return read_footer(path).has_value();
+}
+
+std::optional<FooterRecord> read_footer(const std::string& path) noexcept {
     constexpr size_t kFooterPayload = 48;
     constexpr size_t kFooterRecord = kRecordHeaderSize + kFooterPayload;
     std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (f == nullptr) return false;
+    if (f == nullptr) return std::nullopt;
     uint8_t magic[sizeof kTraceMagic] = {};
     uint8_t tail[kFooterRecord] = {};
     bool ok = std::fread(magic, 1, sizeof magic, f) == sizeof magic &&
@@ -444,9 +454,19 @@ bool ends_with_footer(const std::string& path) noexcept {
          std::fseek(f, size - static_cast<long>(kFooterRecord), SEEK_SET) == 0 &&
          std::fread(tail, 1, sizeof tail, f) == sizeof tail;
     std::fclose(f);
-    return ok && get_u16(tail) == static_cast<uint16_t>(RecordType::footer) &&
-           get_u16(tail + 2) == 0 && get_u32(tail + 4) == kFooterPayload &&
-           get_u32(tail + 8) == crc32c({tail + kRecordHeaderSize, kFooterPayload});
+    if (!ok || get_u16(tail) != static_cast<uint16_t>(RecordType::footer) ||
+        get_u16(tail + 2) != 0 || get_u32(tail + 4) != kFooterPayload ||
+        get_u32(tail + 8) != crc32c({tail + kRecordHeaderSize, kFooterPayload}))
+        return std::nullopt;
+    const uint8_t* p = tail + kRecordHeaderSize;
+    FooterRecord footer;
+    footer.events = get_u64(p);
+    footer.unknown_frees = get_u64(p + 8);
+    footer.double_frees = get_u64(p + 16);
+    footer.stacks_dropped = get_u64(p + 24);
+    footer.events_dropped = get_u64(p + 32);
+    footer.end_mono_ns = get_u64(p + 40);
+    return footer;
 }
 
 }  // namespace allocscope

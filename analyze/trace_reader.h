@@ -166,6 +166,28 @@ class TraceStream {
     // How many events a pass gives: known once a pass has ended.
     uint64_t size() const noexcept { return memory_ ? memory_->events.size() : count_; }
     bool counted() const noexcept { return memory_ != nullptr || counted_; }
+    // How many events a pass is expected to give before one has ended: the
+    // count once known, else the events the file's footer says its writer
+    // wrote (a pass may find fewer, or more where events were dropped and
+    // accounted for differently); none for a file without a footer.
+    std::optional<uint64_t> expected_size() const;
+
+    // Calls f(const Event&) for the first events while it returns true, as
+    // for_each_until does, from a reader of its own: this stream's passes
+    // and tables are untouched. A trace that cannot be read gives none.
+    template <class F>
+    void peek_until(F&& f) {
+        if (memory_) {
+            for (const Event& e : memory_->events)
+                if (!f(e)) return;
+            return;
+        }
+        try {
+            TraceStream other(tables_.path);
+            other.for_each_until(f);
+        } catch (const std::exception&) {
+        }
+    }
 
     // Calls f(const Event&) for each event. The first pass throws TraceError
     // where a corrupt record comes before any event; a later pass where the
@@ -236,5 +258,7 @@ Trace load_trace(const std::string& path);
 // the process that wrote it closed it at its exit. Reads the header and the
 // last record only; false for a file that cannot be read or is no trace.
 bool ends_with_footer(const std::string& path) noexcept;
+// That footer, where the file ends in one.
+std::optional<FooterRecord> read_footer(const std::string& path) noexcept;
 
 }  // namespace allocscope
