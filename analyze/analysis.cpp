@@ -1027,7 +1027,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
             a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
                                         replay, segment_owners, a.owner, direct_driver_live,
                                         direct_driver_count, async_segments, options));
-        last_layer.add(e, t.strings.size());
+        if (!oom.moments.empty()) last_layer.add(e, t.strings.size());  // the moments' only
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (in_bucket == 0 || owner_now > bucket_best) {
