@@ -1,5 +1,5 @@
-// What a report says about one trace, computed in three passes over its
-// events, streamed (TraceStream), never all held: per (layer, phase) accounting,
+// What a report says about one trace, computed in one to three passes over
+// its events, streamed (TraceStream), never all held: per (layer, phase) accounting,
 // the memory timeline with phase bands and step markers, the pools' peaks,
 // and the allocation sites that hold memory at the peak and at exit. The
 // renderers (analyze/report.h) turn it into text, JSON and HTML; the CLI's
@@ -347,10 +347,12 @@ struct TraceAnalysis {
 
 struct StepMemory;  // analyze/diff.h
 
-// Three passes over the events (TraceStream): memory is the live set, the
-// trace's tables and what the analysis keeps, whatever the event count.
-// `steps`, when given, gets the trace's step_memory (analyze/diff.h) from
-// the second pass, without a pass of its own.
+// Up to three passes over the events (TraceStream; one fewer where the
+// event count is known before the first, and none for the samples' largest
+// allocations unless asked for): memory is the live set, the trace's
+// tables and what the analysis keeps, whatever the event count. `steps`,
+// when given, gets the trace's step_memory (analyze/diff.h) from the
+// accounting's pass, without a pass of its own.
 TraceAnalysis analyze(TraceStream& trace, const AnalysisOptions& options = {},
                       std::vector<StepMemory>* steps = nullptr);
 TraceAnalysis analyze(const Trace& trace, const AnalysisOptions& options = {});

@@ -135,7 +135,7 @@ class StepCounter {
     bool any_event_ = false;
 };
 
-// Three passes over the events (analyze's, which give step_memory's too).
+// analyze's passes over the events (which give step_memory's too).
 RunMeasure measure_run(TraceStream& trace);
 RunMeasure measure_run(const Trace& trace);
 
