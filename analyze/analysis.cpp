@@ -685,6 +685,8 @@ class MarkIds {
 // Events peeked at to guess the owner pool: a caching allocator's blocks
 // come with its first segments.
 constexpr uint64_t kOwnerPeekEvents = 1 << 16;
+// And to guess the training thread: a training loop's first step's pushes.
+constexpr uint64_t kThreadPeekEvents = 1 << 12;
 
 std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions& options,
                                      std::vector<StepMemory>* steps, PassPlan plan,
@@ -698,21 +700,29 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
     // count (the timeline's stretches), the owner pool, the training
     // thread, where the out-of-memory episodes end. Where the count is
     // known beforehand (an ended pass, the file's footer) pass 1 guesses
-    // the rest (the owner from the first events, the training thread as
-    // the first to push a tag, no out-of-memory failure) and runs with pass
+    // the rest (the owner and the training thread from the first events,
+    // no out-of-memory failure) and runs with pass
     // 0 beside it, one pass over the events in all; it is kept only where
     // pass 0 finds the same, else pass 1 runs again with what it found.
     FirstPass first;
     if (const std::optional<uint64_t> expected = stream.expected_size()) {
         PassPlan guess;
         guess.events = size_t(*expected);
+        // The training thread: the one that pushed the most among the first
+        // events (the first to push or pop where none did); the owner: blocks
+        // among them, or a little further.
+        ShapeCounter peeked;
+        uint64_t count = 0;
         bool blocks = false;
-        uint64_t peeked = 0;
-        stream.peek_until([&](const Event& e) {
-            blocks = e.kind == EventKind::alloc && e.level == Level::block;
-            return !blocks && ++peeked < kOwnerPeekEvents;
+        stream.peek_until([&](const Event& e, const TraceTables& t) {
+            blocks |= e.kind == EventKind::alloc && e.level == Level::block;
+            if (count < kThreadPeekEvents) peeked.add(e, t);
+            ++count;
+            return count < kThreadPeekEvents || (!blocks && count < kOwnerPeekEvents);
         });
         guess.owner = blocks ? Pool::device_block : Pool::device_segment;
+        const TraceShape shape = peeked.shape();
+        if (peeked.pushes(shape.main_tid) > 0) guess.main_tid = shape.main_tid;
         // At most one band per event: address space only, as below.
         guess.bands = size_t(std::min<uint64_t>(*expected + 1, uint64_t{1} << 22));
         if (std::optional<TraceAnalysis> a =

@@ -172,19 +172,20 @@ class TraceStream {
     // accounted for differently); none for a file without a footer.
     std::optional<uint64_t> expected_size() const;
 
-    // Calls f(const Event&) for the first events while it returns true, as
-    // for_each_until does, from a reader of its own: this stream's passes
-    // and tables are untouched. A trace that cannot be read gives none.
+    // Calls f(const Event&, const TraceTables&) for the first events while
+    // it returns true, as for_each_until does (the tables: those the events
+    // so far refer to), from a reader of its own: this stream's passes and
+    // tables are untouched. A trace that cannot be read gives none.
     template <class F>
     void peek_until(F&& f) {
         if (memory_) {
             for (const Event& e : memory_->events)
-                if (!f(e)) return;
+                if (!f(e, static_cast<const TraceTables&>(*memory_))) return;
             return;
         }
         try {
             TraceStream other(tables_.path);
-            other.for_each_until(f);
+            other.for_each_until([&](const Event& e) { return f(e, other.tables()); });
         } catch (const std::exception&) {
         }
     }
