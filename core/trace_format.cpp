@@ -302,9 +302,58 @@ void EventBlockEncoder::add(const Event& e) noexcept {
 
 namespace {
 
+// What a block cursor reads through its own byte() and varint() (and
+// first(), the next byte without taking it, false at the end): the
+// 32-bit varints, the sizes and the reason a read failed. The same values
+// and the same problems for both cursors below.
+template <class Cursor>
+class CursorReads {
+  public:
+    bool varint32(uint32_t& v) noexcept {
+        uint64_t wide;
+        if (!self().varint(wide)) return false;
+        if (wide > UINT32_MAX) return fail("a 32-bit field is out of range");
+        v = static_cast<uint32_t>(wide);
+        return true;
+    }
+
+    bool size(uint64_t& v) noexcept {
+        uint8_t first;
+        if (!self().first(first)) return false;
+        if (!(first & 1)) {
+            uint64_t units;
+            if (!self().varint(units)) return false;
+            if ((units >> 1) > (UINT64_MAX >> 9)) return fail("a size is out of range");
+            v = (units >> 1) << 9;
+            return true;
+        }
+        self().byte(first);
+        const uint64_t low = (first >> 1) & 0x3F;
+        if (!(first & 0x80)) {
+            v = low;
+            return true;
+        }
+        uint64_t high;
+        if (!self().varint(high)) return false;
+        if (high > (UINT64_MAX >> 6)) return fail("a size is out of range");
+        v = (high << 6) | low;
+        return true;
+    }
+
+    bool fail(const char* why) noexcept {
+        problem_ = why;
+        return false;
+    }
+    const char* problem() const noexcept { return problem_; }
+
+  private:
+    Cursor& self() noexcept { return static_cast<Cursor&>(*this); }
+    const char* problem_ = "";
+};
+
 // Bounds-checked reading of one block payload. Each getter returns false
 // when the payload is malformed and leaves the reason in `problem`.
-class BlockCursor {
+class BlockCursor : public CursorReads<BlockCursor> {
   public:
     BlockCursor(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {}
 
@@ -334,47 +383,15 @@ class BlockCursor {
         return fail("a value is too large for 64 bits");
     }
 
-    bool varint32(uint32_t& v) noexcept {
-        uint64_t wide;
-        if (!varint(wide)) return false;
-        if (wide > UINT32_MAX) return fail("a 32-bit field is out of range");
-        v = static_cast<uint32_t>(wide);
-        return true;
-    }
-
-    bool size(uint64_t& v) noexcept {
+    bool first(uint8_t& v) noexcept {
         if (p_ == end_) return fail("a value runs past the end of the block");
-        const uint8_t first = *p_;
-        if (!(first & 1)) {
-            uint64_t units;
-            if (!varint(units)) return false;
-            if ((units >> 1) > (UINT64_MAX >> 9)) return fail("a size is out of range");
-            v = (units >> 1) << 9;
-            return true;
-        }
-        ++p_;
-        const uint64_t low = (first >> 1) & 0x3F;
-        if (!(first & 0x80)) {
-            v = low;
-            return true;
-        }
-        uint64_t high;
-        if (!varint(high)) return false;
-        if (high > (UINT64_MAX >> 6)) return fail("a size is out of range");
-        v = (high << 6) | low;
+        v = *p_;
         return true;
     }
-
-    bool fail(const char* why) noexcept {
-        problem_ = why;
-        return false;
-    }
-    const char* problem() const noexcept { return problem_; }
 
   private:
     const uint8_t* p_;
     const uint8_t* end_;
-    const char* problem_ = "";
 };
 
 // The most bytes one event's decoding reads, valid or not: its four
@@ -386,7 +403,7 @@ constexpr size_t kMaxEventBytesRead = 4 + 3 + 1 + 14 * 10;
 // The same reading where at least kMaxEventBytesRead bytes are left, so
 // that no byte needs a bound check: most of a block's events. The same
 // values and the same problems as BlockCursor's.
-class RoomyCursor {
+class RoomyCursor : public CursorReads<RoomyCursor> {
   public:
     explicit RoomyCursor(const uint8_t* p) : p_(p) {}
     const uint8_t* at() const noexcept { return p_; }
@@ -427,45 +444,13 @@ class RoomyCursor {
         return true;
     }
 
-    bool varint32(uint32_t& v) noexcept {
-        uint64_t wide;
-        if (!varint(wide)) return false;
-        if (wide > UINT32_MAX) return fail("a 32-bit field is out of range");
-        v = static_cast<uint32_t>(wide);
+    bool first(uint8_t& v) noexcept {
+        v = *p_;
         return true;
     }
-
-    bool size(uint64_t& v) noexcept {
-        const uint8_t first = *p_;
-        if (!(first & 1)) {
-            uint64_t units;
-            if (!varint(units)) return false;
-            if ((units >> 1) > (UINT64_MAX >> 9)) return fail("a size is out of range");
-            v = (units >> 1) << 9;
-            return true;
-        }
-        ++p_;
-        const uint64_t low = (first >> 1) & 0x3F;
-        if (!(first & 0x80)) {
-            v = low;
-            return true;
-        }
-        uint64_t high;
-        if (!varint(high)) return false;
-        if (high > (UINT64_MAX >> 6)) return fail("a size is out of range");
-        v = (high << 6) | low;
-        return true;
-    }
-
-    bool fail(const char* why) noexcept {
-        problem_ = why;
-        return false;
-    }
-    const char* problem() const noexcept { return problem_; }
 
   private:
     const uint8_t* p_;
-    const char* problem_ = "";
 };
 
 // The block's predictors (EventPredictor's), as the events already decoded
