@@ -166,14 +166,35 @@ class OwnerLive {
     FlatMap<uint64_t, uint32_t> scopes_;  // alloc seq -> scope, where made in one
 };
 
-// One timeline column's largest live owner-pool allocations, largest first
-// (the older first among equals): the first `cap` of them at most, so that a
-// sample reads its largest without a pass over everything live, and no node
-// is allocated per allocation. What is kept is always the column's largest
-// that many: an allocation enters when it is larger than the last one kept
-// (or all of the column's are kept); one freed leaves; a sample that finds
-// fewer kept than it needs while the column has more refills them in one
-// scan of the live set (stale, start_refill, refill).
+// An owner-pool allocation as a timeline sample names it.
+struct KeptAllocation {
+    uint64_t size = 0, seq = 0, step = 0;
+    uint32_t stack = 0, layer = 0, phase = 0;
+
+    static KeptAllocation of(const LiveRecord& r) noexcept {
+        return {r.size, r.seq, r.step, r.stack, r.layer, r.phase};
+    }
+    // Largest first, the older first among equals.
+    static bool larger(const KeptAllocation& x, const KeptAllocation& y) noexcept {
+        return x.size != y.size ? x.size > y.size : x.seq < y.seq;
+    }
+};
+
+// Into `top`, largest first, `keep` at most.
+void add_bounded(std::vector<KeptAllocation>& top, const KeptAllocation& x, size_t keep) {
+    if (top.size() >= keep && !KeptAllocation::larger(x, top.back())) return;
+    top.insert(std::upper_bound(top.begin(), top.end(), x, KeptAllocation::larger), x);
+    if (top.size() > keep) top.pop_back();
+}
+
+// One layer group's largest live owner-pool allocations, largest first: the
+// first `cap` of them at most, so that a sample reads its largest without
+// a pass over everything live, and no node is allocated per allocation.
+// What is kept is always the group's largest that many: an allocation
+// enters when it is larger than the last one kept (or all of the group's
+// are kept); one freed leaves; where fewer are kept than a sample needs
+// while the group has more, one scan of the live set refills them (stale,
+// start_refill, refill).
 class LargestLive {
   public:
     explicit LargestLive(size_t cap) : cap_(cap) {}
@@ -181,15 +202,18 @@ class LargestLive {
     void insert(const LiveRecord& r) {
         const bool all = top_.size() == count_;
         ++count_;
-        if (!top_.empty() && larger(r, top_.back())) {
-            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
+        const KeptAllocation x = KeptAllocation::of(r);
+        if (!top_.empty() && KeptAllocation::larger(x, top_.back())) {
+            top_.insert(std::upper_bound(top_.begin(), top_.end(), x, KeptAllocation::larger), x);
             if (top_.size() > cap_) top_.pop_back();
         } else if (all && top_.size() < cap_) {
-            top_.push_back(r);  // the smallest of the column
+            top_.push_back(x);  // the smallest of the group
         }
     }
     void erase(const LiveRecord& r) {
         --count_;
+        // One ranked below the smallest kept is not kept.
+        if (top_.empty() || KeptAllocation::larger(top_.back(), KeptAllocation::of(r))) return;
         for (auto it = top_.begin(); it != top_.end(); ++it) {
             if (it->seq == r.seq) {
                 top_.erase(it);
@@ -197,33 +221,159 @@ class LargestLive {
             }
         }
     }
-    // Fewer than `keep` kept while the column has more.
+    // Fewer than `keep` kept while the group has more.
     bool stale(size_t keep) const noexcept { return top_.size() < keep && top_.size() < count_; }
     // Where stale: forget what is kept, then refill(r) every live record of
-    // the column.
+    // the group.
     void start_refill(size_t keep) {
         refilling_ = stale(keep);
         if (refilling_) top_.clear();
     }
     void refill(const LiveRecord& r) {
-        if (!refilling_) return;
-        if (top_.size() < cap_) {
-            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
-        } else if (larger(r, top_.back())) {
-            top_.pop_back();
-            top_.insert(std::upper_bound(top_.begin(), top_.end(), r, larger), r);
-        }
+        if (refilling_) add_bounded(top_, KeptAllocation::of(r), cap_);
     }
-    const std::vector<LiveRecord>& top() const noexcept { return top_; }
+    const std::vector<KeptAllocation>& top() const noexcept { return top_; }
+    size_t count() const noexcept { return count_; }
 
   private:
-    static bool larger(const LiveRecord& x, const LiveRecord& y) noexcept {
-        return x.size != y.size ? x.size > y.size : x.seq < y.seq;
-    }
     size_t cap_;
-    size_t count_ = 0;  // the column's live allocations
+    size_t count_ = 0;  // the group's live allocations
     bool refilling_ = false;
-    std::vector<LiveRecord> top_;
+    std::vector<KeptAllocation> top_;
+};
+
+// Each layer group's largest live owner-pool allocations at each timeline
+// sample, kept in the accounting pass itself. A sample's moment is known
+// only when its stretch ends (a later, larger total takes its place), so
+// each group keeps its largest live allocations as they change
+// (LargestLive), and since the latest candidate moment only which groups
+// changed and, per group, the largest of the allocations older than the
+// moment that were released since. When the stretch ends, a group's
+// largest at the moment are then the largest of: its kept ones older than
+// the moment and its released ones, wherever no allocation it did not
+// keep could rank among them; else, and for a group whose kept ones were
+// too few at the moment, of one scan of the live set (those older than
+// the moment) and its released ones. At most one scan per sample, as a
+// second pass over the trace took; it refills the groups whose kept ones
+// are too few.
+class MomentLargest {
+  public:
+    using Kept = KeptAllocation;
+    // A sample's largest: per group that had any, up to `keep` of them,
+    // largest first.
+    using Sample = std::vector<std::pair<uint32_t, std::vector<Kept>>>;
+
+    explicit MomentLargest(size_t keep) : keep_(keep) {}
+    bool on() const noexcept { return keep_ > 0; }
+
+    void alloc(uint32_t g, const LiveRecord& r) {
+        touch(g);
+        groups_[g].cache.insert(r);
+    }
+    void release(uint32_t g, const LiveRecord& r) {
+        Group& group = touch(g);
+        group.cache.erase(r);
+        if (r.seq <= moment_seq_) add_bounded(group.released, Kept::of(r), keep_);
+    }
+    // A candidate moment: after event `seq`, the largest total so far in
+    // the current stretch.
+    void moment(uint64_t seq) noexcept {
+        ++moment_;
+        moment_seq_ = seq;
+    }
+    // The stretch ended: its sample is the latest moment. `live` calls
+    // f(record) for each live record of the owner pool; `group` gives a
+    // record's group.
+    template <class ForEachLive, class GroupOf>
+    void finish(ForEachLive&& live, GroupOf&& group_of) {
+        Sample& sample = samples_.emplace_back();
+        std::vector<uint32_t> scan;  // groups whose largest need the live set
+        for (uint32_t g = 0; g < groups_.size(); ++g) {
+            Group& group = groups_[g];
+            const bool changed = group.mark == moment_;
+            if (!changed && group.cache.count() == 0) continue;
+            std::vector<Kept> best;
+            if (!exact_from_cache(group, changed, best)) {
+                scan.push_back(g);
+                continue;
+            }
+            if (!best.empty()) sample.emplace_back(g, std::move(best));
+        }
+        bool stale = false;
+        for (const Group& group : groups_)
+            stale |= group.cache.stale(keep_);
+        if (scan.empty() && !stale) return;
+        // One scan: the groups' largest older than the moment, and the
+        // groups now short of kept ones refilled.
+        std::vector<std::vector<Kept>> found(scan.size());
+        std::vector<int32_t> slot(groups_.size(), -1);
+        for (size_t k = 0; k < scan.size(); ++k)
+            slot[scan[k]] = int32_t(k);
+        for (Group& group : groups_)
+            group.cache.start_refill(keep_);
+        live([&](const LiveRecord& r) {
+            const uint32_t g = group_of(r);
+            if (g >= groups_.size()) return;
+            groups_[g].cache.refill(r);
+            if (slot[g] >= 0 && r.seq <= moment_seq_)
+                add_bounded(found[size_t(slot[g])], Kept::of(r), keep_);
+        });
+        for (size_t k = 0; k < scan.size(); ++k) {
+            const Group& group = groups_[scan[k]];
+            if (group.mark == moment_) {
+                for (const Kept& x : group.released)
+                    add_bounded(found[k], x, keep_);
+            }
+            if (!found[k].empty()) sample.emplace_back(scan[k], std::move(found[k]));
+        }
+        std::sort(sample.begin(), sample.end(),
+                  [](const auto& x, const auto& y) { return x.first < y.first; });
+    }
+    std::vector<Sample>& samples() noexcept { return samples_; }
+
+  private:
+    struct Group {
+        explicit Group(size_t cap) : cache(cap) {}
+        LargestLive cache;
+        uint64_t mark = 0;           // the moment it last changed after
+        std::vector<Kept> released;  // since then, older than the moment
+    };
+    Group& touch(uint32_t g) {
+        if (g >= groups_.size()) groups_.resize(g + 1, Group(std::max<size_t>(2 * keep_, 8)));
+        Group& group = groups_[g];
+        if (group.mark != moment_) {
+            group.mark = moment_;
+            group.released.clear();
+        }
+        return group;
+    }
+    // The group's largest at the moment from what it keeps, where they
+    // are certain to be: none it does not keep (all smaller than its
+    // smallest kept) could rank among them.
+    bool exact_from_cache(const Group& group, bool changed, std::vector<Kept>& best) const {
+        const std::vector<Kept>& top = group.cache.top();
+        const bool all = top.size() == group.cache.count();
+        if (!changed) {
+            // As it was at the moment.
+            if (group.cache.stale(keep_)) return false;
+            best.assign(top.begin(), top.begin() + std::ptrdiff_t(std::min(keep_, top.size())));
+            return true;
+        }
+        for (const Kept& x : top) {
+            if (x.seq <= moment_seq_) add_bounded(best, x, keep_);
+        }
+        for (const Kept& x : group.released)
+            add_bounded(best, x, keep_);
+        if (all) return true;
+        // Those not kept rank below the smallest kept one.
+        if (top.empty() || best.size() < keep_) return false;
+        return !Kept::larger(top.back(), best.back());
+    }
+
+    size_t keep_;
+    uint64_t moment_ = 0, moment_seq_ = 0;
+    std::vector<Group> groups_;
+    std::vector<Sample> samples_;
 };
 
 // The `top` sites with the most live bytes, of the rows that
@@ -753,7 +903,7 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
 
 namespace {
 
-// Pass 1 and what follows it (pass 2 where asked for). Speculative (with
+// Pass 1, the samples' largest allocations in it. Speculative (with
 // pass 0 beside it): none where a guess of `plan` turns out wrong.
 std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions& options,
                                      std::vector<StepMemory>* steps, PassPlan plan,
@@ -797,10 +947,23 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
             group_mark[g] = sample_moment;
         }
     };
+    // Each group's largest live allocations at each sample (the timeline's
+    // columns are known only at the end).
+    MomentLargest largest_at(options.timeline_allocations);
     auto finish_sample = [&] {
         std::vector<uint64_t>& at = sample_groups.emplace_back(group_live.size());
         for (size_t g = 0; g < at.size(); ++g)
             at[g] = group_mark[g] == sample_moment ? group_then[g] : group_live[g];
+        if (largest_at.on()) {
+            largest_at.finish(
+                [&](auto&& f) {
+                    replay.table(a.owner).any_of([&](const LiveRecord& r) {
+                        f(r);
+                        return false;
+                    });
+                },
+                [&](const LiveRecord& r) { return tables.group(r.layer); });
+        }
     };
     // Per tag, by stack: allocated in all, and live (TagSite).
     std::vector<FlatMap<uint32_t, TagSite>> tag_stacks;
@@ -909,6 +1072,10 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
         auto owner_change = [&](const LiveChange& c) {
             if (c.kind == LiveChange::Kind::alloc) {
                 Live l = live.new_live_of(c.record);  // no scope yet
+                if (largest_at.on()) {
+                    if (c.replaced) largest_at.release(tables.group(c.old.layer), c.old);
+                    largest_at.alloc(l.group, c.record);
+                }
                 const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
                 if (s && !s->empty()) l.scope = s->back();
                 TagStats& ts = tables.tags[l.tag];
@@ -936,6 +1103,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
                 live.entered(c.record.seq, l.scope);
             } else if (c.released()) {
                 const auto [group, scope] = live.leave(c.record);
+                if (largest_at.on()) largest_at.release(group, c.record);
                 scope_left(scope, c.record.size);
                 group_change(group);
                 group_live[group] -= c.record.size;
@@ -1050,6 +1218,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
             }
             bucket_best = owner_now;
             ++sample_moment;
+            if (largest_at.on()) largest_at.moment(e.seq);
             TimelinePoint& p = samples.back();
             p.seq = e.seq;
             p.t_ns = e.t_ns;
@@ -1163,66 +1332,34 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
         p.largest.assign(a.timeline.layers.size(), {});
     }
 
-    // Pass 2, only where the samples name their largest allocations: the
-    // owner pool again, for each column's largest live allocations at each
-    // sample.
-    const size_t keep = options.timeline_allocations;
-    if (keep > 0 && !samples.empty()) {
-        Replay replay_again;
-        OwnerLive again(replay_again, a.owner, tables);
-        size_t next_sample = 0;
+    // Each sample's largest allocations per column: a shown column's are
+    // its group's, "(other)"'s the largest of its groups'.
+    if (largest_at.on()) {
+        const size_t keep = options.timeline_allocations;
         std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
-        auto allocation_id = [&](const Live& l) {
+        auto allocation_id = [&](const MomentLargest::Kept& x) {
             auto [it, added] =
-                allocation_index.try_emplace(l.seq, uint32_t(a.timeline.allocations.size()));
+                allocation_index.try_emplace(x.seq, uint32_t(a.timeline.allocations.size()));
             if (added) {
-                const TagStats& tag = tables.tags[l.tag];
+                const TagStats& tag = tables.tags[tables.tag(x.layer, x.phase)];
                 a.timeline.allocations.push_back(
-                    {l.seq, l.size, l.step, l.stack, tag.layer, tag.phase});
+                    {x.seq, x.size, x.step, x.stack, tag.layer, tag.phase});
             }
             return it->second;
         };
-        // Each column's largest live allocations, largest first (the older
-        // first among equals): reading a sample's largest costs `keep`
-        // steps, not a pass over everything live.
-        std::vector<LargestLive> largest(a.timeline.layers.size(),
-                                         LargestLive(std::max<size_t>(2 * keep, 8)));
-        auto forget = [&](const LiveRecord& r) { largest[column[tables.group(r.layer)]].erase(r); };
-        i = 0;
-        stream.for_each_until([&](const Event& e) {
-            replay_again.apply(e, [&](const LiveChange& c) {
-                if (c.pool != a.owner) return;
-                if (c.kind == LiveChange::Kind::alloc) {
-                    if (c.replaced) forget(c.old);
-                    largest[column[tables.group(c.record.layer)]].insert(c.record);
-                } else if (c.released()) {
-                    forget(c.record);
-                }
-            });
-            if (sample_index[next_sample] == i) {
-                TimelinePoint& p = samples[next_sample++];
-                // Columns whose cache holds too few of their largest: one
-                // scan of the live set refills them all.
-                bool stale = false;
-                for (LargestLive& l : largest)
-                    stale |= l.stale(keep);
-                if (stale) {
-                    for (LargestLive& l : largest)
-                        l.start_refill(keep);
-                    replay_again.table(a.owner).any_of([&](const LiveRecord& r) {
-                        largest[column[tables.group(r.layer)]].refill(r);
-                        return false;
-                    });
-                }
-                for (size_t c = 0; c < largest.size(); ++c) {
-                    const std::vector<LiveRecord>& top = largest[c].top();
-                    for (size_t k = 0; k < top.size() && k < keep; ++k)
-                        p.largest[c].push_back(allocation_id(again.live_of(top[k])));
-                }
+        std::vector<std::vector<MomentLargest::Kept>> by_column(a.timeline.layers.size());
+        for (size_t k = 0; k < samples.size(); ++k) {
+            for (std::vector<MomentLargest::Kept>& c : by_column)
+                c.clear();
+            for (const auto& [g, best] : largest_at.samples()[k]) {
+                for (const MomentLargest::Kept& x : best)
+                    add_bounded(by_column[column[g]], x, keep);
             }
-            ++i;
-            return next_sample < sample_index.size();  // on, while samples are left
-        });
+            for (size_t c = 0; c < by_column.size(); ++c) {
+                for (const MomentLargest::Kept& x : by_column[c])
+                    samples[k].largest[c].push_back(allocation_id(x));
+            }
+        }
     }
     a.timeline.points = std::move(samples);
 

@@ -1,4 +1,4 @@
-// What a report says about one trace, computed in one to three passes over
+// What a report says about one trace, computed in one or two passes over
 // its events, streamed (TraceStream), never all held: per (layer, phase) accounting,
 // the memory timeline with phase bands and step markers, the pools' peaks,
 // and the allocation sites that hold memory at the peak and at exit. The
@@ -347,9 +347,9 @@ struct TraceAnalysis {
 
 struct StepMemory;  // analyze/diff.h
 
-// Up to three passes over the events (TraceStream; one fewer where the
-// event count is known before the first, and none for the samples' largest
-// allocations unless asked for): memory is the live set, the trace's
+// Two passes over the events (TraceStream; one where the event count is
+// known before the first, the samples' largest allocations included):
+// memory is the live set, the trace's
 // tables and what the analysis keeps, whatever the event count. `steps`,
 // when given, gets the trace's step_memory (analyze/diff.h) from the
 // accounting's pass, without a pass of its own.

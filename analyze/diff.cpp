@@ -135,7 +135,7 @@ RunMeasure measure_run(TraceStream& stream) {
     // What scopes kept alive, and whether the run ended out of memory.
     AnalysisOptions options;
     options.timeline_points = 1;
-    options.timeline_allocations = 0;  // no second pass
+    options.timeline_allocations = 0;  // no samples' largest allocations
     options.top_sites = 0;
     options.oom_tags = 0;
     std::vector<StepMemory> steps;

@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -198,84 +199,111 @@ TEST_CASE("a later pass over a file that lost events since the first throws Trac
 
 TEST_CASE("each timeline sample names its columns' largest live allocations, the older first") {
     // Many allocations of few sizes (equal sizes are ordered by age), frees
-    // at random and of the largest live one, so that what a column keeps of
-    // its largest runs out between samples and is found again.
-    TempDir t;
-    TraceBuilder b;
-    std::mt19937_64 rng(33);
-    std::vector<std::pair<uint64_t, uint64_t>> live;  // address, size
-    uint64_t next = 0x100000;
-    for (uint64_t step = 1; step <= 30; ++step) {
-        b.step(step);
-        for (int l = 0; l < 6; ++l) {
-            b.push("model.layers." + std::to_string(l), l % 2 ? "forward" : "backward");
-            for (int k = 0; k < 25; ++k) {
-                const uint64_t r = rng() % 10;
-                if (!live.empty() && r < 3) {
-                    const size_t at = rng() % live.size();
-                    b.block_free(live[at].first);
-                    live.erase(live.begin() + std::ptrdiff_t(at));
-                } else if (!live.empty() && r < 5) {
-                    auto largest = std::max_element(
-                        live.begin(), live.end(),
-                        [](const auto& x, const auto& y) { return x.second < y.second; });
-                    b.block_free(largest->first);
-                    live.erase(largest);
-                } else {
-                    const uint64_t size = 512 * (1 + rng() % 6);
-                    b.block(next, size);
-                    live.push_back({next, size});
-                    next += 0x1000;
+    // at random and of the largest live one, some allocations at an address
+    // still live (its free never recorded), rises and falls of the total,
+    // so that what a group keeps of its largest runs out between samples
+    // and is found again, and a sample's moment is taken over by a later
+    // one after its groups changed. Stretches of several sizes: few
+    // samples (many moments each) to one per few events.
+    struct Variant {
+        uint64_t seed;
+        size_t points;
+    };
+    for (const Variant v :
+         {Variant{33, 97}, Variant{5, 7}, Variant{8, 401}, Variant{21, 1500}, Variant{64, 31}}) {
+        CAPTURE(v.seed);
+        CAPTURE(v.points);
+        TempDir t;
+        TraceBuilder b;
+        std::mt19937_64 rng(v.seed);
+        std::vector<std::pair<uint64_t, uint64_t>> live;  // address, size
+        uint64_t next = 0x100000;
+        for (uint64_t step = 1; step <= 30; ++step) {
+            b.step(step);
+            const uint64_t frees = 3 + rng() % 4;  // of 10: the total rises or falls
+            for (int l = 0; l < 6; ++l) {
+                b.push("model.layers." + std::to_string(l), l % 2 ? "forward" : "backward");
+                for (int k = 0; k < 25; ++k) {
+                    const uint64_t r = rng() % 10;
+                    if (!live.empty() && r < frees - 2) {
+                        const size_t at = rng() % live.size();
+                        b.block_free(live[at].first);
+                        live.erase(live.begin() + std::ptrdiff_t(at));
+                    } else if (!live.empty() && r < frees) {
+                        auto largest = std::max_element(
+                            live.begin(), live.end(),
+                            [](const auto& x, const auto& y) { return x.second < y.second; });
+                        b.block_free(largest->first);
+                        live.erase(largest);
+                    } else if (!live.empty() && r == 9 && rng() % 4 == 0) {
+                        const size_t at = rng() % live.size();  // its free never recorded
+                        live[at].second = 512 * (1 + rng() % 6);
+                        b.block(live[at].first, live[at].second);
+                    } else {
+                        const uint64_t size = 512 * (1 + rng() % 6);
+                        b.block(next, size);
+                        live.push_back({next, size});
+                        next += 0x1000;
+                    }
                 }
+                b.pop();
             }
-            b.pop();
         }
-    }
-    const Trace trace = load_trace(b.write(t / "rank0.trace"));
-    AnalysisOptions options;
-    options.timeline_points = 97;
-    options.timeline_layers = 3;  // the others folded into "(other)"
-    options.timeline_allocations = 3;
-    const TraceAnalysis a = analyze(trace, options);
-    const Timeline& tl = a.timeline;
-    REQUIRE(tl.layers.size() == 4);
-    REQUIRE(tl.layers.back() == "(other)");
-    auto column_of = [&](const std::string& layer) {
-        const auto it = std::find(tl.layers.begin(), tl.layers.end(), layer_group(layer));
-        return it == tl.layers.end() ? tl.layers.size() - 1 : size_t(it - tl.layers.begin());
-    };
-    // The live allocations replayed by hand: address -> (size, seq, layer).
-    struct Alive {
-        uint64_t size = 0, seq = 0;
-        uint32_t layer = 0;
-    };
-    std::map<uint64_t, Alive> alive;
-    size_t point = 0, full = 0;  // columns with 3 to name
-    for (const Event& e : trace.events) {
-        if (e.kind == EventKind::alloc) alive[e.address] = {e.size, e.seq, e.layer};
-        if (e.kind == EventKind::free) alive.erase(e.address);
-        if (point == tl.points.size() || tl.points[point].seq != e.seq) continue;
-        const TimelinePoint& p = tl.points[point++];
-        std::vector<std::vector<std::pair<uint64_t, uint64_t>>> by_column(tl.layers.size());
-        for (const auto& [address, l] : alive)
-            by_column[column_of(trace.str(l.layer))].push_back({l.size, l.seq});
-        REQUIRE(p.largest.size() == tl.layers.size());
-        for (size_t c = 0; c < by_column.size(); ++c) {
-            auto& want = by_column[c];
-            std::sort(want.begin(), want.end(), [](const auto& x, const auto& y) {
-                return x.first != y.first ? x.first > y.first : x.second < y.second;
-            });
-            if (want.size() > 3) want.resize(3);
-            std::vector<std::pair<uint64_t, uint64_t>> got;
-            for (uint32_t index : p.largest[c])
-                got.push_back({tl.allocations.at(index).size, tl.allocations.at(index).seq});
-            CHECK(got == want);
-            full += want.size() == 3;
+        const Trace trace = load_trace(b.write(t / "rank0.trace"));
+        AnalysisOptions options;
+        options.timeline_points = v.points;
+        options.timeline_layers = 3;  // the others folded into "(other)"
+        options.timeline_allocations = 3;
+        const TraceAnalysis a = analyze(trace, options);
+        const Timeline& tl = a.timeline;
+        REQUIRE(tl.layers.size() == 4);
+        REQUIRE(tl.layers.back() == "(other)");
+        auto column_of = [&](const std::string& layer) {
+            const auto it = std::find(tl.layers.begin(), tl.layers.end(), layer_group(layer));
+            return it == tl.layers.end() ? tl.layers.size() - 1 : size_t(it - tl.layers.begin());
+        };
+        // The live allocations replayed by hand: address -> (size, seq, layer).
+        struct Alive {
+            uint64_t size = 0, seq = 0;
+            uint32_t layer = 0;
+        };
+        std::map<uint64_t, Alive> alive;
+        size_t point = 0, full = 0;  // columns with 3 to name
+        for (const Event& e : trace.events) {
+            if (e.kind == EventKind::alloc) alive[e.address] = {e.size, e.seq, e.layer};
+            if (e.kind == EventKind::free) alive.erase(e.address);
+            if (point == tl.points.size() || tl.points[point].seq != e.seq) continue;
+            const TimelinePoint& p = tl.points[point++];
+            std::vector<std::vector<std::pair<uint64_t, uint64_t>>> by_column(tl.layers.size());
+            for (const auto& [address, l] : alive)
+                by_column[column_of(trace.str(l.layer))].push_back({l.size, l.seq});
+            REQUIRE(p.largest.size() == tl.layers.size());
+            for (size_t c = 0; c < by_column.size(); ++c) {
+                auto& want = by_column[c];
+                std::sort(want.begin(), want.end(), [](const auto& x, const auto& y) {
+                    return x.first != y.first ? x.first > y.first : x.second < y.second;
+                });
+                if (want.size() > 3) want.resize(3);
+                std::vector<std::pair<uint64_t, uint64_t>> got;
+                for (uint32_t index : p.largest[c])
+                    got.push_back({tl.allocations.at(index).size, tl.allocations.at(index).seq});
+                CHECK(got == want);
+                full += want.size() == 3;
+            }
         }
+        CHECK(point == tl.points.size());
+        CHECK(full > tl.points.size());
+        // Each allocation named once, with what its allocation says.
+        std::map<uint64_t, uint64_t> size_of_seq;
+        for (const Event& e : trace.events)
+            if (e.kind == EventKind::alloc) size_of_seq[e.seq] = e.size;
+        std::set<uint64_t> named;
+        for (const TimelineAllocation& x : tl.allocations) {
+            CHECK(named.insert(x.seq).second);
+            CHECK(size_of_seq.at(x.seq) == x.size);
+        }
+        analyzed(trace, options);  // streamed from its file, the same
     }
-    CHECK(point == tl.points.size());
-    CHECK(full > tl.points.size());
-    analyzed(trace, options);  // streamed from its file, the same
 }
 
 TEST_CASE(
