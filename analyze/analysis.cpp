@@ -264,7 +264,6 @@ class MomentLargest {
     using Sample = std::vector<std::pair<uint32_t, std::vector<Kept>>>;
 
     explicit MomentLargest(size_t keep) : keep_(keep) {}
-    bool on() const noexcept { return keep_ > 0; }
 
     void alloc(uint32_t g, const LiveRecord& r) {
         touch(g);
@@ -838,9 +837,20 @@ constexpr uint64_t kOwnerPeekEvents = 1 << 16;
 // And to guess the training thread: a training loop's first step's pushes.
 constexpr uint64_t kThreadPeekEvents = 1 << 12;
 
+// Pass 1: `account`, with the samples' largest allocations where the
+// options ask for them (its own instance, so that the pass without them
+// carries none of their code).
+template <bool kLargest>
+std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOptions& options,
+                                          std::vector<StepMemory>* steps, PassPlan plan,
+                                          FirstPass* speculative);
 std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions& options,
                                      std::vector<StepMemory>* steps, PassPlan plan,
-                                     FirstPass* speculative);
+                                     FirstPass* speculative) {
+    if (options.timeline_allocations > 0)
+        return account_pass<true>(stream, options, steps, std::move(plan), speculative);
+    return account_pass<false>(stream, options, steps, std::move(plan), speculative);
+}
 
 }  // namespace
 
@@ -903,11 +913,13 @@ TraceAnalysis analyze(TraceStream& stream, const AnalysisOptions& options,
 
 namespace {
 
-// Pass 1, the samples' largest allocations in it. Speculative (with
-// pass 0 beside it): none where a guess of `plan` turns out wrong.
-std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions& options,
-                                     std::vector<StepMemory>* steps, PassPlan plan,
-                                     FirstPass* speculative) {
+// Pass 1, the samples' largest allocations in it where kLargest.
+// Speculative (with pass 0 beside it): none where a guess of `plan` turns
+// out wrong.
+template <bool kLargest>
+std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOptions& options,
+                                          std::vector<StepMemory>* steps, PassPlan plan,
+                                          FirstPass* speculative) {
     TraceAnalysis a;
     const TraceTables& t = stream.tables();
     const Pool owner = plan.owner;
@@ -954,7 +966,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
         std::vector<uint64_t>& at = sample_groups.emplace_back(group_live.size());
         for (size_t g = 0; g < at.size(); ++g)
             at[g] = group_mark[g] == sample_moment ? group_then[g] : group_live[g];
-        if (largest_at.on()) {
+        if constexpr (kLargest) {
             largest_at.finish(
                 [&](auto&& f) {
                     replay.table(a.owner).any_of([&](const LiveRecord& r) {
@@ -1072,7 +1084,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
         auto owner_change = [&](const LiveChange& c) {
             if (c.kind == LiveChange::Kind::alloc) {
                 Live l = live.new_live_of(c.record);  // no scope yet
-                if (largest_at.on()) {
+                if constexpr (kLargest) {
                     if (c.replaced) largest_at.release(tables.group(c.old.layer), c.old);
                     largest_at.alloc(l.group, c.record);
                 }
@@ -1103,7 +1115,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
                 live.entered(c.record.seq, l.scope);
             } else if (c.released()) {
                 const auto [group, scope] = live.leave(c.record);
-                if (largest_at.on()) largest_at.release(group, c.record);
+                if constexpr (kLargest) largest_at.release(group, c.record);
                 scope_left(scope, c.record.size);
                 group_change(group);
                 group_live[group] -= c.record.size;
@@ -1218,7 +1230,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
             }
             bucket_best = owner_now;
             ++sample_moment;
-            if (largest_at.on()) largest_at.moment(e.seq);
+            if constexpr (kLargest) largest_at.moment(e.seq);
             TimelinePoint& p = samples.back();
             p.seq = e.seq;
             p.t_ns = e.t_ns;
@@ -1334,7 +1346,7 @@ std::optional<TraceAnalysis> account(TraceStream& stream, const AnalysisOptions&
 
     // Each sample's largest allocations per column: a shown column's are
     // its group's, "(other)"'s the largest of its groups'.
-    if (largest_at.on()) {
+    if constexpr (kLargest) {
         const size_t keep = options.timeline_allocations;
         std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
         auto allocation_id = [&](const MomentLargest::Kept& x) {

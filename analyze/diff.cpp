@@ -91,10 +91,18 @@ void StepCounter::add_tag(const Event& e, uint64_t live) {
         // The layer's own forward scope: exactly "forward" (its
         // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
         if (open_backward_ == 0 && t_.str(f.phase) == "forward" && !layer.empty() &&
-            layer_group(layer) == layer) {
+            own_group(f.layer)) {
             step(e.step).forward_ends.emplace_back(layer, live);
         }
     }
+}
+
+bool StepCounter::own_group(uint32_t layer) {
+    // Known once per layer string: a pop of every layer's forward scope asks.
+    if (layer >= own_group_.size()) own_group_.resize(t_.strings.size(), -1);
+    int8_t& own = own_group_[layer];
+    if (own < 0) own = layer_group(t_.str(layer)) == t_.str(layer);
+    return own != 0;
 }
 
 std::vector<StepMemory> StepCounter::finish(uint64_t live) {

@@ -123,13 +123,17 @@ class StepCounter {
     void end_step(uint64_t step, uint64_t live);
     std::string_view phase_of(const Event& e) const;
     void add_tag(const Event& e, uint64_t live);
+    // Whether the layer string is its own layer group ("layers.3", not
+    // "layers.3.mlp").
+    bool own_group(uint32_t layer);
 
     const TraceTables& t_;
     uint32_t main_tid_ = 0;
     std::map<uint64_t, StepMemory> steps_;
     StepMemory* current_ = nullptr;
     uint64_t current_step_ = 0;
-    std::vector<Frame> stack_;  // the training thread's tags
+    std::vector<Frame> stack_;       // the training thread's tags
+    std::vector<int8_t> own_group_;  // by string id: -1 not known yet
     int open_backward_ = 0;
     uint64_t last_step_ = 0;  // the step of the last event added
     bool any_event_ = false;
