@@ -237,7 +237,8 @@ class ElfFile {
 
 // What a module file gives for one file address.
 struct Location {
-    std::string function;  // mangled or plain, as the file names it
+    std::string function;  // mangled or plain, as the file names it (named():
+                           // demangled)
     std::string file;
     uint32_t line = 0;
 };
@@ -249,6 +250,20 @@ class ModuleFile {
   public:
     ModuleFile(std::string path, std::unique_ptr<ElfFile> elf)
         : path_(std::move(path)), elf_(std::move(elf)) {}
+
+    // What locate() gives, its function demangled, looked up once per file
+    // address in this process: the symbolizers of a report's ranks, whose
+    // traces name the same files, share it.
+    Location named(uint64_t pc, std::string& debug_error) {
+        {
+            std::lock_guard lock(mutex_);
+            if (auto it = named_.find(pc); it != named_.end()) return it->second;
+        }
+        Location where = locate(pc, debug_error);
+        if (!where.function.empty()) where.function = demangle(where.function);
+        std::lock_guard lock(mutex_);
+        return named_.try_emplace(pc, std::move(where)).first->second;
+    }
 
     // Looks `pc` (a file address) up; the first debug-info error is returned
     // once through `debug_error`.
@@ -346,6 +361,7 @@ class ModuleFile {
 #endif
 
     std::mutex mutex_;
+    std::unordered_map<uint64_t, Location> named_;  // by file address
     std::string path_;
     std::unique_ptr<ElfFile> elf_;
     std::string debug_error_;
@@ -508,13 +524,13 @@ struct Symbolizer::Impl {
         // Recorded frames are return addresses: the call is the instruction
         // before, and may be the last one of its function or line.
         std::string debug_error;
-        Location where = file->locate(f.offset > 0 ? f.offset - 1 : 0, debug_error);
+        Location where = file->named(f.offset > 0 ? f.offset - 1 : 0, debug_error);
         if (!debug_error.empty()) {
             if (warn)
                 warn("incomplete debug info in " + f.module + ": " + debug_error +
                      "; some frames have no file:line");
         }
-        if (!where.function.empty()) f.function = demangle(where.function);
+        f.function = std::move(where.function);
         if (!where.file.empty()) {
             f.file = source_path(where.file);
             f.line = where.line;
