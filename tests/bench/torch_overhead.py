@@ -401,6 +401,9 @@ def main():
         configs = configs[:1]
     if args.breakdown:
         configs += [
+            # no allocscope, global module hooks that do nothing (registered as
+            # allocscope.torch registers its own): PyTorch's hooked module call
+            ("plain + no-op module hooks", {"FSDP2_FP8_NOOP_MODULE_HOOKS": "1"}, []),
             # the library preloaded with recording off: what loading it costs
             ("preloaded, off", {"ALLOCSCOPE_DISABLE": "1"},
              under("b00", "--no-python", "--plugins", "none", "--stack-depth", "0")),

@@ -442,6 +442,15 @@ def main():
     target = torch.randn(BATCH, SEQ, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=gen)
     if args.record_history:
         torch.cuda.memory._record_memory_history(stacks=args.record_history)
+    if os.environ.get("FSDP2_FP8_NOOP_MODULE_HOOKS") == "1":
+        # For tests/bench/torch_overhead.py --breakdown only: global module
+        # hooks that do nothing, registered as allocscope.torch registers its
+        # own, so that what PyTorch's hooked module call costs is measured
+        # apart from what the hooks do.
+        from torch.nn.modules import module as nn_module
+
+        nn_module.register_module_forward_pre_hook(lambda module, args: None)
+        nn_module.register_module_forward_hook(lambda module, args, output: None, always_call=True)
     import time
 
     for step in range(args.steps):
