@@ -90,7 +90,7 @@ struct StepMemory {
 };
 // Every step of the trace that has one sample or more, in step order: one
 // pass over its events given its shape (trace_shape), two without.
-// analyze() gives the same from its second pass.
+// analyze() gives the same from its accounting pass.
 std::vector<StepMemory> step_memory(TraceStream& trace, std::optional<TraceShape> shape = {});
 std::vector<StepMemory> step_memory(const Trace& trace);
 
