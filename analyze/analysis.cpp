@@ -259,9 +259,10 @@ class LargestLive {
 class MomentLargest {
   public:
     using Kept = KeptAllocation;
-    // A sample's largest: per group that had any, up to `keep` of them,
-    // largest first.
-    using Sample = std::vector<std::pair<uint32_t, std::vector<Kept>>>;
+    // A sample's largest: (group, index into named()) for up to `keep` per
+    // group that had any, largest first; an allocation named at many
+    // samples is kept once.
+    using Sample = std::vector<std::pair<uint32_t, uint32_t>>;
 
     explicit MomentLargest(size_t keep) : keep_(keep) {}
 
@@ -296,7 +297,7 @@ class MomentLargest {
                 scan.push_back(g);
                 continue;
             }
-            if (!best.empty()) sample.emplace_back(g, std::move(best));
+            add_to(sample, g, best);
         }
         bool stale = false;
         for (const Group& group : groups_)
@@ -323,14 +324,20 @@ class MomentLargest {
                 for (const Kept& x : group.released)
                     add_bounded(found[k], x, keep_);
             }
-            if (!found[k].empty()) sample.emplace_back(scan[k], std::move(found[k]));
+            add_to(sample, scan[k], found[k]);
         }
-        std::sort(sample.begin(), sample.end(),
-                  [](const auto& x, const auto& y) { return x.first < y.first; });
     }
-    std::vector<Sample>& samples() noexcept { return samples_; }
+    const std::vector<Sample>& samples() const noexcept { return samples_; }
+    const std::vector<Kept>& named() const noexcept { return named_; }
 
   private:
+    void add_to(Sample& sample, uint32_t g, const std::vector<Kept>& best) {
+        for (const Kept& x : best) {
+            auto [it, added] = index_.try_emplace(x.seq, uint32_t(named_.size()));
+            if (added) named_.push_back(x);
+            sample.emplace_back(g, it->second);
+        }
+    }
     struct Group {
         explicit Group(size_t cap) : cache(cap) {}
         LargestLive cache;
@@ -373,6 +380,8 @@ class MomentLargest {
     uint64_t moment_ = 0, moment_seq_ = 0;
     std::vector<Group> groups_;
     std::vector<Sample> samples_;
+    std::vector<Kept> named_;                       // each once
+    std::unordered_map<uint64_t, uint32_t> index_;  // by seq, into named_
 };
 
 // The `top` sites with the most live bytes, of the rows that
@@ -1363,10 +1372,8 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
         for (size_t k = 0; k < samples.size(); ++k) {
             for (std::vector<MomentLargest::Kept>& c : by_column)
                 c.clear();
-            for (const auto& [g, best] : largest_at.samples()[k]) {
-                for (const MomentLargest::Kept& x : best)
-                    add_bounded(by_column[column[g]], x, keep);
-            }
+            for (const auto& [g, named] : largest_at.samples()[k])
+                add_bounded(by_column[column[g]], largest_at.named()[named], keep);
             for (size_t c = 0; c < by_column.size(); ++c) {
                 for (const MomentLargest::Kept& x : by_column[c])
                     samples[k].largest[c].push_back(allocation_id(x));
