@@ -204,8 +204,7 @@ class LargestLive {
         ++count_;
         const KeptAllocation x = KeptAllocation::of(r);
         if (!top_.empty() && KeptAllocation::larger(x, top_.back())) {
-            top_.insert(std::upper_bound(top_.begin(), top_.end(), x, KeptAllocation::larger), x);
-            if (top_.size() > cap_) top_.pop_back();
+            add_bounded(top_, x, cap_);
         } else if (all && top_.size() < cap_) {
             top_.push_back(x);  // the smallest of the group
         }
@@ -1019,7 +1018,6 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     const size_t n = plan.events;
     const size_t bucket = std::max<size_t>(
         1, (n + options.timeline_points - 1) / std::max<size_t>(1, options.timeline_points));
-    std::vector<size_t> sample_index;
     std::vector<TimelinePoint> samples;
     uint64_t bucket_best = 0;
     size_t in_bucket = 0;  // i % bucket, kept without a division per event
@@ -1232,10 +1230,7 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
         if (in_bucket == 0 || owner_now > bucket_best) {
             if (in_bucket == 0) {
                 if (!samples.empty()) finish_sample();
-                sample_index.push_back(i);
                 samples.emplace_back();
-            } else {
-                sample_index.back() = i;
             }
             bucket_best = owner_now;
             ++sample_moment;
