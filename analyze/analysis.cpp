@@ -1047,6 +1047,50 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     uint64_t last_seq = 0, last_t_ns = 0;
     std::optional<StepCounter> step_counter;
     if (steps) step_counter.emplace(t, TraceShape{owner, main_tid});
+    // The owner pool's changes, as the replay makes them (nothing after
+    // the replay but the tags' scopes and bands reads what they change,
+    // and an event that changes the live set opens or closes no scope).
+    auto owner_change = [&](const LiveChange& c, uint32_t tid) {
+        if (c.kind == LiveChange::Kind::alloc) {
+            Live l = live.new_live_of(c.record);  // no scope yet
+            if constexpr (kLargest) {
+                if (c.replaced) largest_at.release(tables.group(c.old.layer), c.old);
+                largest_at.alloc(l.group, c.record);
+            }
+            const std::vector<uint32_t>* s = thread_scopes.find(tid);
+            if (s && !s->empty()) l.scope = s->back();
+            TagStats& ts = tables.tags[l.tag];
+            ts.allocated_bytes += l.size;
+            ++ts.allocations;
+            if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
+            TagSite& site = tag_stacks[l.tag][l.stack];
+            StackBytes& sb = site.total;
+            sb.stack = l.stack;
+            sb.bytes += l.size;
+            ++sb.count;
+            if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
+            group_slot(l.group);
+            group_change(l.group);
+            group_live[l.group] += l.size;
+            group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
+            site_change(site, l.size, true);
+            if (c.replaced) {  // its free was never recorded
+                const auto [group, scope] = live.leave(c.old);
+                scope_left(scope, c.old.size);
+                group_change(group);
+                group_live[group] -= c.old.size;
+                site_left(c.old);
+            }
+            live.entered(c.record.seq, l.scope);
+        } else if (c.released()) {
+            const auto [group, scope] = live.leave(c.record);
+            if constexpr (kLargest) largest_at.release(group, c.record);
+            scope_left(scope, c.record.size);
+            group_change(group);
+            group_live[group] -= c.record.size;
+            site_left(c.record);
+        }
+    };
     size_t i = 0;
     bool guessing = speculative != nullptr;  // the guesses hold so far
     stream.for_each([&](const Event& e) {
@@ -1085,55 +1129,11 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
         } else {
             last_own_step = e.step;
         }
-        // The owner pool's changes, as the replay makes them (nothing after
-        // the replay but the tags' scopes and bands reads what they change,
-        // and an event that changes the live set opens or closes no scope).
-        auto owner_change = [&](const LiveChange& c) {
-            if (c.kind == LiveChange::Kind::alloc) {
-                Live l = live.new_live_of(c.record);  // no scope yet
-                if constexpr (kLargest) {
-                    if (c.replaced) largest_at.release(tables.group(c.old.layer), c.old);
-                    largest_at.alloc(l.group, c.record);
-                }
-                const std::vector<uint32_t>* s = thread_scopes.find(e.tid);
-                if (s && !s->empty()) l.scope = s->back();
-                TagStats& ts = tables.tags[l.tag];
-                ts.allocated_bytes += l.size;
-                ++ts.allocations;
-                if (l.tag >= tag_stacks.size()) tag_stacks.resize(l.tag + 1);
-                TagSite& site = tag_stacks[l.tag][l.stack];
-                StackBytes& sb = site.total;
-                sb.stack = l.stack;
-                sb.bytes += l.size;
-                ++sb.count;
-                if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
-                group_slot(l.group);
-                group_change(l.group);
-                group_live[l.group] += l.size;
-                group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
-                site_change(site, l.size, true);
-                if (c.replaced) {  // its free was never recorded
-                    const auto [group, scope] = live.leave(c.old);
-                    scope_left(scope, c.old.size);
-                    group_change(group);
-                    group_live[group] -= c.old.size;
-                    site_left(c.old);
-                }
-                live.entered(c.record.seq, l.scope);
-            } else if (c.released()) {
-                const auto [group, scope] = live.leave(c.record);
-                if constexpr (kLargest) largest_at.release(group, c.record);
-                scope_left(scope, c.record.size);
-                group_change(group);
-                group_live[group] -= c.record.size;
-                site_left(c.record);
-            }
-        };
         const uint64_t owner_before = replay.totals(a.owner).live_bytes;
         const uint64_t peak_before = replay.totals(a.owner).peak_bytes;
         const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
             segment_owners.apply(c);
-            if (c.pool == a.owner) owner_change(c);
+            if (c.pool == a.owner) owner_change(c, e.tid);
         });
         if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
         if (replay.totals(a.owner).peak_bytes > peak_before) ++peaks;

@@ -59,12 +59,21 @@ void StepCounter::end_step(uint64_t step, uint64_t live) {
         it->second.after_backward = live;
 }
 
-// The base phase of an event's phase: a view of the trace's string (a
-// conditional between it and "" would make a temporary copy, and the view
-// would outlive it).
-std::string_view StepCounter::phase_of(const Event& e) const {
-    return base_phase(e.phase < t_.strings.size() ? std::string_view(t_.str(e.phase))
-                                                  : std::string_view());
+// A phase id not (yet) defined is the empty phase, as the reader's checks
+// leave it.
+uint8_t StepCounter::phase_class(uint32_t phase) {
+    if (phase >= t_.strings.size()) return kPhaseOther;  // as the empty phase
+    if (phase >= phase_class_.size()) phase_class_.resize(t_.strings.size(), kPhaseUnknown);
+    uint8_t& c = phase_class_[phase];
+    if (c == kPhaseUnknown) {
+        const std::string& text = t_.str(phase);
+        const std::string_view base = base_phase(text);
+        c = base == "backward"    ? kPhaseBackward
+            : base == "optimizer" ? kPhaseOptimizer
+                                  : kPhaseOther;
+        if (text == "forward") c |= kPhaseForwardExactly;
+    }
+    return c;
 }
 
 void StepCounter::add_tag(const Event& e, uint64_t live) {
@@ -72,14 +81,15 @@ void StepCounter::add_tag(const Event& e, uint64_t live) {
         // Forward ends where backward begins and backward where the
         // optimizer does, on whichever thread: PyTorch runs backward on
         // autograd's threads, whose tags the training thread never sees.
-        const std::string_view phase = phase_of(e);
+        const uint8_t phase = phase_class(e.phase);
         StepMemory& s = step(e.step);
-        if (phase == "backward" && !s.after_forward) s.after_forward = live;
-        if (phase == "optimizer" && s.after_forward && !s.after_backward) s.after_backward = live;
+        if ((phase & kPhaseBackward) && !s.after_forward) s.after_forward = live;
+        if ((phase & kPhaseOptimizer) && s.after_forward && !s.after_backward)
+            s.after_backward = live;
     }
     if (e.tid != main_tid_) return;
     if (e.kind == EventKind::tag_push) {
-        const bool backward = phase_of(e) == "backward";
+        const bool backward = (phase_class(e.phase) & kPhaseBackward) != 0;
         stack_.push_back({e.layer, e.phase, backward});
         open_backward_ += backward;
     } else if (e.kind == EventKind::tag_pop && !stack_.empty()) {
@@ -90,8 +100,8 @@ void StepCounter::add_tag(const Event& e, uint64_t live) {
         const std::string& layer = t_.str(f.layer);
         // The layer's own forward scope: exactly "forward" (its
         // sub-phases, e.g. FSDP's all-gather prefetch, are not its end).
-        if (open_backward_ == 0 && t_.str(f.phase) == "forward" && !layer.empty() &&
-            own_group(f.layer)) {
+        if (open_backward_ == 0 && (phase_class(f.phase) & kPhaseForwardExactly) &&
+            !layer.empty() && own_group(f.layer)) {
             step(e.step).forward_ends.emplace_back(layer, live);
         }
     }

@@ -121,7 +121,16 @@ class StepCounter {
     // The step's entry; the last one is kept at hand (tags come step by step).
     StepMemory& step(uint64_t step);
     void end_step(uint64_t step, uint64_t live);
-    std::string_view phase_of(const Event& e) const;
+    // What a phase string is, known once per string id (every push asks):
+    // its base phase backward or optimizer, or exactly "forward".
+    enum PhaseClass : uint8_t {
+        kPhaseOther = 0,
+        kPhaseBackward = 1,
+        kPhaseOptimizer = 2,
+        kPhaseForwardExactly = 4,
+        kPhaseUnknown = 0x80,
+    };
+    uint8_t phase_class(uint32_t phase);
     void add_tag(const Event& e, uint64_t live);
     // Whether the layer string is its own layer group ("layers.3", not
     // "layers.3.mlp").
@@ -132,8 +141,9 @@ class StepCounter {
     std::map<uint64_t, StepMemory> steps_;
     StepMemory* current_ = nullptr;
     uint64_t current_step_ = 0;
-    std::vector<Frame> stack_;       // the training thread's tags
-    std::vector<int8_t> own_group_;  // by string id: -1 not known yet
+    std::vector<Frame> stack_;          // the training thread's tags
+    std::vector<int8_t> own_group_;     // by string id: -1 not known yet
+    std::vector<uint8_t> phase_class_;  // by string id: kPhaseUnknown not known yet
     int open_backward_ = 0;
     uint64_t last_step_ = 0;  // the step of the last event added
     bool any_event_ = false;
