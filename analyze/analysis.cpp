@@ -29,15 +29,16 @@ struct Live {
     uint64_t size = 0;
     uint32_t tag = kNone;    // index into the tag table
     uint32_t group = kNone;  // index into the layer groups
-    uint32_t scope = kNone;  // the scope it was made in
     uint32_t stack = 0;
     uint64_t seq = 0;  // of its allocation
     uint64_t step = 0;
 };
 
+// A tag scope open on a thread, in a slot of its own while open.
 struct Scope {
     uint32_t tag = kNone;
-    uint64_t live = 0;  // bytes allocated directly in it, still alive
+    uint32_t id = kNone;  // the count of pushes before its; kNone: the slot is free
+    uint64_t live = 0;    // bytes allocated directly in it, still alive
 };
 
 // One stack's allocations in the owner pool under one tag: all of them
@@ -114,21 +115,16 @@ class Tables {
 
 // The owner pool's live allocations: a view of the replay's table for that
 // pool (the one live set, core/replay.h), each with its tag, layer group and
-// the scope it was made in. The scopes are kept by allocation seq, entered
-// and left as the replay reports the allocation's changes.
+// the scope it was made in. The scope is the record's note in the table
+// (Replay::note: no map of its own), entered and left as the replay
+// reports the allocation's changes.
 class OwnerLive {
   public:
-    OwnerLive(const Replay& replay, Pool owner, Tables& tables)
+    OwnerLive(Replay& replay, Pool owner, Tables& tables)
         : replay_(replay), owner_(owner), tables_(&tables) {}
     Pool owner() const noexcept { return owner_; }
-    // The record's row, with its scope when it was made in one.
+    // The record's row.
     Live live_of(const LiveRecord& r) const {
-        Live l = new_live_of(r);
-        if (const uint32_t* scope = scopes_.find(r.seq)) l.scope = *scope;
-        return l;
-    }
-    // The row of a record just allocated: no scope entered yet.
-    Live new_live_of(const LiveRecord& r) const {
         Live l;
         l.size = r.size;
         l.tag = tables_->tag(r.layer, r.phase);
@@ -138,18 +134,15 @@ class OwnerLive {
         l.step = r.step;
         return l;
     }
-    void entered(uint64_t seq, uint32_t scope) {
-        if (scope != kNone) scopes_[seq] = scope;
+    // The scope of the allocation a change made (its note; 0: none).
+    void entered(const LiveChange& c, uint64_t scope_note) {
+        replay_.set_note(owner_, c.index, scope_note);
     }
-    // An allocation released: its layer group and the scope it was made in
-    // (kNone: none), no longer kept.
-    std::pair<uint32_t, uint32_t> leave(const LiveRecord& r) {
-        uint32_t scope = kNone;
-        if (const uint32_t* s = scopes_.find(r.seq)) {
-            scope = *s;
-            scopes_.erase(r.seq);
-        }
-        return {tables_->group(r.layer), scope};
+    // An allocation released (or replaced: its record `r` shared the
+    // change's index): its layer group and the note of the scope it was
+    // made in.
+    std::pair<uint32_t, uint64_t> leave(const LiveRecord& r, const LiveChange& c) const {
+        return {tables_->group(r.layer), replay_.note(owner_, c.index)};
     }
     template <class F>
     void for_each(F&& f) const {
@@ -160,10 +153,9 @@ class OwnerLive {
     }
 
   private:
-    const Replay& replay_;
+    Replay& replay_;
     Pool owner_;
     Tables* tables_;
-    FlatMap<uint64_t, uint32_t> scopes_;  // alloc seq -> scope, where made in one
 };
 
 // An owner-pool allocation as a timeline sample names it.
@@ -944,14 +936,22 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     Tables tables(t);
     Replay replay;
     OwnerLive live(replay, a.owner, tables);
-    // The scopes open, by id (the count of pushes before theirs): an
-    // allocation names the scope it was made in, which may have ended.
-    FlatMap<uint32_t, Scope> scopes;
+    // The scopes open, each in a slot (a free one reused), and each
+    // thread's open scopes' slots, innermost last. An allocation's note
+    // names the scope it was made in (scope_note: its id and slot; 0:
+    // none), which may have ended since: then its slot is free or holds a
+    // scope of another id.
+    std::vector<Scope> scope_slots;
+    std::vector<uint32_t> free_scope_slots;
     uint32_t scopes_pushed = 0;
     FlatMap<uint32_t, std::vector<uint32_t>> thread_scopes;
-    auto scope_left = [&](uint32_t id, uint64_t size) {
-        if (id == kNone) return;
-        if (Scope* scope = scopes.find(id)) scope->live -= size;
+    auto scope_note = [](const Scope& scope, uint32_t slot) {
+        return (uint64_t{scope.id} + 1) << 32 | slot;
+    };
+    auto scope_left = [&](uint64_t note, uint64_t size) {
+        if (note == 0) return;
+        Scope& scope = scope_slots[uint32_t(note)];
+        if (uint64_t{scope.id} + 1 == note >> 32) scope.live -= size;
     };
     std::vector<uint64_t> group_live, group_peak, groups_at_step;
     // Each group's live bytes at the latest timeline sample, kept as the
@@ -1033,7 +1033,7 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     auto main_thread_phase = [&]() -> std::string_view {
         const std::vector<uint32_t>* s = thread_scopes.find(main_tid);
         if (!s || s->empty()) return {};
-        return base_phase(tables.tags[scopes.find(s->back())->tag].phase);
+        return base_phase(tables.tags[scope_slots[s->back()].tag].phase);
     };
 
     // The allocator's counter marks, and the devices allocated on so far
@@ -1052,13 +1052,17 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     // and an event that changes the live set opens or closes no scope).
     auto owner_change = [&](const LiveChange& c, uint32_t tid) {
         if (c.kind == LiveChange::Kind::alloc) {
-            Live l = live.new_live_of(c.record);  // no scope yet
+            const Live l = live.live_of(c.record);
             if constexpr (kLargest) {
                 if (c.replaced) largest_at.release(tables.group(c.old.layer), c.old);
                 largest_at.alloc(l.group, c.record);
             }
-            const std::vector<uint32_t>* s = thread_scopes.find(tid);
-            if (s && !s->empty()) l.scope = s->back();
+            uint64_t made_in = 0;  // the scope's note
+            if (const std::vector<uint32_t>* s = thread_scopes.find(tid); s && !s->empty()) {
+                Scope& scope = scope_slots[s->back()];
+                scope.live += l.size;
+                made_in = scope_note(scope, s->back());
+            }
             TagStats& ts = tables.tags[l.tag];
             ts.allocated_bytes += l.size;
             ++ts.allocations;
@@ -1068,22 +1072,21 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
             sb.stack = l.stack;
             sb.bytes += l.size;
             ++sb.count;
-            if (l.scope != kNone) scopes.find(l.scope)->live += l.size;
             group_slot(l.group);
             group_change(l.group);
             group_live[l.group] += l.size;
             group_peak[l.group] = std::max(group_peak[l.group], group_live[l.group]);
             site_change(site, l.size, true);
             if (c.replaced) {  // its free was never recorded
-                const auto [group, scope] = live.leave(c.old);
+                const auto [group, scope] = live.leave(c.old, c);
                 scope_left(scope, c.old.size);
                 group_change(group);
                 group_live[group] -= c.old.size;
                 site_left(c.old);
             }
-            live.entered(c.record.seq, l.scope);
+            live.entered(c, made_in);
         } else if (c.released()) {
-            const auto [group, scope] = live.leave(c.record);
+            const auto [group, scope] = live.leave(c.record, c);
             if constexpr (kLargest) largest_at.release(group, c.record);
             scope_left(scope, c.record.size);
             group_change(group);
@@ -1182,15 +1185,25 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
             case EventKind::tag_push: {
                 const uint32_t tag = tables.tag(e.layer, e.phase);
                 ++tables.tags[tag].scopes;
-                scopes[scopes_pushed] = {tag, 0};
-                thread_scopes[e.tid].push_back(scopes_pushed++);
+                std::vector<uint32_t>& open = thread_scopes[e.tid];
+                uint32_t slot;
+                if (free_scope_slots.empty()) {
+                    slot = uint32_t(scope_slots.size());
+                    scope_slots.emplace_back();
+                } else {
+                    slot = free_scope_slots.back();
+                    free_scope_slots.pop_back();
+                }
+                scope_slots[slot] = {tag, scopes_pushed++, 0};
+                open.push_back(slot);
                 break;
             }
             case EventKind::tag_pop: {
                 std::vector<uint32_t>* s = thread_scopes.find(e.tid);
                 if (!s || s->empty()) break;
-                const Scope scope = *scopes.find(s->back());
-                scopes.erase(s->back());
+                const Scope scope = scope_slots[s->back()];
+                scope_slots[s->back()].id = kNone;
+                free_scope_slots.push_back(s->back());
                 s->pop_back();
                 if (scope.live > 0) {
                     TagStats& ts = tables.tags[scope.tag];

@@ -87,6 +87,8 @@ void LiveTable::rehash() {
     std::vector<Key> fresh_keys(want);  // may throw: the table is still whole
     std::vector<LiveRecord> fresh_records;
     fresh_records.reserve(live_);
+    std::vector<uint64_t> fresh_notes;
+    fresh_notes.reserve(live_);
     const size_t mask = want - 1;
     for (const Key& k : keys_) {
         if (k.state != SlotState::live) continue;
@@ -95,9 +97,11 @@ void LiveTable::rehash() {
             i = (i + 1) & mask;
         fresh_keys[i] = {k.address, uint32_t(fresh_records.size()), SlotState::live};
         fresh_records.push_back(records_[k.record]);
+        fresh_notes.push_back(notes_[k.record]);
     }
     keys_.swap(fresh_keys);
     records_.swap(fresh_records);
+    notes_.swap(fresh_notes);
     free_.clear();
     freed_ = 0;
 }
@@ -114,6 +118,7 @@ bool LiveTable::insert(const LiveRecord& record, LiveRecord* replaced) {
     Key& key = keys_[i];
     if (found && key.state == SlotState::live) {
         LiveRecord& slot = records_[key.record];
+        last_index_ = key.record;
         if (replaced) *replaced = slot;
         live_bytes_ -= slot.size;
         ++replaced_;
@@ -127,10 +132,18 @@ bool LiveTable::insert(const LiveRecord& record, LiveRecord* replaced) {
         index = free_.back();
         free_.pop_back();
         records_[index] = record;
+        notes_[index] = 0;
     } else {
-        records_.push_back(record);  // may throw: nothing has changed
+        notes_.push_back(0);  // may throw: nothing has changed
+        try {
+            records_.push_back(record);
+        } catch (...) {
+            notes_.pop_back();
+            throw;
+        }
         index = uint32_t(records_.size() - 1);
     }
+    last_index_ = index;
     if (key.state == SlotState::freed) --freed_;
     ++live_;
     key.state = SlotState::live;
@@ -151,6 +164,7 @@ FreeOutcome LiveTable::remove(uint64_t address, LiveRecord* removed) {
                 return FreeOutcome::double_free;
             }
             free_.push_back(key.record);  // may throw: nothing has changed
+            last_index_ = key.record;
             const LiveRecord& slot = records_[key.record];
             if (removed) *removed = slot;
             key.state = SlotState::freed;

@@ -59,6 +59,17 @@ class LiveTable {
     FreeOutcome remove(uint64_t address, LiveRecord* removed);
     bool contains(uint64_t address) const;
 
+    // The index of the record the last insert or remove touched (one that
+    // found nothing: unchanged), valid until the next insert or remove:
+    // what note() and set_note() take.
+    uint32_t last_index() const noexcept { return last_index_; }
+    // A word its user keeps with each live record (the analysis: the scope
+    // an allocation was made in), 0 for a record inserted new. A record
+    // that replaces a live one at its address keeps the replaced one's
+    // note until it is set, so that the replaced record's can still be read.
+    uint64_t note(uint32_t index) const noexcept { return notes_[index]; }
+    void set_note(uint32_t index, uint64_t note) noexcept { notes_[index] = note; }
+
     uint64_t live_bytes() const noexcept { return live_bytes_; }
     uint64_t live_count() const noexcept { return live_; }
     uint64_t unknown_frees() const noexcept { return unknown_; }
@@ -90,6 +101,7 @@ class LiveTable {
 
     std::vector<Key> keys_;            // size is 0 or a power of two
     std::vector<LiveRecord> records_;  // the live keys' records, and free entries
+    std::vector<uint64_t> notes_;      // each record entry's note (set_note)
     std::vector<uint32_t> free_;       // indexes of records_'s free entries
     std::vector<Key> spare_;           // a rehash in place: the live keys
     uint64_t live_ = 0;
@@ -98,6 +110,7 @@ class LiveTable {
     uint64_t unknown_ = 0;
     uint64_t doubles_ = 0;
     uint64_t replaced_ = 0;
+    uint32_t last_index_ = 0;
 };
 
 }  // namespace allocscope

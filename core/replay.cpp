@@ -119,6 +119,7 @@ void Replay::apply_alloc(const Event& e, LiveChange& c) {
         if (indexed) mappings_.erase(e.address);
         throw;
     }
+    c.index = table.last_index();
     if (c.replaced) {
         t.live_bytes -= c.old.size;  // its free was never recorded
         left(pool, c.old, mapping);
@@ -144,11 +145,18 @@ void Replay::apply_free(const Event& e, uint64_t address, LiveChange& c) {
     PoolTotals& t = totals_[int(c.pool)];
     c.outcome = table.remove(address, &c.record);
     if (c.outcome != FreeOutcome::freed) c.record = LiveRecord{};  // none found
+    c.index = table.last_index();
     if (c.failed) {
         // The real free failed and released nothing: the record goes back,
-        // into its own tombstone (LiveTable::insert: no growth).
+        // into its own tombstone (LiveTable::insert: no growth), its note
+        // with it.
         ++failed_frees_;
-        if (c.outcome == FreeOutcome::freed) table.insert(c.record);
+        if (c.outcome == FreeOutcome::freed) {
+            const uint64_t note = table.note(c.index);
+            table.insert(c.record);
+            c.index = table.last_index();
+            table.set_note(c.index, note);
+        }
     } else if (c.outcome == FreeOutcome::freed) {
         t.live_bytes -= c.record.size;
         --t.live_count;

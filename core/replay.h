@@ -82,6 +82,10 @@ struct LiveChange {
     LiveRecord record;             // alloc: the new record; free found: the allocation's
     LiveRecord old;                // an alloc that replaced: the record replaced
     const Event* event = nullptr;  // the event that made the change
+    // The record's index in its pool's table (alloc: the new record, which
+    // a replaced one shared; free found: the allocation's), for
+    // Replay::note and set_note during the callback.
+    uint32_t index = 0;
 
     // Whether live bytes were released (record is what was).
     bool released() const noexcept {
@@ -112,6 +116,14 @@ class Replay {
 
     const PoolTotals& totals(Pool pool) const noexcept { return totals_[int(pool)]; }
     const LiveTable& table(Pool pool) const noexcept { return tables_[int(pool)]; }
+    // The user's word kept with a live record (LiveTable::note), by a
+    // change's index; a record is made with 0.
+    uint64_t note(Pool pool, uint32_t index) const noexcept {
+        return tables_[int(pool)].note(index);
+    }
+    void set_note(Pool pool, uint32_t index, uint64_t note) noexcept {
+        tables_[int(pool)].set_note(index, note);
+    }
     uint64_t unknown_frees() const noexcept;
     uint64_t double_frees() const noexcept;
     uint64_t failed_frees() const noexcept { return failed_frees_; }

@@ -244,3 +244,41 @@ TEST_CASE("records stay with their addresses while the table shrinks and fills a
     CHECK(t.live_count() == 0);
     CHECK(t.live_bytes() == 0);
 }
+
+TEST_CASE("each live record keeps its note through frees of others, replacement and rehashes") {
+    LiveTable t;
+    // Notes by address, set as each record is inserted; every tenth freed
+    // again, so tombstones pile up and both kinds of rehash run (in place
+    // and to a new size, which packs the records and moves their indexes).
+    std::map<uint64_t, uint64_t> want;
+    for (uint64_t i = 0; i < 5000; ++i) {
+        const uint64_t address = 0x100000 + i * 0x100;
+        CHECK(t.insert(rec(address, 64, i)));
+        CHECK(t.note(t.last_index()) == 0);  // a new record's
+        t.set_note(t.last_index(), i * 7 + 1);
+        want[address] = i * 7 + 1;
+        if (i % 10 != 0) continue;
+        const uint64_t gone = 0x100000 + (i / 2) * 0x100;
+        if (!want.count(gone)) continue;
+        LiveRecord removed;
+        REQUIRE(t.remove(gone, &removed) == FreeOutcome::freed);
+        // Still readable at the removed record's index until the next change.
+        CHECK(t.note(t.last_index()) == want[gone]);
+        want.erase(gone);
+    }
+    // Replacing a live record keeps its index and note until set.
+    const uint64_t address = want.begin()->first;
+    const uint64_t note = want.begin()->second;
+    LiveRecord old;
+    CHECK_FALSE(t.insert(rec(address, 128, 99999), &old));
+    CHECK(t.note(t.last_index()) == note);
+    // Every live record's note, read where a remove finds it.
+    size_t checked = 0;
+    for (const auto& [a, n] : want) {
+        REQUIRE(t.remove(a, nullptr) == FreeOutcome::freed);
+        CHECK(t.note(t.last_index()) == n);
+        ++checked;
+    }
+    CHECK(checked == want.size());
+    CHECK(t.live_count() == 0);
+}

@@ -345,3 +345,49 @@ TEST_CASE("a long alloc/free sequence ends with the live set it leaves behind") 
     CHECK(t.allocated_bytes == allocated);
     CHECK(t.allocations == 1000);
 }
+
+TEST_CASE(
+    "a change names its record's index, whose note a failed free keeps and a new record clears") {
+    Replay r;
+    std::vector<LiveChange> seen;
+    auto apply = [&](const Event& e) {
+        r.apply(e, [&](const LiveChange& c) { seen.push_back(c); });
+    };
+    Event a;
+    a.seq = 1;
+    a.kind = EventKind::alloc;
+    a.level = Level::block;
+    a.memory = MemoryKind::device;
+    a.api = Api::block_alloc;
+    a.address = 0xB000;
+    a.size = 512;
+    apply(a);
+    REQUIRE(seen.size() == 1);
+    const Pool pool = seen[0].pool;
+    CHECK(r.note(pool, seen[0].index) == 0);
+    r.set_note(pool, seen[0].index, 42);
+
+    Event refused = a;
+    refused.seq = 2;
+    refused.kind = EventKind::free;
+    refused.api = Api::block_free;
+    refused.result = 1;  // the free failed: the record stays, its note too
+    apply(refused);
+    REQUIRE(seen.size() == 2);
+    CHECK_FALSE(seen[1].released());
+    CHECK(r.note(pool, seen[1].index) == 42);
+
+    Event freed = refused;
+    freed.seq = 3;
+    freed.result = 0;
+    apply(freed);
+    REQUIRE(seen.size() == 3);
+    CHECK(seen[2].released());
+    CHECK(r.note(pool, seen[2].index) == 42);  // read during the change
+
+    Event again = a;
+    again.seq = 4;
+    apply(again);  // the address again: a new record, no note
+    REQUIRE(seen.size() == 4);
+    CHECK(r.note(pool, seen[3].index) == 0);
+}
