@@ -440,7 +440,14 @@ constexpr int32_t kOutOfMemoryCode = 2;
 // Finds the episodes event by event (`index`: the event's, in the trace).
 class OomEpisodes {
   public:
+    // Inline: the events that matter here (failures, and allocations while
+    // an episode may be open) are few.
     void add(const Event& e, size_t index) {
+        if (e.kind == EventKind::oom || (e.kind == EventKind::alloc && !open_.empty()))
+            add_episode_event(e, index);
+    }
+    // The events above.
+    [[gnu::noinline]] void add_episode_event(const Event& e, size_t index) {
         // Out of memory: cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY
         // (both 2); a call refused for another reason (an invalid value) is
         // no shortage of memory.
@@ -733,7 +740,8 @@ namespace {
 // a speculative pass 1 (analyze).
 class FirstPass {
   public:
-    void add(const Event& e, const TraceTables& t) {
+    // Inline in the passes' loops: it runs for every event.
+    [[gnu::always_inline]] void add(const Event& e, const TraceTables& t) {
         shape_.add(e, t);
         oom_.add(e, index_++);
         ++by_kind_[size_t(e.kind) << 8 | size_t(e.level)];
