@@ -336,13 +336,16 @@ class MomentLargest {
         std::vector<Kept> released;  // since then, older than the moment
     };
     Group& touch(uint32_t g) {
-        if (g >= groups_.size()) groups_.resize(g + 1, Group(std::max<size_t>(2 * keep_, 8)));
+        if (g >= groups_.size()) add_groups(g);
         Group& group = groups_[g];
         if (group.mark != moment_) {
             group.mark = moment_;
             group.released.clear();
         }
         return group;
+    }
+    [[gnu::noinline]] void add_groups(uint32_t g) {
+        groups_.resize(g + 1, Group(std::max<size_t>(2 * keep_, 8)));
     }
     // The group's largest at the moment from what it keeps, where they
     // are certain to be: none it does not keep (all smaller than its
