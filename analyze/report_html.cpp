@@ -418,12 +418,18 @@ std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
     constexpr size_t kAllocationBudget = 4000;
     size_t keep = 3;
     for (; keep > 1; --keep) {
-        std::set<uint32_t> named;
+        std::vector<bool> named(tl.allocations.size());
+        size_t count = 0;
         for (const TimelinePoint& p : tl.points) {
-            for (const std::vector<uint32_t>& ids : p.largest)
-                named.insert(ids.begin(), ids.begin() + std::ptrdiff_t(std::min(keep, ids.size())));
+            for (const std::vector<uint32_t>& ids : p.largest) {
+                for (size_t k = 0; k < std::min(keep, ids.size()); ++k) {
+                    if (named[ids[k]]) continue;
+                    named[ids[k]] = true;
+                    ++count;
+                }
+            }
         }
-        if (named.size() <= kAllocationBudget) break;
+        if (count <= kAllocationBudget) break;
     }
     std::vector<uint32_t> renumbered(tl.allocations.size(), UINT32_MAX);
     std::vector<uint32_t> used;  // allocation indices, by new number

@@ -42,6 +42,12 @@ void put_uint(std::string& out, uint64_t v) {
     out += std::to_string(v);
 }
 
+// A byte json_quote writes as it is: printable ASCII but the quote, the
+// backslash and what HTML reads as markup.
+constexpr bool plain_json_byte(unsigned char c) noexcept {
+    return c >= 0x20 && c < 0x7F && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&';
+}
+
 }  // namespace
 
 std::string json_quote(std::string_view text) {
@@ -51,6 +57,16 @@ std::string json_quote(std::string_view text) {
     const auto* p = reinterpret_cast<const unsigned char*>(text.data());
     size_t left = text.size();
     while (left > 0) {
+        // A run of bytes written as they are, at once (most of any text).
+        size_t run = 0;
+        while (run < left && plain_json_byte(p[run]))
+            ++run;
+        if (run > 0) {
+            out.append(reinterpret_cast<const char*>(p), run);
+            p += run;
+            left -= run;
+            continue;
+        }
         const unsigned char c = *p;
         if (c < 0x80) {
             switch (c) {
