@@ -939,6 +939,9 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     std::map<std::pair<const char*, Api>, uint64_t> odd_frees;
     OomSeeds& oom = plan.oom;
     size_t next_oom = 0;
+    // The event index of the next moment to keep (SIZE_MAX: none left).
+    size_t next_oom_index = oom.moments.empty() ? SIZE_MAX : oom.moments[0].index;
+    const bool any_oom = !oom.moments.empty();
     a.owner = owner;
 
     // Pass 1: totals, tags, scopes, bands, steps, sample points, the
@@ -1244,11 +1247,14 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
                     a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
             }
         }
-        if (next_oom < oom.moments.size() && oom.moments[next_oom].index == i)
+        if (i == next_oom_index) {
             a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
                                         replay, segment_owners, a.owner, direct_driver_live,
                                         direct_driver_count, async_segments, options));
-        if (!oom.moments.empty()) last_layer.add(e, t.strings.size());  // the moments' only
+            next_oom_index =
+                next_oom < oom.moments.size() ? oom.moments[next_oom].index : SIZE_MAX;
+        }
+        if (any_oom) last_layer.add(e, t.strings.size());  // the moments' only
         // The sample of this stretch: where the owner total is largest.
         const uint64_t owner_now = replay.totals(a.owner).live_bytes;
         if (in_bucket == 0 || owner_now > bucket_best) {
