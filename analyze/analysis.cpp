@@ -1251,8 +1251,7 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
             a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
                                         replay, segment_owners, a.owner, direct_driver_live,
                                         direct_driver_count, async_segments, options));
-            next_oom_index =
-                next_oom < oom.moments.size() ? oom.moments[next_oom].index : SIZE_MAX;
+            next_oom_index = next_oom < oom.moments.size() ? oom.moments[next_oom].index : SIZE_MAX;
         }
         if (any_oom) last_layer.add(e, t.strings.size());  // the moments' only
         // The sample of this stretch: where the owner total is largest.
