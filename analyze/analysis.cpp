@@ -277,18 +277,30 @@ class MomentLargest {
     // record's group.
     template <class ForEachLive, class GroupOf>
     void finish(ForEachLive&& live, GroupOf&& group_of) {
-        Sample& sample = samples_.emplace_back();
+        // Made in a buffer kept from sample to sample, then kept at its size.
+        Sample& sample = sample_;
+        sample.clear();
+        find(sample, live, group_of);
+        samples_.push_back(sample);
+    }
+    const std::vector<Sample>& samples() const noexcept { return samples_; }
+    const std::vector<Kept>& named() const noexcept { return named_; }
+
+  private:
+    // The latest moment's largest of each group, into `sample`.
+    template <class ForEachLive, class GroupOf>
+    void find(Sample& sample, ForEachLive&& live, GroupOf&& group_of) {
         std::vector<uint32_t> scan;  // groups whose largest need the live set
         for (uint32_t g = 0; g < groups_.size(); ++g) {
             Group& group = groups_[g];
             const bool changed = group.mark == moment_;
             if (!changed && group.cache.count() == 0) continue;
-            std::vector<Kept> best;
-            if (!exact_from_cache(group, changed, best)) {
+            best_.clear();
+            if (!exact_from_cache(group, changed, best_)) {
                 scan.push_back(g);
                 continue;
             }
-            add_to(sample, g, best);
+            add_to(sample, g, best_);
         }
         bool stale = false;
         for (const Group& group : groups_)
@@ -318,15 +330,17 @@ class MomentLargest {
             add_to(sample, scan[k], found[k]);
         }
     }
-    const std::vector<Sample>& samples() const noexcept { return samples_; }
-    const std::vector<Kept>& named() const noexcept { return named_; }
-
-  private:
     void add_to(Sample& sample, uint32_t g, const std::vector<Kept>& best) {
         for (const Kept& x : best) {
-            auto [it, added] = index_.try_emplace(x.seq, uint32_t(named_.size()));
-            if (added) named_.push_back(x);
-            sample.emplace_back(g, it->second);
+            uint32_t index;
+            if (const uint32_t* known = index_.find(x.seq)) {
+                index = *known;
+            } else {
+                index = uint32_t(named_.size());
+                named_.push_back(x);
+                index_[x.seq] = index;
+            }
+            sample.emplace_back(g, index);
         }
     }
     struct Group {
@@ -374,8 +388,10 @@ class MomentLargest {
     uint64_t moment_ = 0, moment_seq_ = 0;
     std::vector<Group> groups_;
     std::vector<Sample> samples_;
-    std::vector<Kept> named_;                       // each once
-    std::unordered_map<uint64_t, uint32_t> index_;  // by seq, into named_
+    std::vector<Kept> named_;             // each once
+    FlatMap<uint64_t, uint32_t> index_;   // by seq, into named_
+    std::vector<Kept> best_;              // finish's, for one group at a time
+    Sample sample_;                       // finish's, the sample being made
 };
 
 // The `top` sites with the most live bytes, of the rows that
@@ -1381,16 +1397,14 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     // its group's, "(other)"'s the largest of its groups'.
     if constexpr (kLargest) {
         const size_t keep = options.timeline_allocations;
-        std::unordered_map<uint64_t, uint32_t> allocation_index;  // by seq
+        FlatMap<uint64_t, uint32_t> allocation_index;  // by seq
         auto allocation_id = [&](const MomentLargest::Kept& x) {
-            auto [it, added] =
-                allocation_index.try_emplace(x.seq, uint32_t(a.timeline.allocations.size()));
-            if (added) {
-                const TagStats& tag = tables.tags[tables.tag(x.layer, x.phase)];
-                a.timeline.allocations.push_back(
-                    {x.seq, x.size, x.step, x.stack, tag.layer, tag.phase});
-            }
-            return it->second;
+            if (const uint32_t* known = allocation_index.find(x.seq)) return *known;
+            const uint32_t id = uint32_t(a.timeline.allocations.size());
+            const TagStats& tag = tables.tags[tables.tag(x.layer, x.phase)];
+            a.timeline.allocations.push_back({x.seq, x.size, x.step, x.stack, tag.layer, tag.phase});
+            allocation_index[x.seq] = id;
+            return id;
         };
         std::vector<std::vector<MomentLargest::Kept>> by_column(a.timeline.layers.size());
         for (size_t k = 0; k < samples.size(); ++k) {
@@ -1399,8 +1413,10 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
             for (const auto& [g, named] : largest_at.samples()[k])
                 add_bounded(by_column[column[g]], largest_at.named()[named], keep);
             for (size_t c = 0; c < by_column.size(); ++c) {
+                std::vector<uint32_t>& ids = samples[k].largest[c];
+                ids.reserve(by_column[c].size());
                 for (const MomentLargest::Kept& x : by_column[c])
-                    samples[k].largest[c].push_back(allocation_id(x));
+                    ids.push_back(allocation_id(x));
             }
         }
     }

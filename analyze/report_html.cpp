@@ -434,12 +434,12 @@ std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
     std::vector<uint32_t> renumbered(tl.allocations.size(), UINT32_MAX);
     std::vector<uint32_t> used;  // allocation indices, by new number
     out += "],\"top\":[";
+    std::vector<uint32_t> previous, now;  // a layer's at the last sample written, and now
     for (size_t l = 0; l < tl.layers.size(); ++l) {
         out += l ? ",[" : "[";
-        std::vector<uint32_t> previous;
         for (size_t i = 0; i < n; ++i) {
             const auto& largest = tl.points[i].largest;
-            std::vector<uint32_t> now;
+            now.clear();
             if (l < largest.size())
                 now.assign(largest[l].begin(),
                            largest[l].begin() + std::ptrdiff_t(std::min(keep, largest[l].size())));
@@ -453,7 +453,7 @@ std::string timeline_json(const TraceAnalysis& a, StringTable& strings) {
                 out += "," + u(renumbered[id]);
             }
             out += "]";
-            previous = std::move(now);
+            std::swap(previous, now);
         }
         out += "]";
     }

@@ -33,9 +33,11 @@ std::optional<Severity> parse_severity(std::string_view text) noexcept {
 namespace {
 
 void append_u_escape(std::string& out, unsigned code) {
-    char buf[8];
-    std::snprintf(buf, sizeof buf, "\\u%04x", code);
-    out += buf;
+    // As "\\u%04x" would write it (code < 0x10000), without formatting.
+    static constexpr char kHex[] = "0123456789abcdef";
+    const char text[6] = {'\\', 'u', kHex[(code >> 12) & 15], kHex[(code >> 8) & 15],
+                          kHex[(code >> 4) & 15], kHex[code & 15]};
+    out.append(text, sizeof text);
 }
 
 void put_uint(std::string& out, uint64_t v) {
