@@ -388,10 +388,10 @@ class MomentLargest {
     uint64_t moment_ = 0, moment_seq_ = 0;
     std::vector<Group> groups_;
     std::vector<Sample> samples_;
-    std::vector<Kept> named_;             // each once
-    FlatMap<uint64_t, uint32_t> index_;   // by seq, into named_
-    std::vector<Kept> best_;              // finish's, for one group at a time
-    Sample sample_;                       // finish's, the sample being made
+    std::vector<Kept> named_;            // each once
+    FlatMap<uint64_t, uint32_t> index_;  // by seq, into named_
+    std::vector<Kept> best_;             // finish's, for one group at a time
+    Sample sample_;                      // finish's, the sample being made
 };
 
 // The `top` sites with the most live bytes, of the rows that
@@ -1402,7 +1402,8 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
             if (const uint32_t* known = allocation_index.find(x.seq)) return *known;
             const uint32_t id = uint32_t(a.timeline.allocations.size());
             const TagStats& tag = tables.tags[tables.tag(x.layer, x.phase)];
-            a.timeline.allocations.push_back({x.seq, x.size, x.step, x.stack, tag.layer, tag.phase});
+            a.timeline.allocations.push_back(
+                {x.seq, x.size, x.step, x.stack, tag.layer, tag.phase});
             allocation_index[x.seq] = id;
             return id;
         };

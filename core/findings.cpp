@@ -35,8 +35,12 @@ namespace {
 void append_u_escape(std::string& out, unsigned code) {
     // As "\\u%04x" would write it (code < 0x10000), without formatting.
     static constexpr char kHex[] = "0123456789abcdef";
-    const char text[6] = {'\\', 'u', kHex[(code >> 12) & 15], kHex[(code >> 8) & 15],
-                          kHex[(code >> 4) & 15], kHex[code & 15]};
+    const char text[6] = {'\\',
+                          'u',
+                          kHex[(code >> 12) & 15],
+                          kHex[(code >> 8) & 15],
+                          kHex[(code >> 4) & 15],
+                          kHex[code & 15]};
     out.append(text, sizeof text);
 }
 
