@@ -350,44 +350,35 @@ TEST_CASE(
     "a change names its record's index, whose note a failed free keeps and a new record clears") {
     Replay r;
     std::vector<LiveChange> seen;
-    auto apply = [&](const Event& e) {
+    auto apply = [&](uint64_t seq, EventKind kind, int32_t result = 0) {
+        Event e;
+        e.seq = seq;
+        e.kind = kind;
+        e.level = Level::block;
+        e.memory = MemoryKind::device;
+        e.api = kind == EventKind::alloc ? Api::block_alloc : Api::block_free;
+        e.address = 0xB000;
+        e.size = 512;
+        e.result = result;
         r.apply(e, [&](const LiveChange& c) { seen.push_back(c); });
     };
-    Event a;
-    a.seq = 1;
-    a.kind = EventKind::alloc;
-    a.level = Level::block;
-    a.memory = MemoryKind::device;
-    a.api = Api::block_alloc;
-    a.address = 0xB000;
-    a.size = 512;
-    apply(a);
+    apply(1, EventKind::alloc);
     REQUIRE(seen.size() == 1);
     const Pool pool = seen[0].pool;
     CHECK(r.note(pool, seen[0].index) == 0);
     r.set_note(pool, seen[0].index, 42);
 
-    Event refused = a;
-    refused.seq = 2;
-    refused.kind = EventKind::free;
-    refused.api = Api::block_free;
-    refused.result = 1;  // the free failed: the record stays, its note too
-    apply(refused);
+    apply(2, EventKind::free, /*result=*/1);  // the free failed: the record stays, its note too
     REQUIRE(seen.size() == 2);
     CHECK_FALSE(seen[1].released());
     CHECK(r.note(pool, seen[1].index) == 42);
 
-    Event freed = refused;
-    freed.seq = 3;
-    freed.result = 0;
-    apply(freed);
+    apply(3, EventKind::free);
     REQUIRE(seen.size() == 3);
     CHECK(seen[2].released());
     CHECK(r.note(pool, seen[2].index) == 42);  // read during the change
 
-    Event again = a;
-    again.seq = 4;
-    apply(again);  // the address again: a new record, no note
+    apply(4, EventKind::alloc);  // the address again: a new record, no note
     REQUIRE(seen.size() == 4);
     CHECK(r.note(pool, seen[3].index) == 0);
 }
