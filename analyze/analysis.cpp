@@ -1126,170 +1126,176 @@ std::optional<TraceAnalysis> account_pass(TraceStream& stream, const AnalysisOpt
     };
     size_t i = 0;
     bool guessing = speculative != nullptr;  // the guesses hold so far
-    stream.for_each([&](const Event& e) {
-        if (speculative) {
-            speculative->add(e, t);
-            if (!guessing) return;
-            // Wrong already: blocks where the owner was guessed to be the
-            // segments, a failure out of memory, more events than counted.
-            if ((e.kind == EventKind::alloc && e.level == Level::block &&
-                 owner != Pool::device_block) ||
-                speculative->out_of_memory() || i >= n) {
-                guessing = false;
-                return;
+    stream.for_each_run([&](std::span<const Event> events) {
+        for (const Event& e : events) {
+            if (speculative) {
+                speculative->add(e, t);
+                if (!guessing) continue;
+                // Wrong already: blocks where the owner was guessed to be the
+                // segments, a failure out of memory, more events than counted.
+                if ((e.kind == EventKind::alloc && e.level == Level::block &&
+                     owner != Pool::device_block) ||
+                    speculative->out_of_memory() || i >= n) {
+                    guessing = false;
+                    continue;
+                }
             }
-        }
-        if (!main_known && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
-            main_tid = e.tid;
-            main_known = true;
-            if (step_counter) step_counter->set_main_tid(main_tid);
-        }
-        if (e.kind == EventKind::mark) marks.update(t);
-        if (e.flags & kFlagCarried) {
-            BoundedSummary& b = a.bounded;
-            if (e.kind == EventKind::alloc) {
-                ++b.carried_allocations;
-                b.carried_bytes += e.size;
+            if (!main_known && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
+                main_tid = e.tid;
+                main_known = true;
+                if (step_counter) step_counter->set_main_tid(main_tid);
             }
-            b.carried_scopes += e.kind == EventKind::tag_push;
-            if (e.kind == EventKind::mark && e.aux == marks.bounded) {
-                ++b.gaps;
-                b.events_dropped = e.address;
-                b.bytes_dropped = e.size;
-                b.last_step_before = last_own_step;
-                b.first_step_after = e.step;
-            }
-        } else {
-            last_own_step = e.step;
-        }
-        const uint64_t owner_before = replay.totals(a.owner).live_bytes;
-        const uint64_t peak_before = replay.totals(a.owner).peak_bytes;
-        const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
-            segment_owners.apply(c);
-            if (c.pool == a.owner) owner_change(c, e.tid);
-        });
-        if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
-        if (replay.totals(a.owner).peak_bytes > peak_before) ++peaks;
-        // Plain driver allocations live (is_direct_driver_allocation): device
-        // memory that is not the caching allocator's.
-        const uint64_t direct_driver_live = replay.direct_driver_live_bytes();
-        const uint64_t direct_driver_count = replay.direct_driver_live_count();
-        if (e.kind == EventKind::alloc && e.level == Level::segment && is_async_segment_api(e.api))
-            async_segments = true;
-        if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
-            devices_seen |= uint64_t{1} << (e.device & 63);
-        if (e.kind == EventKind::mark && e.aux == marks.oom_param) name_oom_parameter(t, e, a.ooms);
-        if (e.kind == EventKind::mark && e.aux == marks.counters) {
-            CounterSummary& cs = a.counters;
-            if ((devices_seen & (devices_seen - 1)) != 0) {
-                ++cs.uncompared;
+            if (e.kind == EventKind::mark) marks.update(t);
+            if (e.flags & kFlagCarried) {
+                BoundedSummary& b = a.bounded;
+                if (e.kind == EventKind::alloc) {
+                    ++b.carried_allocations;
+                    b.carried_bytes += e.size;
+                }
+                b.carried_scopes += e.kind == EventKind::tag_push;
+                if (e.kind == EventKind::mark && e.aux == marks.bounded) {
+                    ++b.gaps;
+                    b.events_dropped = e.address;
+                    b.bytes_dropped = e.size;
+                    b.last_step_before = last_own_step;
+                    b.first_step_after = e.step;
+                }
             } else {
-                // The counters are a caching allocator's: plain segments
-                // without blocks are its reserve.
-                const AllocatorView view =
-                    allocator_view(replay, segment_owners, a.owner, direct_driver_live,
-                                   direct_driver_count, !async_segments);
-                CounterCheck c;
-                c.step = e.step;
-                c.seq = e.seq;
-                c.device = e.device;
-                c.allocated = e.address;
-                c.reserved = e.size;
-                c.device_used = e.stream;
-                c.seen_allocated = view.allocated;
-                c.seen_reserved = view.reserved;
-                c.seen_outside = view.outside;
-                c.allocated_compared = view.allocated_known;
-                c.reserved_compared = view.reserved_known;
-                ++cs.checks;
-                if (c.agrees())
-                    ++cs.agree;
-                else if (!cs.first_difference)
-                    cs.first_difference = c;
-                cs.last = c;
+                last_own_step = e.step;
             }
-        }
-        if (e.kind == EventKind::free && outcome != FreeOutcome::freed)
-            ++odd_frees[{outcome == FreeOutcome::unknown ? "unknown " : "double ", e.api}];
-        switch (e.kind) {
-            case EventKind::tag_push: {
-                const uint32_t tag = tables.tag(e.layer, e.phase);
-                ++tables.tags[tag].scopes;
-                std::vector<uint32_t>& open = thread_scopes[e.tid];
-                uint32_t slot;
-                if (free_scope_slots.empty()) {
-                    slot = uint32_t(scope_slots.size());
-                    scope_slots.emplace_back();
+            const uint64_t owner_before = replay.totals(a.owner).live_bytes;
+            const uint64_t peak_before = replay.totals(a.owner).peak_bytes;
+            const FreeOutcome outcome = replay.apply(e, [&](const LiveChange& c) {
+                segment_owners.apply(c);
+                if (c.pool == a.owner) owner_change(c, e.tid);
+            });
+            if (step_counter) step_counter->add(e, owner_before, replay.totals(a.owner).live_bytes);
+            if (replay.totals(a.owner).peak_bytes > peak_before) ++peaks;
+            // Plain driver allocations live (is_direct_driver_allocation): device
+            // memory that is not the caching allocator's.
+            const uint64_t direct_driver_live = replay.direct_driver_live_bytes();
+            const uint64_t direct_driver_count = replay.direct_driver_live_count();
+            if (e.kind == EventKind::alloc && e.level == Level::segment &&
+                is_async_segment_api(e.api))
+                async_segments = true;
+            if (e.kind == EventKind::alloc && e.level != Level::none && e.device >= 0)
+                devices_seen |= uint64_t{1} << (e.device & 63);
+            if (e.kind == EventKind::mark && e.aux == marks.oom_param)
+                name_oom_parameter(t, e, a.ooms);
+            if (e.kind == EventKind::mark && e.aux == marks.counters) {
+                CounterSummary& cs = a.counters;
+                if ((devices_seen & (devices_seen - 1)) != 0) {
+                    ++cs.uncompared;
                 } else {
-                    slot = free_scope_slots.back();
-                    free_scope_slots.pop_back();
+                    // The counters are a caching allocator's: plain segments
+                    // without blocks are its reserve.
+                    const AllocatorView view =
+                        allocator_view(replay, segment_owners, a.owner, direct_driver_live,
+                                       direct_driver_count, !async_segments);
+                    CounterCheck c;
+                    c.step = e.step;
+                    c.seq = e.seq;
+                    c.device = e.device;
+                    c.allocated = e.address;
+                    c.reserved = e.size;
+                    c.device_used = e.stream;
+                    c.seen_allocated = view.allocated;
+                    c.seen_reserved = view.reserved;
+                    c.seen_outside = view.outside;
+                    c.allocated_compared = view.allocated_known;
+                    c.reserved_compared = view.reserved_known;
+                    ++cs.checks;
+                    if (c.agrees())
+                        ++cs.agree;
+                    else if (!cs.first_difference)
+                        cs.first_difference = c;
+                    cs.last = c;
                 }
-                scope_slots[slot] = {tag, scopes_pushed++, 0};
-                open.push_back(slot);
-                break;
             }
-            case EventKind::tag_pop: {
-                std::vector<uint32_t>* s = thread_scopes.find(e.tid);
-                if (!s || s->empty()) break;
-                const Scope scope = scope_slots[s->back()];
-                scope_slots[s->back()].id = kNone;
-                free_scope_slots.push_back(s->back());
-                s->pop_back();
-                if (scope.live > 0) {
-                    TagStats& ts = tables.tags[scope.tag];
-                    ++ts.retained_scopes;
-                    ts.retained_max = std::max(ts.retained_max, scope.live);
+            if (e.kind == EventKind::free && outcome != FreeOutcome::freed)
+                ++odd_frees[{outcome == FreeOutcome::unknown ? "unknown " : "double ", e.api}];
+            switch (e.kind) {
+                case EventKind::tag_push: {
+                    const uint32_t tag = tables.tag(e.layer, e.phase);
+                    ++tables.tags[tag].scopes;
+                    std::vector<uint32_t>& open = thread_scopes[e.tid];
+                    uint32_t slot;
+                    if (free_scope_slots.empty()) {
+                        slot = uint32_t(scope_slots.size());
+                        scope_slots.emplace_back();
+                    } else {
+                        slot = free_scope_slots.back();
+                        free_scope_slots.pop_back();
+                    }
+                    scope_slots[slot] = {tag, scopes_pushed++, 0};
+                    open.push_back(slot);
+                    break;
                 }
-                break;
-            }
-            case EventKind::step:
-                if (e.step != last_step) {
-                    a.timeline.steps.push_back({e.step, e.seq, e.t_ns});
-                    a.step_starts.push_back({e.step, replay.totals(a.owner).live_bytes});
-                    groups_at_step = group_live;
-                    ++a.steps;
-                    last_step = e.step;
+                case EventKind::tag_pop: {
+                    std::vector<uint32_t>* s = thread_scopes.find(e.tid);
+                    if (!s || s->empty()) break;
+                    const Scope scope = scope_slots[s->back()];
+                    scope_slots[s->back()].id = kNone;
+                    free_scope_slots.push_back(s->back());
+                    s->pop_back();
+                    if (scope.live > 0) {
+                        TagStats& ts = tables.tags[scope.tag];
+                        ++ts.retained_scopes;
+                        ts.retained_max = std::max(ts.retained_max, scope.live);
+                    }
+                    break;
                 }
-                break;
-            default:
-                break;
-        }
-        if (e.tid == main_tid && (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
-            const std::string_view phase = main_thread_phase();
-            if (phase != band_phase) {
-                close_band(e.seq, e.t_ns);
-                band_phase = phase;
-                if (!band_phase.empty())
-                    a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
+                case EventKind::step:
+                    if (e.step != last_step) {
+                        a.timeline.steps.push_back({e.step, e.seq, e.t_ns});
+                        a.step_starts.push_back({e.step, replay.totals(a.owner).live_bytes});
+                        groups_at_step = group_live;
+                        ++a.steps;
+                        last_step = e.step;
+                    }
+                    break;
+                default:
+                    break;
             }
-        }
-        if (i == next_oom_index) {
-            a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
-                                        replay, segment_owners, a.owner, direct_driver_live,
-                                        direct_driver_count, async_segments, options));
-            next_oom_index = next_oom < oom.moments.size() ? oom.moments[next_oom].index : SIZE_MAX;
-        }
-        if (any_oom) last_layer.add(e, t.strings.size());  // the moments' only
-        // The sample of this stretch: where the owner total is largest.
-        const uint64_t owner_now = replay.totals(a.owner).live_bytes;
-        if (in_bucket == 0 || owner_now > bucket_best) {
-            if (in_bucket == 0) {
-                if (!samples.empty()) finish_sample();
-                samples.emplace_back();
+            if (e.tid == main_tid &&
+                (e.kind == EventKind::tag_push || e.kind == EventKind::tag_pop)) {
+                const std::string_view phase = main_thread_phase();
+                if (phase != band_phase) {
+                    close_band(e.seq, e.t_ns);
+                    band_phase = phase;
+                    if (!band_phase.empty())
+                        a.timeline.bands.push_back({band_phase, e.seq, e.seq, e.t_ns, e.t_ns});
+                }
             }
-            bucket_best = owner_now;
-            ++sample_moment;
-            if constexpr (kLargest) largest_at.moment(e.seq);
-            TimelinePoint& p = samples.back();
-            p.seq = e.seq;
-            p.t_ns = e.t_ns;
-            p.segment_bytes = replay.totals(Pool::device_segment).live_bytes;
-            p.block_bytes = replay.totals(Pool::device_block).live_bytes;
+            if (i == next_oom_index) {
+                a.ooms.push_back(oom_moment(t, e, oom.moments[next_oom++], last_layer, tables, live,
+                                            replay, segment_owners, a.owner, direct_driver_live,
+                                            direct_driver_count, async_segments, options));
+                next_oom_index =
+                    next_oom < oom.moments.size() ? oom.moments[next_oom].index : SIZE_MAX;
+            }
+            if (any_oom) last_layer.add(e, t.strings.size());  // the moments' only
+            // The sample of this stretch: where the owner total is largest.
+            const uint64_t owner_now = replay.totals(a.owner).live_bytes;
+            if (in_bucket == 0 || owner_now > bucket_best) {
+                if (in_bucket == 0) {
+                    if (!samples.empty()) finish_sample();
+                    samples.emplace_back();
+                }
+                bucket_best = owner_now;
+                ++sample_moment;
+                if constexpr (kLargest) largest_at.moment(e.seq);
+                TimelinePoint& p = samples.back();
+                p.seq = e.seq;
+                p.t_ns = e.t_ns;
+                p.segment_bytes = replay.totals(Pool::device_segment).live_bytes;
+                p.block_bytes = replay.totals(Pool::device_block).live_bytes;
+            }
+            last_seq = e.seq;
+            last_t_ns = e.t_ns;
+            ++i;
+            if (++in_bucket == bucket) in_bucket = 0;
         }
-        last_seq = e.seq;
-        last_t_ns = e.t_ns;
-        ++i;
-        if (++in_bucket == bucket) in_bucket = 0;
     });
     if (speculative) {
         // Pass 0's findings against the guesses.

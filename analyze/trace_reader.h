@@ -201,6 +201,23 @@ class TraceStream {
         });
     }
 
+    // The same a run of events at a time: f(std::span<const Event>), in
+    // order (a pass whose body is large runs its loop inside f, so that it
+    // is entered once a block, not once an event).
+    template <class F>
+    void for_each_run(F&& f) {
+        if (memory_) {
+            f(std::span<const Event>(memory_->events));
+            return;
+        }
+        start_pass();
+        for (;;) {
+            const std::span<const Event> events = next_events();
+            if (events.empty()) return;
+            f(events);
+        }
+    }
+
     // The same while f(const Event&) returns true: a pass that stops there
     // (after a first one has counted the events) leaves the next to start
     // from the beginning again.
