@@ -206,16 +206,10 @@ class TraceStream {
     // is entered once a block, not once an event).
     template <class F>
     void for_each_run(F&& f) {
-        if (memory_) {
-            f(std::span<const Event>(memory_->events));
-            return;
-        }
-        start_pass();
-        for (;;) {
-            const std::span<const Event> events = next_events();
-            if (events.empty()) return;
+        runs_until([&f](std::span<const Event> events) {
             f(events);
-        }
+            return true;
+        });
     }
 
     // The same while f(const Event&) returns true: a pass that stops there
@@ -223,21 +217,28 @@ class TraceStream {
     // from the beginning again.
     template <class F>
     void for_each_until(F&& f) {
+        runs_until([&f](std::span<const Event> events) {
+            for (const Event& e : events)
+                if (!f(e)) return false;
+            return true;
+        });
+    }
+
+  private:
+    // The events a run at a time while f(std::span<const Event>) returns
+    // true: the one loop of every pass above.
+    template <class F>
+    void runs_until(F&& f) {
         if (memory_) {
-            for (const Event& e : memory_->events)
-                if (!f(e)) return;
+            f(std::span<const Event>(memory_->events));
             return;
         }
         start_pass();
         for (;;) {
             const std::span<const Event> events = next_events();
-            if (events.empty()) return;
-            for (const Event& e : events)
-                if (!f(e)) return;
+            if (events.empty() || !f(events)) return;
         }
     }
-
-  private:
     void start_pass();
     // The next events, counted as given: the rest of the current block's
     // (inline, the common case) or else next()'s one; empty at the end.
